@@ -1,0 +1,59 @@
+"""GpuSpec: one accelerator type and the node it sits in, in SI units."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxplan.errors import bad_value
+
+# Field -> (lowest sane, highest sane) value; guards against unit slips (GB typed as bytes, ...).
+SANE_RANGES = {
+    "hbm_bytes": (1e9, 1e13),
+    "hbm_bandwidth_bytes_per_s": (1e10, 1e14),
+    "bf16_flops_per_s": (1e12, 1e17),
+    "intra_node_bandwidth_bytes_per_s": (1e9, 1e13),
+    "inter_node_bandwidth_bytes_per_s": (1e8, 1e13),
+    "price_usd_per_hour": (0.0, 1e4),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSpec:
+    """Peak (spec-sheet) numbers; achievable fractions come from calibration.
+
+    fp8_flops_per_s is 0 where the GPU has no FP8 tensor cores (A100): FP8
+    weights are rejected there by the structure sieve.
+    """
+
+    name: str
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    bf16_flops_per_s: float
+    fp8_flops_per_s: float
+    intra_node_bandwidth_bytes_per_s: float
+    inter_node_bandwidth_bytes_per_s: float
+    gpus_per_node: int
+    price_usd_per_hour: float
+    display_name: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"gpu {self.name!r}"
+        for field, (low, high) in SANE_RANGES.items():
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise bad_value(field, value, "must be a finite number", where=where)
+            if not low <= value <= high or (value == 0 and field != "price_usd_per_hour"):
+                raise bad_value(field, value, f"must lie in [{low:g}, {high:g}] (SI units: bytes, bytes/s, FLOP/s, USD/h)", where=where)
+        if not isinstance(self.fp8_flops_per_s, (int, float)) or not 0 <= self.fp8_flops_per_s <= 1e17:
+            raise bad_value("fp8_flops_per_s", self.fp8_flops_per_s, "must be 0 (no FP8) or a FLOP/s figure", where=where)
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not 1 <= self.gpus_per_node <= 1024:
+            raise bad_value("gpus_per_node", self.gpus_per_node, "must be an integer in 1..1024", where=where)
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.fp8_flops_per_s > 0
+
+    def with_price(self, price_usd_per_hour: float) -> "GpuSpec":
+        return dataclasses.replace(self, price_usd_per_hour=price_usd_per_hour)

@@ -1,0 +1,165 @@
+"""Load specs by name (bundled TOML under jaxplan/configs/), by alias, or from a path.
+
+Every failure is a PlanError naming the file, the field, the value and a fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+import typing
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from jaxplan.errors import PlanError, bad_value, unknown_name
+from jaxplan.specs.gpu import GpuSpec
+from jaxplan.specs.hf_config import model_from_hf_file
+from jaxplan.specs.model import ModelSpec
+from jaxplan.specs.space import SearchSpace
+from jaxplan.specs.workload import Workload
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as err:
+        raise PlanError(f"{path}: malformed TOML ({err}); fix the syntax at that line") from None
+    except OSError as err:
+        raise PlanError(f"{path}: cannot read ({err.strerror})") from None
+
+
+def _coerce(value, annotation, field: str, where: str):
+    """Check/convert one TOML value to the dataclass field's type."""
+    origin = typing.get_origin(annotation)
+    if origin is tuple:
+        if isinstance(value, dict) and set(value) <= {"min", "max", "step"} and {"min", "max"} <= set(value):
+            lo, hi, step = value["min"], value["max"], value.get("step", 1)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, step)) or step < 1 or hi < lo:
+                raise bad_value(field, value, "a range needs integers min <= max and step >= 1", where=where)
+            if (hi - lo) // step > 10_000_000:
+                raise bad_value(field, value, "a range may hold at most 10,000,000 values", where=where)
+            return tuple(range(lo, hi + 1, step))
+        if not isinstance(value, list):
+            raise bad_value(field, value, "must be a list (or a {min, max} range table)", where=where)
+        (inner, _) = typing.get_args(annotation)
+        return tuple(_coerce(v, inner, field, where) for v in value)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        try:
+            return annotation(value)
+        except ValueError:
+            raise unknown_name(f"{field} in {where}", str(value), [m.value for m in annotation]) from None
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise bad_value(field, value, "must be true or false", where=where)
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and (not math.isfinite(value) or value != int(value))):
+            raise bad_value(field, value, "must be an integer", where=where)
+        return int(value)
+    if annotation is float:
+        if isinstance(value, str) and value.lower() in ("inf", "infinity"):
+            return math.inf
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad_value(field, value, "must be a number", where=where)
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise bad_value(field, value, "must be a string", where=where)
+        return value
+    return value
+
+
+def build(cls, data: dict, *, name: str, where: str):
+    """Instantiate a frozen spec dataclass from a TOML table, checking names and types."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - fields
+    if unknown:
+        field = sorted(unknown)[0]
+        raise unknown_name(f"field in {where}", field, sorted(fields - {"name"}))
+    kwargs = {key: _coerce(value, hints[key], key, where) for key, value in data.items()}
+    kwargs["name"] = name
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise PlanError(f"{where}: missing required field(s) {', '.join(missing) or '?'} ({err})") from None
+
+
+def _bundled(kind: str) -> dict[str, Path]:
+    return {p.stem: p for p in sorted((CONFIG_DIR / kind).glob("*.toml"))}
+
+
+@functools.cache
+def _model_aliases() -> dict[str, str]:
+    """Lower-cased name, HF id and aliases -> bundled model name."""
+    table = {}
+    for name, path in _bundled("models").items():
+        data = read_toml(path)
+        for key in (name, data.get("hf_id", ""), *data.get("aliases", [])):
+            if key:
+                table[key.lower()] = name
+    return table
+
+
+def known(kind: str) -> list[str]:
+    return list(_bundled(kind))
+
+
+def _load_named(kind: str, cls, name: str, label: str):
+    path = Path(name).expanduser()
+    if name.endswith(".toml") or (path.suffix and path.exists()):
+        if not path.is_file():
+            raise PlanError(f"{label} file {name!r} does not exist; give a bundled name ({', '.join(known(kind))}) or an existing .toml path")
+        return build(cls, read_toml(path), name=path.stem, where=str(path))
+    bundled = _bundled(kind)
+    if name not in bundled:
+        raise unknown_name(label, name, bundled)
+    return build(cls, read_toml(bundled[name]), name=name, where=f"{bundled[name].name}")
+
+
+@functools.cache
+def load_model(name: str) -> ModelSpec:
+    """A bundled name ('llama-3.1-70b'), an HF id ('meta-llama/Llama-3.1-70B'), or a config.json / .toml path."""
+    path = Path(name).expanduser()
+    if name.endswith(".json") or path.is_dir():
+        target = path / "config.json" if path.is_dir() else path
+        if not target.is_file():
+            raise PlanError(f"model config {str(target)!r} does not exist; pass a Hugging Face config.json path or a bundled name ({', '.join(known('models'))})")
+        return model_from_hf_file(target)
+    resolved = _model_aliases().get(name.lower(), name)
+    return _load_named("models", ModelSpec, resolved, "model")
+
+
+@functools.cache
+def load_gpu(name: str) -> GpuSpec:
+    return _load_named("gpus", GpuSpec, name.lower().replace("-", "_") if not name.endswith(".toml") else name, "GPU")
+
+
+@functools.cache
+def load_workload(name: str) -> Workload:
+    return _load_named("workloads", Workload, name, "workload")
+
+
+@functools.cache
+def load_space(name: str) -> SearchSpace:
+    return _load_named("spaces", SearchSpace, name, "search space")
+
+
+def parse_gpu_list(text: str) -> tuple[GpuSpec, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise bad_value("--gpus", text, f"name at least one GPU type from {', '.join(known('gpus'))}")
+    if len(set(names)) != len(names):
+        raise bad_value("--gpus", text, "lists a GPU type twice")
+    return tuple(load_gpu(n) for n in names)
+

@@ -1,0 +1,255 @@
+"""ModelSpec: the architecture numbers the physics needs, validated once.
+
+Per-layer attention kinds are counts (layers are homogeneous within a kind):
+full grouped-query attention, sliding-window attention (KV capped at the
+window), linear attention (constant recurrent state per request, e.g.
+Gated DeltaNet in Qwen3.5), and multi-head latent attention (MLA, a
+compressed KV latent per token, as in DeepSeek-V3). The feed-forward is dense
+or mixture-of-experts (total vs active experts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxplan.errors import PlanError, bad_value
+
+POSITIVE_INT_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+# Guards against absurd inputs (a 10^30-parameter model): generous upper bounds.
+MAX_DIM = 1 << 20
+MAX_LAYERS = 4096
+MAX_PARAMS = 1e14
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A transformer's shape. All counts are plain ints; bytes come from dtypes later."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    hf_id: str = ""
+    aliases: tuple[str, ...] = ()
+    tie_word_embeddings: bool = False
+    attn_output_gate: bool = False
+    # Attention kinds: counts of layers of each kind; they sum to num_layers.
+    full_attention_layers: int = -1  # -1: all layers not of another kind
+    sliding_window_layers: int = 0
+    sliding_window_tokens: int = 0
+    linear_attention_layers: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_state_bytes_per_element: int = 4  # recurrent state kept in fp32
+    # Multi-head latent attention (all full-attention layers are MLA when kv_lora_rank > 0).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Mixture of experts (num_experts == 0: dense).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    first_dense_layers: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"model {self.name!r}"
+        for field in POSITIVE_INT_FIELDS:
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise bad_value(field, value, "must be a positive integer", where=where)
+            if value > (MAX_LAYERS if field == "num_layers" else MAX_DIM * 256):
+                raise bad_value(field, value, "is implausibly large for a transformer; check the units", where=where)
+        if self.full_attention_layers == -1:
+            object.__setattr__(
+                self,
+                "full_attention_layers",
+                self.num_layers - self.sliding_window_layers - self.linear_attention_layers,
+            )
+        kinds = self.full_attention_layers + self.sliding_window_layers + self.linear_attention_layers
+        if min(self.full_attention_layers, self.sliding_window_layers, self.linear_attention_layers) < 0 or kinds != self.num_layers:
+            raise bad_value(
+                "full_attention_layers + sliding_window_layers + linear_attention_layers",
+                kinds,
+                f"must equal num_layers = {self.num_layers}",
+                where=where,
+            )
+        if self.num_attention_heads % self.num_kv_heads:
+            raise bad_value(
+                "num_kv_heads", self.num_kv_heads, f"must divide num_attention_heads = {self.num_attention_heads}", where=where
+            )
+        if self.sliding_window_layers and self.sliding_window_tokens <= 0:
+            raise bad_value("sliding_window_tokens", self.sliding_window_tokens, "must be > 0 when sliding_window_layers > 0", where=where)
+        if self.linear_attention_layers and min(
+            self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim
+        ) <= 0:
+            raise bad_value("linear_num_value_heads", self.linear_num_value_heads, "linear-attention layers need their head counts and dims > 0", where=where)
+        if self.num_experts:
+            if not 0 < self.experts_per_token <= self.num_experts:
+                raise bad_value("experts_per_token", self.experts_per_token, f"must be in 1..num_experts = {self.num_experts}", where=where)
+            if self.moe_intermediate_size <= 0:
+                raise bad_value("moe_intermediate_size", self.moe_intermediate_size, "must be > 0 for a mixture-of-experts model", where=where)
+        if self.is_mla and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) <= 0:
+            raise bad_value("qk_rope_head_dim", self.qk_rope_head_dim, "MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim > 0", where=where)
+        if self.total_params > MAX_PARAMS:
+            raise PlanError(f"{where}: {self.total_params:.3g} parameters is implausible (limit {MAX_PARAMS:.0e}); check the config's sizes")
+
+    # ---- attention shapes -------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def q_heads_dim(self) -> int:
+        """Query width of one attention layer (heads x per-head query dim)."""
+        per_head = self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+        return self.num_attention_heads * per_head
+
+    def attention_params_per_layer(self) -> int:
+        """Projection weights of one softmax-attention layer (GQA or MLA)."""
+        h = self.hidden_size
+        if self.is_mla:
+            q = h * self.q_lora_rank + self.q_lora_rank * self.q_heads_dim if self.q_lora_rank else h * self.q_heads_dim
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            kv_b = self.kv_lora_rank * self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim)
+            o = self.num_attention_heads * self.v_head_dim * h
+            return q + kv_a + kv_b + o
+        q = h * self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
+        kv = 2 * h * self.num_kv_heads * self.head_dim
+        o = self.num_attention_heads * self.head_dim * h
+        return q + kv + o
+
+    def kv_params_per_layer(self) -> int:
+        """K and V projection weights of one GQA layer (replicated when TP > KV heads)."""
+        return 0 if self.is_mla else 2 * self.hidden_size * self.num_kv_heads * self.head_dim
+
+    def linear_attention_params_per_layer(self) -> int:
+        """Projection weights of one linear-attention (Gated DeltaNet) layer."""
+        if not self.linear_attention_layers:
+            return 0
+        key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        in_proj = self.hidden_size * (2 * key_dim + 2 * value_dim + 2 * self.linear_num_value_heads)
+        conv = self.linear_conv_kernel * (2 * key_dim + value_dim)
+        return in_proj + conv + value_dim * self.hidden_size
+
+    # ---- feed-forward -------------------------------------------------------------
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        return self.num_layers - self.moe_layers
+
+    def expert_params(self) -> int:
+        """One routed expert's weights (gate, up, down)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    # ---- totals -----------------------------------------------------------------
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def layer_params(self, *, active: bool) -> int:
+        """All transformer-layer weights; active=True counts only routed experts a token uses."""
+        softmax_layers = self.full_attention_layers + self.sliding_window_layers
+        attn = softmax_layers * self.attention_params_per_layer()
+        attn += self.linear_attention_layers * self.linear_attention_params_per_layer()
+        experts = self.experts_per_token if active else self.num_experts
+        moe = self.moe_layers * (
+            (experts + self.num_shared_experts) * self.expert_params() + self.hidden_size * self.num_experts
+        )
+        dense = self.dense_mlp_layers * self.dense_mlp_params()
+        return attn + moe + dense
+
+    @property
+    def total_params(self) -> int:
+        return self.layer_params(active=False) + self.embedding_params + self.lm_head_params
+
+    @property
+    def active_params(self) -> int:
+        return self.layer_params(active=True) + self.embedding_params + self.lm_head_params
+
+    # ---- KV cache -----------------------------------------------------------------
+    def kv_elements_per_token_per_layer(self) -> int:
+        """Cached elements per token in one softmax-attention layer (whole model, no TP split)."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, kv_bytes_per_element: int = 2) -> int:
+        """KV bytes per token if every softmax layer kept every token (no window cap, no TP)."""
+        layers = self.full_attention_layers + self.sliding_window_layers
+        return layers * self.kv_elements_per_token_per_layer() * kv_bytes_per_element
+
+    def linear_state_bytes_per_request_per_layer(self) -> int:
+        """Constant recurrent + conv state one request holds in one linear-attention layer."""
+        if not self.linear_attention_layers:
+            return 0
+        key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        ssm = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        conv = max(self.linear_conv_kernel - 1, 0) * (2 * key_dim + value_dim)
+        return ssm * self.linear_state_bytes_per_element + conv * 2
+
+    def allowed_tensor_parallel_sizes(self, candidates=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64)) -> list[int]:
+        return [tp for tp in candidates if self.num_attention_heads % tp == 0 and self.hidden_size % tp == 0]
+
+    def describe(self) -> str:
+        kinds = [f"{self.full_attention_layers} {'MLA' if self.is_mla else 'full-attention'}"]
+        if self.sliding_window_layers:
+            kinds.append(f"{self.sliding_window_layers} sliding-window ({self.sliding_window_tokens} tokens)")
+        if self.linear_attention_layers:
+            kinds.append(f"{self.linear_attention_layers} linear-attention")
+        ffn = f"MoE {self.experts_per_token}/{self.num_experts} experts" if self.is_moe else "dense FFN"
+        return (
+            f"{self.name}: {self.total_params / 1e9:.1f}B params ({self.active_params / 1e9:.1f}B active), "
+            f"{self.num_layers} layers ({', '.join(kinds)}), {ffn}"
+        )
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_positive_int(value: object, field: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise bad_value(field, value, "must be a positive integer", where=where)
+    return value
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and math.log2(n).is_integer()

@@ -1,0 +1,100 @@
+"""Workload: what traffic the deployment must serve, and the SLOs it must meet."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from jaxplan.errors import bad_value
+
+
+class Arrival(str, enum.Enum):
+    POISSON = "poisson"  # open loop at `request_rate_per_s`
+    BURST = "burst"  # `num_requests` all at t=0 (offline batch, RL rollouts)
+    CLOSED = "closed"  # closed loop: `concurrency` requests in flight (benchmark client)
+
+
+class LengthDistribution(str, enum.Enum):
+    FIXED = "fixed"
+    UNIFORM = "uniform"  # mean +- spread * mean
+    LOGNORMAL = "lognormal"  # coefficient of variation = spread
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Token lengths in tokens, rates in requests/s, latencies in seconds.
+
+    isl/osl are means; `*_spread` shapes the distribution the replay samples
+    from (uniform: +-spread*mean; lognormal: coefficient of variation).
+    SLOs of 0 or inf mean "none".
+    """
+
+    name: str
+    isl_mean_tokens: float
+    osl_mean_tokens: float
+    arrival: Arrival = Arrival.BURST
+    request_rate_per_s: float = math.inf
+    concurrency: int = 0
+    num_requests: int = 1000
+    isl_distribution: LengthDistribution = LengthDistribution.FIXED
+    isl_spread: float = 0.0
+    osl_distribution: LengthDistribution = LengthDistribution.FIXED
+    osl_spread: float = 0.0
+    prefix_hit_rate: float = 0.0
+    ttft_slo_s: float = math.inf
+    tpot_slo_s: float = math.inf
+    slo_percentile: float = 99.0
+    target_output_tokens_per_s: float = 0.0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"workload {self.name!r}"
+        for field in ("isl_mean_tokens", "osl_mean_tokens"):
+            value = getattr(self, field)
+            if not _finite(value) or not 1 <= value <= 1e7:
+                raise bad_value(field, value, "must be a token count in 1..10,000,000", where=where)
+        if not _finite(self.prefix_hit_rate) or not 0 <= self.prefix_hit_rate < 1:
+            raise bad_value("prefix_hit_rate", self.prefix_hit_rate, "must be in [0, 1)", where=where)
+        for field in ("isl_spread", "osl_spread"):
+            if not _finite(getattr(self, field)) or not 0 <= getattr(self, field) <= 5:
+                raise bad_value(field, getattr(self, field), "must be in [0, 5]", where=where)
+        for field in ("ttft_slo_s", "tpot_slo_s"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+                raise bad_value(field, value, "must be > 0 seconds (inf for no SLO)", where=where)
+        if not 50 <= self.slo_percentile < 100:
+            raise bad_value("slo_percentile", self.slo_percentile, "must be in [50, 100)", where=where)
+        if not _finite(self.target_output_tokens_per_s) or self.target_output_tokens_per_s < 0:
+            raise bad_value("target_output_tokens_per_s", self.target_output_tokens_per_s, "must be >= 0 (0 for no target)", where=where)
+        if self.arrival == Arrival.POISSON and not (_finite(self.request_rate_per_s) and self.request_rate_per_s > 0):
+            raise bad_value("request_rate_per_s", self.request_rate_per_s, "Poisson arrivals need a finite rate > 0 requests/s", where=where)
+        if self.arrival == Arrival.CLOSED and not (isinstance(self.concurrency, int) and self.concurrency >= 1):
+            raise bad_value("concurrency", self.concurrency, "closed-loop arrivals need concurrency >= 1", where=where)
+        if not isinstance(self.num_requests, int) or not 1 <= self.num_requests <= 10_000_000:
+            raise bad_value("num_requests", self.num_requests, "must be an integer in 1..10,000,000", where=where)
+
+    @property
+    def has_slo(self) -> bool:
+        return math.isfinite(self.ttft_slo_s) or math.isfinite(self.tpot_slo_s)
+
+    def describe(self) -> str:
+        arrival = {
+            Arrival.POISSON: f"Poisson {self.request_rate_per_s:g} req/s",
+            Arrival.BURST: f"burst of {self.num_requests}",
+            Arrival.CLOSED: f"closed loop, {self.concurrency} in flight",
+        }[self.arrival]
+        slo = []
+        if math.isfinite(self.ttft_slo_s):
+            slo.append(f"p{self.slo_percentile:g} TTFT <= {self.ttft_slo_s * 1e3:g} ms")
+        if math.isfinite(self.tpot_slo_s):
+            slo.append(f"p{self.slo_percentile:g} TPOT <= {self.tpot_slo_s * 1e3:g} ms")
+        target = f", target {self.target_output_tokens_per_s:,.0f} output tok/s" if self.target_output_tokens_per_s else ""
+        return (
+            f"{self.name}: ISL ~{self.isl_mean_tokens:,.0f}, OSL ~{self.osl_mean_tokens:,.0f}, {arrival}, "
+            f"prefix hit {self.prefix_hit_rate:.0%}{', ' + ', '.join(slo) if slo else ''}{target}"
+        )
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,41 @@
+"""Stage 4, estimate: roofline throughput, TTFT, TPOT; SLO and throughput-target filters; cost."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxplan.funnel.reasons import Reason
+from jaxplan.funnel.structure import first_failure
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape
+from jaxplan.physics.steady_state import Estimate, estimate
+from jaxplan.physics.traffic import WorkloadParams
+
+HOUR_S = 3600.0
+TIE_BREAK = 0.01  # weight of the secondary objective in the log score
+
+
+def estimate_stage(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity):
+    """(reason [C], Estimate, cost per million output tokens [C] USD, hourly cost [C] USD, score [C]).
+
+    `capacity` = (slots b_max [C], bound code [C]) from stage 3."""
+    est: Estimate = estimate(model, hw, layout, w, gpu_memory_utilization, capacity)
+    hourly_usd = layout.num_gpus * hw.price_usd_per_hour
+    per_million = hourly_usd / jnp.maximum(est.output_tokens_per_s * HOUR_S, 1e-9) * 1e6
+    reason = first_failure(
+        [
+            ((w.arrival_code == 0) & (est.utilization >= 1.0), Reason.OVERLOADED),
+            (est.ttft_p99_s > w.ttft_slo_s, Reason.TTFT_SLO),
+            (est.tpot_p99_s > w.tpot_slo_s, Reason.TPOT_SLO),
+            (est.output_tokens_per_s < w.target_output_tokens_per_s, Reason.BELOW_TARGET),
+        ]
+    )
+    return reason, est, per_million, hourly_usd, score(est, hourly_usd, w)
+
+
+def score(est: Estimate, hourly_usd, w: WorkloadParams):
+    """Higher is better. With a throughput target: the cheapest deployment that meets it (ties: more
+    throughput). Without: output tokens per dollar (ties: lower p99 TPOT). For Poisson traffic every
+    stable candidate delivers the same throughput, so this is again the cheapest deployment."""
+    with_target = -jnp.log(hourly_usd) + TIE_BREAK * jnp.log(jnp.maximum(est.output_tokens_per_s, 1e-9))
+    per_dollar = jnp.log(jnp.maximum(est.output_tokens_per_s, 1e-9) / hourly_usd) - TIE_BREAK * jnp.log(jnp.maximum(est.tpot_p99_s, 1e-9))
+    return jnp.where(w.target_output_tokens_per_s > 0, with_target, per_dollar)

@@ -1,0 +1,19 @@
+"""Stage 6, shortlist: the top K candidates, at most one per (GPU, TP, PP, DP) layout."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def top_layouts(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best finite scores, best first; ties to the lower index (stable)."""
+    finite = np.flatnonzero(np.isfinite(scores))
+    order = np.argsort(-scores[finite], kind="stable")
+    return finite[order[:k]]
+
+
+def shortlist(grid, ctx, scores: np.ndarray, digits: np.ndarray, k: int) -> list[dict]:
+    from jaxplan.funnel.sweep import rows_for
+
+    chosen = top_layouts(scores, k)
+    return rows_for(grid, ctx, digits[chosen])

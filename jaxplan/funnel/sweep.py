@@ -1,0 +1,223 @@
+"""The host driver: stream the grid through `sweep_chunk`, then build stages 5 and 6.
+
+Chunks are sharded across all local JAX devices along the candidate axis.
+Memory is bounded by the chunk and the tables; per-chunk reason histograms are
+summed on the host in Python ints (exact for any grid size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxplan.errors import PlanError
+from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
+from jaxplan.funnel.frontier import pareto_front
+from jaxplan.funnel.reasons import DESCRIPTION, NUM_REASONS, RELAX, STAGE_OF, Reason
+from jaxplan.funnel.shortlist import shortlist
+from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
+from jaxplan.grid import AXES, Grid
+from jaxplan.physics.params import efficiency_for
+from jaxplan.physics.shapes import hardware_table, model_shape
+from jaxplan.physics.traffic import max_context_tokens, workload_params
+from jaxplan.specs.gpu import GpuSpec
+from jaxplan.specs.model import ModelSpec
+from jaxplan.specs.space import SearchSpace
+from jaxplan.specs.workload import Workload
+
+DEFAULT_CHUNK = 1 << 16
+PAGES_PER_CHUNK = 4  # stages 3-4 run on survivors in pages of chunk / devices / 4
+STAGE_NAMES = {1: "structure", 2: "memory", 3: "capacity", 4: "estimate", 5: "frontier", 6: "shortlist"}
+
+
+@dataclasses.dataclass
+class StageCount:
+    stage: int
+    name: str
+    admitted: int
+    rejected: int
+    reasons: dict[str, int]  # reason description -> count, largest first
+    seconds: float | None = None
+
+
+@dataclasses.dataclass
+class SweepResult:
+    grid: Grid
+    model: ModelSpec
+    workload: Workload
+    context: SweepContext
+    stages: list[StageCount]
+    reason_counts: dict[Reason, int]
+    shortlist: list[dict]  # rows, best first
+    frontier: list[dict]  # Pareto-optimal rows
+    compile_s: float
+    run_s: float
+    num_devices: int
+    chunk_size: int
+
+    @property
+    def winner(self) -> dict | None:
+        return self.shortlist[0] if self.shortlist else None
+
+    def empty_explanation(self) -> str:
+        """Which sieve removed the last candidates, and what to relax."""
+        last = max((s for s in self.stages if s.stage <= 4 and s.rejected), key=lambda s: s.stage, default=None)
+        if last is None:
+            return "the search space is empty"
+        reason = max((r for r in self.reason_counts if STAGE_OF.get(r) == last.stage), key=lambda r: self.reason_counts[r])
+        before = self.stages[last.stage - 2].admitted if last.stage > 1 else self.grid.size
+        return (
+            f"no configuration survived: stage {last.stage} ({last.name}) removed the last {before:,} candidates, "
+            f"mostly because {DESCRIPTION[reason]} ({self.reason_counts[reason]:,}). To relax: {RELAX[reason]}."
+        )
+
+
+def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path: str | None = None, **workload_overrides) -> SweepContext:
+    space = grid.space
+    efficiency = efficiency_for([g.name for g in grid.gpus], params_path)
+    return SweepContext(
+        axis_values=grid.axis_arrays(),
+        sizes=jnp.asarray(grid.sizes, jnp.int32),
+        model=model_shape(model),
+        hardware=hardware_table(grid.gpus, efficiency),
+        workload=workload_params(workload, **workload_overrides),
+        gpu_budget=jnp.float32(space.gpu_budget),
+        allow_multi_node=jnp.bool_(space.allow_multi_node),
+        gpu_memory_utilization=jnp.float32(space.gpu_memory_utilization),
+        block_size_tokens=jnp.float32(space.block_size_tokens),
+    )
+
+
+def check_inputs(model: ModelSpec, workload: Workload) -> None:
+    longest = float(max_context_tokens(workload_params(workload)))
+    if longest > model.max_position_embeddings:
+        raise PlanError(
+            f"workload {workload.name!r}: p99 request length {longest:,.0f} tokens exceeds {model.name}'s "
+            f"max_position_embeddings = {model.max_position_embeddings:,}; shorten isl/osl or pick a longer-context model"
+        )
+
+
+def stage_table(grid: Grid, counts: dict[Reason, int], frontier_size: int, shortlist_size: int) -> list[StageCount]:
+    stages, admitted = [], grid.size
+    for stage in (1, 2, 3, 4):
+        reasons = {r: n for r, n in counts.items() if STAGE_OF.get(r) == stage and n}
+        rejected = sum(reasons.values())
+        admitted -= rejected
+        named = {DESCRIPTION[r]: n for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])}
+        stages.append(StageCount(stage, STAGE_NAMES[stage], admitted, rejected, named))
+    stages.append(StageCount(5, STAGE_NAMES[5], frontier_size, admitted - frontier_size, {"dominated (Pareto: throughput/GPU, p99 TPOT, GPUs)": admitted - frontier_size}))
+    stages.append(StageCount(6, STAGE_NAMES[6], shortlist_size, admitted - shortlist_size, {"not the best of its (GPU, TP, PP, DP) layout or below the top K": admitted - shortlist_size}))
+    return stages
+
+
+def device_mesh() -> Mesh:
+    return Mesh(np.array(jax.local_devices()), ("candidates",))
+
+
+def run_sweep(
+    model: ModelSpec,
+    gpus: tuple[GpuSpec, ...],
+    workload: Workload,
+    space: SearchSpace,
+    *,
+    top_k: int = 20,
+    chunk_size: int = DEFAULT_CHUNK,
+    params_path: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SweepResult:
+    """Stages 1-6 over the whole grid; `progress(done, total)` is called per chunk."""
+    check_inputs(model, workload)
+    grid = Grid(gpus, space)
+    grid_size_check(grid)
+    ctx = build_context(grid, model, workload, params_path)
+    mesh = device_mesh()
+    num_devices = mesh.devices.size
+    chunk_size = max(num_devices, (min(chunk_size, max(grid.size, 1)) + num_devices - 1) // num_devices * num_devices)
+    sharding = NamedSharding(mesh, PartitionSpec("candidates"))
+    offsets = jax.device_put(jnp.arange(chunk_size, dtype=jnp.int32), sharding)
+    num_axes = len(AXES)
+    one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
+    state = jax.device_put(jax.tree.map(lambda x: jnp.stack([x] * num_devices), one), sharding)
+    page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 1)
+    run_chunk = functools.partial(sweep_chunk, mesh=mesh, page_size=page_size)
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(run_chunk).lower(state, ctx, jnp.zeros(num_axes, jnp.int32), offsets).compile()
+    compile_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    histograms = []
+    for done, start in enumerate(range(0, grid.size, chunk_size), start=1):
+        state, counts = compiled(state, ctx, jnp.asarray(grid.digits_of(start)), offsets)
+        histograms.append(counts)
+        if progress:
+            progress(min(start + chunk_size, grid.size), grid.size)
+    totals = np.zeros(NUM_REASONS, np.int64)
+    for counts in jax.device_get(histograms):
+        totals += counts.sum(axis=0)
+    run_s = time.perf_counter() - t0
+
+    reason_counts = {Reason(i): int(n) for i, n in enumerate(totals) if Reason(i) != Reason.PADDING}
+    merged = merge_devices(state, num_devices)
+    short = shortlist(grid, ctx, *jax.device_get(merged.layouts), top_k)
+    front = pareto_front(grid, ctx, *jax.device_get(merged.frontier))
+    stages = stage_table(grid, reason_counts, len(front), len(short))
+    return SweepResult(grid, model, workload, ctx, stages, reason_counts, short, front, compile_s, run_s, num_devices, chunk_size)
+
+
+def merge_devices(state: SweepState, num_devices: int) -> SweepState:
+    """Fold the per-device tables [D, ...] into one (order-independent: ties go to the lower index)."""
+    host = jax.device_get(state)
+    layouts, frontier = BestTable(*(x[0] for x in host.layouts)), BestTable(*(x[0] for x in host.frontier))
+    for d in range(1, num_devices):
+        layouts = merge_tables(layouts, BestTable(*(x[d] for x in host.layouts)))
+        frontier = merge_tables(frontier, BestTable(*(x[d] for x in host.frontier)))
+    return SweepState(layouts, frontier)
+
+
+def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
+    """Readable rows (axis values + metrics) for candidates given by digits [K, A]."""
+    if len(digits) == 0:
+        return []
+    ev = jax.device_get(evaluate_digits(ctx, jnp.asarray(digits, jnp.int32)))
+    rows = []
+    for i, d in enumerate(digits):
+        row = grid.describe(d)
+        e = ev.estimate
+        row.update(
+            num_gpus=int(ev.layout.num_gpus[i]),
+            output_tokens_per_s=float(e.output_tokens_per_s[i]),
+            output_tokens_per_s_per_gpu=float(e.output_tokens_per_s[i] / ev.layout.num_gpus[i]),
+            requests_per_s=float(e.requests_per_s[i]),
+            ttft_mean_s=float(e.ttft_mean_s[i]),
+            ttft_p99_s=float(e.ttft_p99_s[i]),
+            tpot_mean_s=float(e.tpot_mean_s[i]),
+            tpot_p99_s=float(e.tpot_p99_s[i]),
+            concurrency_per_replica=float(e.concurrency_per_replica[i]),
+            max_concurrency_per_replica=float(e.max_concurrency_per_replica[i]),
+            utilization=float(e.utilization[i]),
+            bound=int(ev.bound[i]),
+            kv_blocks_per_replica=int(ev.kv_blocks[i]),
+            hourly_usd=float(ev.hourly_usd[i]),
+            cost_per_million_output_tokens_usd=float(ev.cost_per_million_usd[i]),
+            score=float(ev.score[i]),
+            reason=int(ev.reason[i]),
+            digits=[int(x) for x in d],
+        )
+        rows.append(row)
+    return rows
+
+
+def grid_size_check(grid: Grid) -> None:
+    if grid.size == 0:
+        raise PlanError("the search space is empty; every axis needs at least one value")
+    if math.log10(max(grid.size, 1)) > 12:
+        raise PlanError(f"the grid has {grid.size:.2e} candidates (more than 1e12); narrow the space's axes")

@@ -1,0 +1,137 @@
+"""The candidate grid: a mixed-radix product of axes, decoded inside jit.
+
+A candidate is its index in the product (outermost axis first: GPU type,
+TP, PP, DP, max_num_seqs, max_num_batched_tokens, weight dtype, KV dtype).
+Chunks are given by the digits of their first index (computed on the host
+with Python ints, so grids beyond 2^31 work) plus int32 offsets [C]; digits
+are added with carries inside jit. Nothing of size `grid.size` is ever built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxplan.specs.gpu import GpuSpec
+from jaxplan.specs.space import DTYPE_BYTES, SearchSpace
+
+AXES = (
+    "gpu",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "weight_dtype",
+    "kv_cache_dtype",
+)
+LAYOUT_AXES = AXES[:4]  # (GPU, TP, PP, DP): the shortlist keeps one candidate per layout
+
+
+class Candidates(NamedTuple):
+    """A chunk of candidates; every field [C]."""
+
+    digits: jnp.ndarray  # [C, A] int32: index of each axis value
+    valid: jnp.ndarray  # [C] bool: inside the grid (the last chunk is padded)
+    gpu_index: jnp.ndarray  # int32
+    tensor_parallel_size: jnp.ndarray  # float32
+    pipeline_parallel_size: jnp.ndarray
+    data_parallel_size: jnp.ndarray
+    max_num_seqs: jnp.ndarray
+    max_num_batched_tokens: jnp.ndarray
+    weight_bytes_per_param: jnp.ndarray
+    kv_bytes_per_element: jnp.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """Axis values (numeric, float32) for one sweep; `labels` keep the original values for display."""
+
+    gpus: tuple[GpuSpec, ...]
+    space: SearchSpace
+
+    @property
+    def labels(self) -> dict[str, tuple]:
+        return {"gpu": tuple(g.name for g in self.gpus), **self.space.axis_values()}
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(self.labels[a]) for a in AXES)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def num_layouts(self) -> int:
+        return math.prod(self.sizes[: len(LAYOUT_AXES)])
+
+    def axis_arrays(self) -> tuple[jnp.ndarray, ...]:
+        """Numeric value of every axis entry (GPU: its index; dtypes: bytes per element)."""
+        out = []
+        for axis in AXES:
+            labels = self.labels[axis]
+            if axis == "gpu":
+                values = np.arange(len(labels))
+            elif axis in ("weight_dtype", "kv_cache_dtype"):
+                values = np.array([DTYPE_BYTES[v] for v in labels])
+            else:
+                values = np.array(labels)
+            out.append(jnp.asarray(values, jnp.float32))
+        return tuple(out)
+
+    def digits_of(self, index: int) -> np.ndarray:
+        """Mixed-radix digits of a (Python int) candidate index, outermost first."""
+        if not 0 <= index < max(self.size, 1):
+            raise IndexError(index)
+        digits = []
+        for size in reversed(self.sizes):
+            index, digit = divmod(index, size)
+            digits.append(digit)
+        return np.array(digits[::-1], np.int32)
+
+    def index_of(self, digits) -> int:
+        index = 0
+        for digit, size in zip(digits, self.sizes):
+            index = index * size + int(digit)
+        return index
+
+    def describe(self, digits) -> dict:
+        """Human-readable axis values of one candidate."""
+        return {axis: self.labels[axis][int(d)] for axis, d in zip(AXES, digits)}
+
+
+def decode(axis_values: tuple[jnp.ndarray, ...], sizes: jnp.ndarray, base_digits: jnp.ndarray, offsets: jnp.ndarray) -> Candidates:
+    """Candidates at `base + offsets`, with carries across axes (innermost first)."""
+    num_axes = len(axis_values)
+    remaining = offsets.astype(jnp.int32)
+    carry = jnp.zeros_like(remaining)
+    digits = [None] * num_axes
+    for axis in reversed(range(num_axes)):
+        size = sizes[axis]
+        total = base_digits[axis] + remaining % size + carry
+        digits[axis] = total % size
+        carry = total // size
+        remaining = remaining // size
+    valid = (carry == 0) & (remaining == 0)
+    stacked = jnp.stack(digits, axis=-1)
+    values = [axis_values[a][digits[a]] for a in range(num_axes)]
+    return Candidates(stacked, valid, digits[0], *values[1:])
+
+
+def layout_index(digits: jnp.ndarray, sizes: jnp.ndarray) -> jnp.ndarray:
+    """Index of a candidate's (GPU, TP, PP, DP) layout in [num_layouts]."""
+    index = jnp.zeros(digits.shape[:-1], jnp.int32)
+    for axis in range(len(LAYOUT_AXES)):
+        index = index * sizes[axis] + digits[..., axis]
+    return index
+
+
+def chunk_starts(grid: Grid, chunk_size: int):
+    """Yield (start index, base digits) of each chunk (host-side, Python ints)."""
+    for start in range(0, grid.size, chunk_size):
+        yield start, grid.digits_of(start)

@@ -1,0 +1,103 @@
+"""Memory per GPU: weights, KV cache, activations, runtime reserve.
+
+All functions are elementwise over broadcastable arrays (a scalar layout or
+[C] candidates) and return bytes per GPU of the worst pipeline stage.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape
+
+GIB_BYTES = 1024.0**3
+# CUDA graphs, NCCL buffers, allocator slack and the CUDA context that vLLM's
+# gpu_memory_utilization must also cover (aiconfigurator budgets 342-392 MiB of
+# NCCL memory for TP > 1; vLLM logs ~0.5-1 GiB of graph memory).
+RUNTIME_RESERVE_BYTES = 1.0 * GIB_BYTES
+MULTI_GPU_RESERVE_BYTES = 0.4 * GIB_BYTES
+EMBEDDING_BYTES_PER_PARAM = 2.0  # embeddings and LM head stay BF16 under FP8 quantisation
+ACTIVATION_BYTES = 2.0
+LOGIT_BYTES = 4.0  # sampler works on fp32 logits
+ACTIVATION_BUFFERS_PER_TOKEN = 6.0  # residual, normed input, attention output, q/k/v, ... (hidden-sized)
+
+
+def kv_heads_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
+    """KV heads held per GPU: kv_heads / TP, but never below one (replicated past TP = kv_heads)."""
+    return jnp.maximum(model.kv_heads / layout.tensor_parallel_size, 1.0)
+
+
+def kv_split_factor(model: ModelShape, layout: Layout) -> jnp.ndarray:
+    """Fraction of one layer's KV a GPU holds: 1/min(TP, kv_heads) for GQA, 1 for MLA."""
+    gqa = kv_heads_per_gpu(model, layout) / model.kv_heads
+    return model.kv_split_by_tp * gqa + (1.0 - model.kv_split_by_tp)
+
+
+def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
+    """Weight shard of the heaviest pipeline stage on one GPU (bytes)."""
+    tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
+    kv_share = jnp.minimum(tp, model.kv_heads)  # K/V projections split at most kv_heads ways
+    attn = model.softmax_layers * (
+        (model.attn_params_per_layer - model.kv_proj_params_per_layer) / tp + model.kv_proj_params_per_layer / kv_share
+    )
+    linear = model.linear_layers * model.linear_params_per_layer / tp
+    dense = model.dense_mlp_layers * model.dense_mlp_params_per_layer / tp
+    moe = model.moe_layers * ((model.num_experts + model.shared_experts) * model.expert_params / tp + model.router_params_per_layer)
+    layers_bytes = (attn + linear + dense + moe) / pp * layout.weight_bytes_per_param
+    # pp == 1: one stage holds embedding and LM head; pp > 1: the first holds one, the last the other.
+    embed = model.embedding_params / tp * EMBEDDING_BYTES_PER_PARAM
+    head = model.lm_head_params / tp * EMBEDDING_BYTES_PER_PARAM
+    ends = jnp.where(pp > 1, jnp.maximum(embed, head), embed + head)
+    return layers_bytes + ends
+
+
+def kv_bytes_per_token_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
+    """KV bytes one more token costs a GPU across its stage's softmax layers (no window cap)."""
+    per_layer = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    return model.softmax_layers / layout.pipeline_parallel_size * per_layer
+
+
+def request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens, block_size_tokens=16.0) -> jnp.ndarray:
+    """Cache one request of `context_tokens` holds on one GPU: full layers grow, sliding layers cap at
+    the window, linear-attention layers hold a constant state. Token counts round up to whole blocks."""
+    blocks = jnp.ceil(context_tokens / block_size_tokens) * block_size_tokens
+    per_layer = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    windowed = jnp.minimum(blocks, jnp.ceil(model.sliding_window_tokens / block_size_tokens) * block_size_tokens)
+    state = model.linear_state_bytes_per_layer / layout.tensor_parallel_size
+    per_stage = model.full_layers * per_layer * blocks + model.sliding_layers * per_layer * windowed + model.linear_layers * state
+    return per_stage / layout.pipeline_parallel_size
+
+
+def smooth_request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens) -> jnp.ndarray:
+    """`request_kv_bytes_per_gpu` without block rounding: differentiable in `context_tokens`."""
+    per_layer = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    windowed = jnp.minimum(context_tokens, model.sliding_window_tokens)
+    state = model.linear_state_bytes_per_layer / layout.tensor_parallel_size
+    per_stage = model.full_layers * per_layer * context_tokens + model.sliding_layers * per_layer * windowed + model.linear_layers * state
+    return per_stage / layout.pipeline_parallel_size
+
+
+def activation_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
+    """Peak activation workspace of a forward pass at the token budget (vLLM profiles this at start-up)."""
+    tp = layout.tensor_parallel_size
+    tokens = layout.max_num_batched_tokens
+    hidden_buffers = ACTIVATION_BUFFERS_PER_TOKEN * model.hidden_size
+    ffn_buffers = 3.0 * model.ffn_intermediate_per_token / tp  # gate, up and their product
+    logits = layout.max_num_seqs * model.vocab_size / tp * LOGIT_BYTES
+    return tokens * (hidden_buffers + ffn_buffers) * ACTIVATION_BYTES + logits
+
+
+def runtime_reserve_bytes(layout: Layout) -> jnp.ndarray:
+    return RUNTIME_RESERVE_BYTES + jnp.where(layout.gpus_per_replica > 1, MULTI_GPU_RESERVE_BYTES, 0.0)
+
+
+def kv_budget_bytes_per_gpu(model: ModelShape, hw: Hardware, layout: Layout, gpu_memory_utilization) -> jnp.ndarray:
+    """Bytes left for the KV cache on one GPU (negative: the model does not fit)."""
+    usable = gpu_memory_utilization * hw.hbm_bytes
+    return usable - weight_bytes_per_gpu(model, layout) - activation_bytes_per_gpu(model, layout) - runtime_reserve_bytes(layout)
+
+
+def kv_blocks_per_replica(model: ModelShape, hw: Hardware, layout: Layout, gpu_memory_utilization, block_size_tokens=16.0) -> jnp.ndarray:
+    """KV blocks a replica can hold (every GPU of a replica holds the same tokens' slice)."""
+    free = jnp.maximum(kv_budget_bytes_per_gpu(model, hw, layout, gpu_memory_utilization), 0.0)
+    return jnp.floor(free / (block_size_tokens * kv_bytes_per_token_per_gpu(model, layout)))

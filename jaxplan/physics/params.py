@@ -1,0 +1,67 @@
+"""Calibrated efficiency parameters per GPU type.
+
+The physics multiplies spec-sheet peaks by achievable fractions and adds fixed
+latencies. Values ship in `jaxplan/configs/calibration/params.toml`, written by
+`jaxplan calibrate` with a record of the data they were fitted to; a GPU type
+missing there (e.g. MI300X, which has no measurements) gets DEFAULTS, which are
+typical of Hopper-class GPUs running vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+from jaxplan.errors import PlanError, bad_value
+
+PARAMS_PATH = Path(__file__).resolve().parent.parent / "configs" / "calibration" / "params.toml"
+
+# Field -> (default, lowest, highest). Fractions are of the spec-sheet peak.
+BOUNDS: dict[str, tuple[float, float, float]] = {
+    "gemm_flops_efficiency": (0.65, 0.05, 1.0),
+    "memory_bandwidth_efficiency": (0.80, 0.05, 1.0),
+    "attention_flops_efficiency": (0.45, 0.02, 1.0),
+    "layer_latency_s": (8e-6, 0.0, 1e-3),
+    "allreduce_latency_s": (12e-6, 0.0, 1e-3),
+    "allreduce_bandwidth_efficiency": (0.6, 0.02, 1.0),
+    "step_overhead_s": (2.5e-3, 0.0, 0.1),
+    "per_seq_overhead_s": (4e-6, 0.0, 1e-3),
+    "p2p_latency_s": (20e-6, 0.0, 1e-2),
+    "request_overhead_s": (0.02, 0.0, 2.0),
+}
+DEFAULTS = {field: bounds[0] for field, bounds in BOUNDS.items()}
+
+
+def validate(gpu: str, params: dict[str, float], where: str) -> dict[str, float]:
+    unknown = set(params) - set(BOUNDS)
+    if unknown:
+        raise bad_value(f"[{gpu}].{sorted(unknown)[0]}", params[sorted(unknown)[0]], f"unknown parameter; known: {', '.join(BOUNDS)}", where=where)
+    merged = {**DEFAULTS, **params}
+    for field, value in merged.items():
+        _, low, high = BOUNDS[field]
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+            raise bad_value(f"[{gpu}].{field}", value, f"must be a number in [{low:g}, {high:g}]", where=where)
+    return {k: float(v) for k, v in merged.items()}
+
+
+@functools.cache
+def load_efficiency(path: str | None = None) -> dict[str, dict[str, float]]:
+    """GPU name -> efficiency parameters (missing GPUs fall back to DEFAULTS via `for_gpu`)."""
+    from jaxplan.specs.loader import read_toml
+
+    target = Path(path) if path else PARAMS_PATH
+    if not target.exists():
+        if path:
+            raise PlanError(f"calibration file {path!r} does not exist; run `jaxplan calibrate` or omit --params")
+        return {}
+    data = read_toml(target)
+    gpus = data.get("gpu", {})
+    if not isinstance(gpus, dict):
+        raise bad_value("gpu", gpus, "must be a table of [gpu.<name>] sections", where=str(target))
+    return {name: validate(name, values, str(target)) for name, values in gpus.items()}
+
+
+def efficiency_for(gpu_names, path: str | None = None) -> dict[str, dict[str, float]]:
+    table = load_efficiency(path)
+    return {name: table.get(name, DEFAULTS) for name in gpu_names}

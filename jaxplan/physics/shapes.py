@@ -1,0 +1,185 @@
+"""The numbers the physics consumes, as PyTrees of arrays.
+
+`ModelShape` is a model reduced to per-layer-kind counts (float32 scalars, so
+one compiled kernel serves every model). `Hardware` is a GPU type plus its
+calibrated efficiencies; fields are scalars or [G] arrays (one per GPU type)
+and are gathered per candidate with `take`. `Layout` is a candidate's
+parallel layout and dtypes, every field [C] (or scalar).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxplan.specs.gpu import GpuSpec
+from jaxplan.specs.model import ModelSpec
+
+
+class ModelShape(NamedTuple):
+    """Whole-model (un-sharded) element counts; all float32 scalars."""
+
+    num_layers: jnp.ndarray
+    hidden_size: jnp.ndarray
+    vocab_size: jnp.ndarray
+    softmax_layers: jnp.ndarray  # full + sliding-window (GQA or MLA) layers
+    full_layers: jnp.ndarray
+    sliding_layers: jnp.ndarray
+    sliding_window_tokens: jnp.ndarray
+    linear_layers: jnp.ndarray
+    attn_params_per_layer: jnp.ndarray  # softmax-attention projections (incl. K/V)
+    kv_proj_params_per_layer: jnp.ndarray  # the K/V part, replicated once TP > KV heads
+    linear_params_per_layer: jnp.ndarray
+    linear_state_bytes_per_layer: jnp.ndarray  # per request, constant
+    linear_flops_per_token_per_layer: jnp.ndarray  # recurrent state update
+    dense_mlp_layers: jnp.ndarray
+    dense_mlp_params_per_layer: jnp.ndarray
+    moe_layers: jnp.ndarray
+    num_experts: jnp.ndarray  # routed experts (1 for dense models, unused)
+    experts_per_token: jnp.ndarray
+    shared_experts: jnp.ndarray
+    expert_params: jnp.ndarray
+    router_params_per_layer: jnp.ndarray
+    embedding_params: jnp.ndarray
+    lm_head_params: jnp.ndarray  # 0 when tied (weights counted once); compute always vocab*hidden
+    kv_heads: jnp.ndarray  # KV heads that TP splits (GQA); MLA latent is not split
+    kv_split_by_tp: jnp.ndarray  # 1.0 for GQA, 0.0 for MLA (latent replicated on every TP rank)
+    kv_elements_per_token_per_layer: jnp.ndarray  # whole model, one layer
+    q_heads: jnp.ndarray
+    attn_score_dim_prefill: jnp.ndarray  # per-head q.k dim in prefill
+    attn_value_dim_prefill: jnp.ndarray
+    attn_score_dim_decode: jnp.ndarray  # MLA decode attends in the latent space
+    attn_value_dim_decode: jnp.ndarray
+    ffn_intermediate_per_token: jnp.ndarray  # widest FFN activation per token (workspace)
+
+
+def model_shape(model: ModelSpec) -> ModelShape:
+    """Reduce a ModelSpec to the counts the cost model needs."""
+    if model.is_mla:
+        score_prefill = model.qk_nope_head_dim + model.qk_rope_head_dim
+        value_prefill = model.v_head_dim
+        score_decode = model.kv_lora_rank + model.qk_rope_head_dim
+        value_decode = model.kv_lora_rank
+    else:
+        score_prefill = value_prefill = score_decode = value_decode = model.head_dim
+    linear_flops = 0
+    if model.linear_attention_layers:
+        # Gated delta rule: read, update and read out a (dk x dv) state per value head per token.
+        linear_flops = 6 * model.linear_num_value_heads * model.linear_key_head_dim * model.linear_value_head_dim
+    ffn = max(
+        model.intermediate_size if model.dense_mlp_layers else 0,
+        (model.experts_per_token + model.num_shared_experts) * model.moe_intermediate_size,
+    )
+    values = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        vocab_size=model.vocab_size,
+        softmax_layers=model.full_attention_layers + model.sliding_window_layers,
+        full_layers=model.full_attention_layers,
+        sliding_layers=model.sliding_window_layers,
+        sliding_window_tokens=max(model.sliding_window_tokens, 1),
+        linear_layers=model.linear_attention_layers,
+        attn_params_per_layer=model.attention_params_per_layer(),
+        kv_proj_params_per_layer=model.kv_params_per_layer(),
+        linear_params_per_layer=model.linear_attention_params_per_layer(),
+        linear_state_bytes_per_layer=model.linear_state_bytes_per_request_per_layer(),
+        linear_flops_per_token_per_layer=linear_flops,
+        dense_mlp_layers=model.dense_mlp_layers,
+        dense_mlp_params_per_layer=model.dense_mlp_params(),
+        moe_layers=model.moe_layers,
+        num_experts=max(model.num_experts, 1),
+        experts_per_token=model.experts_per_token,
+        shared_experts=model.num_shared_experts,
+        expert_params=model.expert_params() if model.is_moe else 0,
+        router_params_per_layer=model.hidden_size * model.num_experts,
+        embedding_params=model.embedding_params,
+        lm_head_params=model.lm_head_params,
+        kv_heads=model.num_kv_heads,
+        kv_split_by_tp=0.0 if model.is_mla else 1.0,
+        kv_elements_per_token_per_layer=model.kv_elements_per_token_per_layer(),
+        q_heads=model.num_attention_heads,
+        attn_score_dim_prefill=score_prefill,
+        attn_value_dim_prefill=value_prefill,
+        attn_score_dim_decode=score_decode,
+        attn_value_dim_decode=value_decode,
+        ffn_intermediate_per_token=ffn,
+    )
+    return ModelShape(**{k: jnp.float32(v) for k, v in values.items()})
+
+
+class Hardware(NamedTuple):
+    """Peak numbers (spec sheet) and calibrated efficiencies; scalars or [G]."""
+
+    hbm_bytes: jnp.ndarray
+    hbm_bandwidth_bytes_per_s: jnp.ndarray
+    bf16_flops_per_s: jnp.ndarray
+    fp8_flops_per_s: jnp.ndarray  # 0: no FP8 tensor cores
+    intra_node_bandwidth_bytes_per_s: jnp.ndarray
+    inter_node_bandwidth_bytes_per_s: jnp.ndarray
+    gpus_per_node: jnp.ndarray
+    price_usd_per_hour: jnp.ndarray
+    # Calibrated (see jaxplan/physics/params.py).
+    gemm_flops_efficiency: jnp.ndarray
+    memory_bandwidth_efficiency: jnp.ndarray
+    attention_flops_efficiency: jnp.ndarray
+    layer_latency_s: jnp.ndarray
+    allreduce_latency_s: jnp.ndarray
+    allreduce_bandwidth_efficiency: jnp.ndarray
+    step_overhead_s: jnp.ndarray
+    per_seq_overhead_s: jnp.ndarray
+    p2p_latency_s: jnp.ndarray
+    request_overhead_s: jnp.ndarray  # per request, outside the engine step (API server)
+
+
+def hardware_table(gpus: tuple[GpuSpec, ...], efficiency: dict[str, dict[str, float]]) -> Hardware:
+    """Stack GPU specs and their efficiencies into [G] arrays (order = `gpus`)."""
+    peak = {
+        "hbm_bytes": [g.hbm_bytes for g in gpus],
+        "hbm_bandwidth_bytes_per_s": [g.hbm_bandwidth_bytes_per_s for g in gpus],
+        "bf16_flops_per_s": [g.bf16_flops_per_s for g in gpus],
+        "fp8_flops_per_s": [g.fp8_flops_per_s for g in gpus],
+        "intra_node_bandwidth_bytes_per_s": [g.intra_node_bandwidth_bytes_per_s for g in gpus],
+        "inter_node_bandwidth_bytes_per_s": [g.inter_node_bandwidth_bytes_per_s for g in gpus],
+        "gpus_per_node": [g.gpus_per_node for g in gpus],
+        "price_usd_per_hour": [g.price_usd_per_hour for g in gpus],
+    }
+    calibrated = {
+        field: [efficiency[g.name][field] for g in gpus]
+        for field in Hardware._fields
+        if field not in peak
+    }
+    return Hardware(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in {**peak, **calibrated}.items()})
+
+
+def take(table: Hardware, gpu_index: jnp.ndarray) -> Hardware:
+    """Per-candidate hardware: gather each [G] field at `gpu_index` [C]."""
+    return jax.tree.map(lambda field: field[gpu_index], table)
+
+
+class Layout(NamedTuple):
+    """One replica's layout and dtypes; every field float32, scalar or [C]."""
+
+    tensor_parallel_size: jnp.ndarray
+    pipeline_parallel_size: jnp.ndarray
+    data_parallel_size: jnp.ndarray
+    weight_bytes_per_param: jnp.ndarray  # 2 (bf16) or 1 (fp8)
+    kv_bytes_per_element: jnp.ndarray  # 2 (auto = bf16) or 1 (fp8)
+    max_num_seqs: jnp.ndarray
+    max_num_batched_tokens: jnp.ndarray
+
+    @property
+    def gpus_per_replica(self) -> jnp.ndarray:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def num_gpus(self) -> jnp.ndarray:
+        return self.gpus_per_replica * self.data_parallel_size
+
+
+def make_layout(tp=1, pp=1, dp=1, weight_bytes=2, kv_bytes=2, max_num_seqs=256, max_num_batched_tokens=8192) -> Layout:
+    """A Layout from plain numbers or arrays (broadcast together)."""
+    arrays = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in (tp, pp, dp, weight_bytes, kv_bytes, max_num_seqs, max_num_batched_tokens)))
+    return Layout(*arrays)

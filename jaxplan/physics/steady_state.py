@@ -1,0 +1,183 @@
+"""Stage-4 estimates: throughput, TTFT and TPOT of a replica in steady state.
+
+A replica runs `b` requests concurrently. Every step each produces one token;
+b / OSL requests finish per step and as many new prompts (ISL x (1 - hit)
+uncached tokens each) are prefilled in chunks of the room the token budget
+leaves next to the decodes. A step therefore either carries a prefill chunk
+(fraction `f` of steps) or is decode-only, and both are priced by the same
+`step_time_s` the replay uses.
+
+The concurrency `b` is the smallest of: max_num_seqs, what the KV cache holds
+at the mean live context (ISL + OSL / 2), what the token budget sustains
+(b (1 + ISL_eff / OSL) <= PP x budget), and the demand: the closed-loop or
+burst concurrency per replica, or for Poisson arrivals the fixed point of
+Little's law b = rate x (time a request holds a slot).
+
+Queueing: Poisson waits for a slot (Sakasegawa's M/M/c approximation, c = the
+replica's slots) and for the prefill "server" (M/D/1); closed loops and bursts
+wait in line for a slot (Little's law). p99s: exponential tail for Poisson
+waits; binomial spread of prefill-carrying steps over a request's tokens for
+TPOT.
+
+Smoothing for gradients (the sensitivity view): the chunk count uses a
+straight-through ceil (exact value, gradient of the unrounded count);
+min/max pass the gradient of the binding term; the KV footprint is not
+rounded to blocks here (stage 3 rounds).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxplan.physics.batch import StepBatch
+from jaxplan.physics.memory import kv_budget_bytes_per_gpu, smooth_request_kv_bytes_per_gpu
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape
+from jaxplan.physics.step_time import step_time_s
+from jaxplan.physics.traffic import P99_Z, WorkloadParams
+
+SECANT_ITERATIONS = 2
+LN_100 = 4.605  # p99 of an exponential = mean x ln(100)
+
+BOUND_MAX_NUM_SEQS, BOUND_KV_CACHE, BOUND_TOKEN_BUDGET, BOUND_DEMAND = 0, 1, 2, 3
+BOUND_NAMES = ("max_num_seqs", "KV cache", "token budget", "demand")
+
+
+class Estimate(NamedTuple):
+    """Per candidate; times in seconds, rates per second, whole deployment unless noted."""
+
+    output_tokens_per_s: jnp.ndarray
+    requests_per_s: jnp.ndarray
+    ttft_mean_s: jnp.ndarray
+    ttft_p99_s: jnp.ndarray
+    tpot_mean_s: jnp.ndarray
+    tpot_p99_s: jnp.ndarray
+    concurrency_per_replica: jnp.ndarray  # b
+    max_concurrency_per_replica: jnp.ndarray  # b_max (slots the replica can run)
+    utilization: jnp.ndarray  # Poisson: demand / capacity (>= 1: cannot keep up); else b / b_max
+    bound: jnp.ndarray  # int32 BOUND_* code: what limits b
+
+
+def ste_ceil(x):
+    """ceil(x) in value, identity in gradient."""
+    return x + jax.lax.stop_gradient(jnp.ceil(x - 1e-4) - x)
+
+
+class _Steps(NamedTuple):
+    mean_s: jnp.ndarray  # mean step time
+    decode_s: jnp.ndarray  # step without a prefill chunk
+    chunk_s: jnp.ndarray  # step carrying a prefill chunk
+    chunk_fraction: jnp.ndarray  # f
+    prefill_s: jnp.ndarray  # a request's prefill (all its chunks)
+
+
+def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
+    isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
+    cached = w.isl_tokens * w.prefix_hit_rate
+    room = jnp.maximum(layout.pipeline_parallel_size * layout.max_num_batched_tokens - b, 1.0)
+    chunk = jnp.minimum(room, isl_eff)
+    decode_context = b * (w.isl_tokens + 0.5 * w.osl_tokens)
+    decode = StepBatch.decode_only(b, decode_context)
+    with_chunk = decode.merged(StepBatch(chunk, 0.0 * b, 0.0 * b, chunk * (cached + 0.5 * isl_eff), 1.0 + 0.0 * b))
+    decode_s = step_time_s(model, hw, layout, decode)
+    chunk_s = step_time_s(model, hw, layout, with_chunk)
+    fraction = jnp.clip(b / w.osl_tokens * isl_eff / chunk, 0.0, 1.0)
+    mean_s = fraction * chunk_s + (1.0 - fraction) * decode_s
+    # Every chunk step pays the decode step's cost; the prefill work itself is paid once over all
+    # chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes 2 steps).
+    prefill_s = ste_ceil(isl_eff / chunk) * decode_s + isl_eff / chunk * (chunk_s - decode_s)
+    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s)
+
+
+def slot_time_s(steps: _Steps, w: WorkloadParams):
+    """Time a request holds a slot: its prefill plus (OSL - 1) further steps."""
+    return steps.prefill_s + (w.osl_tokens - 1.0) * steps.mean_s
+
+
+def max_concurrency(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
+    """(b_max, bound code): slots a replica can run, and which limit binds."""
+    isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
+    free = kv_budget_bytes_per_gpu(model, hw, layout, gpu_memory_utilization)
+    kv_cap = jnp.maximum(free, 0.0) / smooth_request_kv_bytes_per_gpu(model, layout, w.isl_tokens + 0.5 * w.osl_tokens)
+    budget_cap = layout.pipeline_parallel_size * layout.max_num_batched_tokens * w.osl_tokens / (w.osl_tokens + isl_eff)
+    caps = jnp.stack(jnp.broadcast_arrays(layout.max_num_seqs, kv_cap, budget_cap))
+    return jnp.min(caps, axis=0), jnp.argmin(caps, axis=0).astype(jnp.int32)
+
+
+def poisson_concurrency(model, hw, layout, w, rate, b_max, full_slot_s):
+    """Solve Little's law b = rate x slot_time(b) on [b_lo, b_max] by secant steps.
+
+    slot_time(b) is close to affine in b (weights amortised, KV reads linear), so two
+    secant steps from the bracket (b_lo, b_max) land within a fraction of a percent.
+    """
+    b_lo = jnp.minimum(b_max, 1e-2)
+    g_lo = rate * slot_time_s(_steps(model, hw, layout, w, b_lo), w) - b_lo
+    b_hi, g_hi = b_max, rate * full_slot_s - b_max
+    saturated = g_hi >= 0
+    b = b_hi
+    for _ in range(SECANT_ITERATIONS):  # regula falsi: keep the root bracketed
+        b = jnp.clip(b_lo - g_lo * (b_hi - b_lo) / jnp.where(g_hi == g_lo, -1e-9, g_hi - g_lo), b_lo, b_hi)
+        g = rate * slot_time_s(_steps(model, hw, layout, w, b), w) - b
+        above = g >= 0
+        b_lo, g_lo = jnp.where(above, b, b_lo), jnp.where(above, g, g_lo)
+        b_hi, g_hi = jnp.where(above, b_hi, b), jnp.where(above, g_hi, g)
+    return jnp.where(saturated, b_max, b)
+
+
+def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity=None) -> Estimate:
+    """Steady-state estimate per candidate (elementwise over [C]); `capacity` = max_concurrency(...) if known."""
+    b_max, bound = capacity if capacity is not None else max_concurrency(model, hw, layout, w, gpu_memory_utilization)
+    b_max = jnp.maximum(b_max, 1e-3)
+    dp = layout.data_parallel_size
+    rate = w.request_rate_per_s / dp
+    poisson = w.arrival_code == 0
+
+    full = _steps(model, hw, layout, w, b_max)
+    full_slot_s = slot_time_s(full, w)
+    b_poisson = poisson_concurrency(model, hw, layout, w, rate, b_max, full_slot_s)
+    b_closed = jnp.minimum(b_max, jnp.maximum(w.concurrency / dp, 1e-3))
+    b = jnp.where(poisson, b_poisson, b_closed)
+    bound = jnp.where(b < 0.999 * b_max, BOUND_DEMAND, bound)
+
+    steps = _steps(model, hw, layout, w, b)
+    slot_s = slot_time_s(steps, w)
+    utilization = jnp.where(poisson, rate * full_slot_s / b_max, b / b_max)
+
+    # Waiting before prefill starts.
+    rho = jnp.clip(utilization, 0.0, 0.999)
+    slot_wait = slot_s / b_max * rho ** (jnp.sqrt(2.0 * (b_max + 1.0)) - 1.0) / (1.0 - rho)
+    prefill_rho = jnp.clip(steps.chunk_fraction, 0.0, 0.999)
+    prefill_wait = prefill_rho / (2.0 * (1.0 - prefill_rho)) * steps.prefill_s
+    poisson_wait = slot_wait + prefill_wait
+    queued = jnp.maximum(w.concurrency / dp - b, 0.0)  # closed loop / burst: requests beyond the slots
+    line_wait = queued * slot_s / b
+    burst = w.arrival_code == 1
+    wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait, line_wait) + prefill_wait)
+    wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + LN_100 * prefill_wait)
+    # A new request first waits for the step in flight (half a step on average), then its chunks;
+    # the API server's per-request work (tokenise, detokenise, HTTP) comes on top.
+    first_token_s = 0.5 * steps.mean_s + steps.prefill_s + hw.request_overhead_s
+    ttft_mean = wait_mean + first_token_s
+    ttft_p99 = wait_p99 + steps.mean_s + steps.prefill_s * w.max_context_factor + hw.request_overhead_s
+    overloaded = poisson & (utilization >= 1.0)
+    ttft_mean = jnp.where(overloaded, jnp.inf, ttft_mean)
+    ttft_p99 = jnp.where(overloaded, jnp.inf, ttft_p99)
+
+    spread = (steps.chunk_s - steps.decode_s) * jnp.sqrt(steps.chunk_fraction * (1.0 - steps.chunk_fraction) / w.osl_tokens)
+    tpot_p99 = steps.mean_s + P99_Z * spread
+    output_per_replica = w.osl_tokens * b / slot_s
+    throughput = dp * output_per_replica
+    return Estimate(
+        output_tokens_per_s=throughput,
+        requests_per_s=throughput / w.osl_tokens,
+        ttft_mean_s=ttft_mean,
+        ttft_p99_s=ttft_p99,
+        tpot_mean_s=steps.mean_s,
+        tpot_p99_s=tpot_p99,
+        concurrency_per_replica=b,
+        max_concurrency_per_replica=b_max,
+        utilization=utilization,
+        bound=bound,
+    )

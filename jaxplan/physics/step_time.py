@@ -1,0 +1,150 @@
+"""Step time: seconds for one scheduler step of one replica. The single source of truth.
+
+Per operator: time = roofline(FLOPs / achievable FLOP/s, bytes / achievable
+bandwidth), where `roofline` is a smooth maximum (never below the true max,
+at most 10% above it where both terms are equal, differentiable everywhere,
+and cheap: one square root). Added to that: a fixed latency per layer (kernel launches),
+two all-reduces per layer under TP (latency + ring bandwidth term, on the
+inter-node link once the TP group spans nodes), PP point-to-point hops, and a
+per-step and per-sequence runtime overhead (scheduler, sampling).
+
+Pipeline parallelism: a step's batch is split into PP micro-batches that flow
+through the stages concurrently, so a replica emits one token for every
+request once per `L x t_layer(batch / PP)` plus the hops, while each GPU
+holds only L / PP layers.
+
+Elementwise over broadcastable arrays: StepBatch, Layout and Hardware fields
+may be scalars, [C] candidates or [F] finalists.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from jaxplan.physics.batch import StepBatch
+from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_split_factor
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape
+
+ROOFLINE_SOFTNESS = 0.1
+ACTIVATION_BYTES = 2.0
+
+
+def roofline(compute_s, memory_s):
+    """Smooth max(c, m) = (c + m + sqrt((c - m)^2 + (0.2 (c + m))^2)) / 2 for c, m >= 0.
+
+    Equals max(c, m) + 10% of it where c = m, tends to max(c, m) where one dominates."""
+    total = compute_s + memory_s
+    gap = compute_s - memory_s
+    return 0.5 * (total + jnp.sqrt(gap * gap + (2.0 * ROOFLINE_SOFTNESS * total) ** 2))
+
+
+class StepCost(NamedTuple):
+    """Breakdown of one step (seconds); `total_s` is what a request waits per step."""
+
+    gemm_s: jnp.ndarray
+    attention_s: jnp.ndarray
+    communication_s: jnp.ndarray
+    overhead_s: jnp.ndarray
+    total_s: jnp.ndarray
+
+
+def gemm_flops_per_s(hw: Hardware, layout: Layout):
+    """Achievable GEMM FLOP/s: FP8 tensor cores for FP8 weights where the GPU has them."""
+    use_fp8 = (layout.weight_bytes_per_param < 1.5) & (hw.fp8_flops_per_s > 0)
+    return jnp.where(use_fp8, hw.fp8_flops_per_s, hw.bf16_flops_per_s) * hw.gemm_flops_efficiency
+
+
+def _gemm(tokens, params_per_gpu, weight_bytes, in_width, out_width, flops_per_s, bytes_per_s):
+    """One linear layer: T x in -> T x out over a weight shard of `params_per_gpu`."""
+    flops = 2.0 * tokens * params_per_gpu
+    moved = params_per_gpu * weight_bytes + tokens * (in_width + out_width) * ACTIVATION_BYTES
+    return roofline(flops / flops_per_s, moved / bytes_per_s)
+
+
+def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_tokens):
+    """All weight GEMMs of one full forward over `tokens` tokens (seconds, all layers)."""
+    tp = layout.tensor_parallel_size
+    flops_per_s = gemm_flops_per_s(hw, layout)
+    bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
+    wb = layout.weight_bytes_per_param
+    h = model.hidden_size
+    kv_share = jnp.minimum(tp, model.kv_heads)
+    attn_params = (model.attn_params_per_layer - model.kv_proj_params_per_layer) / tp + model.kv_proj_params_per_layer / kv_share
+    attn = model.softmax_layers * _gemm(tokens, attn_params, wb, h, 2.0 * h / tp, flops_per_s, bytes_per_s)
+    linear = model.linear_layers * _gemm(tokens, model.linear_params_per_layer / tp, wb, h, 2.0 * h / tp, flops_per_s, bytes_per_s)
+    ffn_width = model.ffn_intermediate_per_token / tp
+    dense = model.dense_mlp_layers * _gemm(tokens, model.dense_mlp_params_per_layer / tp, wb, h, ffn_width, flops_per_s, bytes_per_s)
+    # MoE: FLOPs follow the active experts; bytes follow the experts any token in the batch touched,
+    # E * (1 - (1 - k/E)^T) in expectation under uniform routing.
+    k, e = model.experts_per_token, model.num_experts
+    touched = e * (1.0 - jnp.power(jnp.clip(1.0 - k / e, 0.0, 1.0), tokens)) + model.shared_experts
+    moe_flops = 2.0 * tokens * (k + model.shared_experts) * model.expert_params / tp
+    moe_bytes = touched * model.expert_params / tp * wb + tokens * (h + ffn_width) * ACTIVATION_BYTES
+    moe = model.moe_layers * roofline(moe_flops / flops_per_s, moe_bytes / bytes_per_s)
+    head_params = model.vocab_size * h / tp
+    head = _gemm(logit_tokens, head_params, EMBEDDING_BYTES_PER_PARAM, h, model.vocab_size / tp, hw.bf16_flops_per_s * hw.gemm_flops_efficiency, bytes_per_s)
+    return attn + linear + dense + moe + head
+
+
+def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch):
+    """Attention cores of one full forward: decode reads each request's KV, prefill is quadratic."""
+    tp = layout.tensor_parallel_size
+    heads = model.q_heads / tp
+    bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
+    flops_per_s = hw.bf16_flops_per_s * hw.attention_flops_efficiency
+    kv_token_bytes = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    # Sliding-window layers read at most the window per decoding request.
+    windowed_context = jnp.minimum(batch.decode_context_tokens, batch.decode_tokens * model.sliding_window_tokens)
+    context_read = model.full_layers * batch.decode_context_tokens + model.sliding_layers * windowed_context
+    decode_flops = 2.0 * heads * (model.attn_score_dim_decode + model.attn_value_dim_decode) * context_read
+    decode = roofline(decode_flops / flops_per_s, context_read * kv_token_bytes / bytes_per_s)
+    pairs = batch.prefill_attention_pairs
+    prefill_flops = 2.0 * heads * (model.attn_score_dim_prefill + model.attn_value_dim_prefill) * pairs * model.softmax_layers
+    written = model.softmax_layers * batch.prefill_tokens * kv_token_bytes
+    prefill = roofline(prefill_flops / flops_per_s, written / bytes_per_s)
+    # Linear attention: per-token state update plus reading/writing each sequence's state once.
+    seqs = batch.decode_tokens + batch.prefill_seqs
+    state_bytes = 2.0 * seqs * model.linear_state_bytes_per_layer / tp
+    linear_flops = (batch.prefill_tokens + batch.decode_tokens) * model.linear_flops_per_token_per_layer / tp
+    linear = model.linear_layers * roofline(linear_flops / flops_per_s, state_bytes / bytes_per_s)
+    return decode + prefill + linear
+
+
+def allreduce_time_s(hw: Hardware, layout: Layout, message_bytes):
+    """One ring all-reduce of `message_bytes` over the TP group; 0 when TP = 1."""
+    tp = layout.tensor_parallel_size
+    link = jnp.where(tp > hw.gpus_per_node, hw.inter_node_bandwidth_bytes_per_s, hw.intra_node_bandwidth_bytes_per_s)
+    ring = 2.0 * (tp - 1.0) / tp * message_bytes / (link * hw.allreduce_bandwidth_efficiency)
+    # Crossing nodes adds network latency per ring hop that leaves the node.
+    latency = hw.allreduce_latency_s * jnp.where(tp > hw.gpus_per_node, 4.0, 1.0)
+    return jnp.where(tp > 1, latency + ring, 0.0)
+
+
+def p2p_time_s(hw: Hardware, layout: Layout, message_bytes):
+    """PP - 1 stage-to-stage sends of the activations (inter-node once a replica spans nodes)."""
+    pp = layout.pipeline_parallel_size
+    crosses = layout.gpus_per_replica > hw.gpus_per_node
+    link = jnp.where(crosses, hw.inter_node_bandwidth_bytes_per_s, hw.intra_node_bandwidth_bytes_per_s)
+    return (pp - 1.0) * (hw.p2p_latency_s + message_bytes / link)
+
+
+def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch) -> StepCost:
+    """Time of one scheduler step of a replica over `batch` (see the module docstring)."""
+    pp = layout.pipeline_parallel_size
+    micro = StepBatch(*(field / pp for field in batch))  # one PP micro-batch
+    tokens = micro.prefill_tokens + micro.decode_tokens
+    logit_tokens = micro.decode_tokens + micro.prefill_seqs
+    gemm = gemm_time_s(model, hw, layout, tokens, logit_tokens)
+    attention = attention_time_s(model, hw, layout, micro)
+    message = tokens * model.hidden_size * ACTIVATION_BYTES
+    communication = 2.0 * model.num_layers * allreduce_time_s(hw, layout, message) + p2p_time_s(hw, layout, message)
+    overhead = model.num_layers * hw.layer_latency_s + hw.step_overhead_s + hw.per_seq_overhead_s * (batch.decode_tokens + batch.prefill_seqs)
+    total = gemm + attention + communication + overhead
+    return StepCost(gemm, attention, communication, overhead, total)
+
+
+def step_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch):
+    """Seconds per step (the replay's and stage 4's clock)."""
+    return step_cost(model, hw, layout, batch).total_s

@@ -1,0 +1,74 @@
+"""WorkloadParams: the continuous workload numbers as arrays (what gradients are taken against)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
+
+ARRIVAL_CODES = {Arrival.POISSON: 0, Arrival.BURST: 1, Arrival.CLOSED: 2}
+P99_Z = 2.326  # standard normal 99th percentile
+
+
+class WorkloadParams(NamedTuple):
+    """Float32 scalars (or any broadcastable shape, e.g. [S] scenarios)."""
+
+    isl_tokens: jnp.ndarray  # mean prompt length
+    osl_tokens: jnp.ndarray  # mean output length
+    prefix_hit_rate: jnp.ndarray  # fraction of prompt tokens served from the prefix cache
+    request_rate_per_s: jnp.ndarray  # Poisson rate (whole deployment); unused otherwise
+    concurrency: jnp.ndarray  # closed loop: requests in flight; burst: requests in the batch
+    arrival_code: jnp.ndarray  # 0 Poisson, 1 burst, 2 closed loop
+    max_context_factor: jnp.ndarray  # longest (p99) request context / mean context
+    length_cv: jnp.ndarray  # coefficient of variation of the output length (for p99 latencies)
+    ttft_slo_s: jnp.ndarray  # inf: none
+    tpot_slo_s: jnp.ndarray
+    target_output_tokens_per_s: jnp.ndarray  # 0: none
+
+
+def _p99_factor(distribution: LengthDistribution, spread: float) -> float:
+    """p99 length / mean length."""
+    if distribution == LengthDistribution.UNIFORM:
+        return 1.0 + 0.98 * spread
+    if distribution == LengthDistribution.LOGNORMAL and spread > 0:
+        sigma = math.sqrt(math.log1p(spread**2))
+        return math.exp(-0.5 * sigma**2 + P99_Z * sigma)
+    return 1.0
+
+
+def _cv(distribution: LengthDistribution, spread: float) -> float:
+    if distribution == LengthDistribution.UNIFORM:
+        return spread / math.sqrt(3.0)
+    if distribution == LengthDistribution.LOGNORMAL:
+        return spread
+    return 0.0
+
+
+def workload_params(w: Workload, **overrides) -> WorkloadParams:
+    """The Workload's continuous parameters; keyword overrides replace fields (e.g. for scenarios)."""
+    isl_max = w.isl_mean_tokens * _p99_factor(w.isl_distribution, w.isl_spread)
+    osl_max = w.osl_mean_tokens * _p99_factor(w.osl_distribution, w.osl_spread)
+    concurrency = {Arrival.CLOSED: w.concurrency, Arrival.BURST: w.num_requests}.get(w.arrival, 0)
+    values = dict(
+        isl_tokens=w.isl_mean_tokens,
+        osl_tokens=w.osl_mean_tokens,
+        prefix_hit_rate=w.prefix_hit_rate,
+        request_rate_per_s=w.request_rate_per_s if w.arrival == Arrival.POISSON else 0.0,
+        concurrency=concurrency,
+        arrival_code=ARRIVAL_CODES[w.arrival],
+        max_context_factor=(isl_max + osl_max) / (w.isl_mean_tokens + w.osl_mean_tokens),
+        length_cv=_cv(w.osl_distribution, w.osl_spread),
+        ttft_slo_s=w.ttft_slo_s,
+        tpot_slo_s=w.tpot_slo_s,
+        target_output_tokens_per_s=w.target_output_tokens_per_s,
+    )
+    values.update(overrides)
+    return WorkloadParams(**{k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+
+
+def max_context_tokens(w: WorkloadParams):
+    """The longest request (p99 of ISL + OSL) that must fit in KV."""
+    return (w.isl_tokens + w.osl_tokens) * w.max_context_factor

@@ -137,15 +137,18 @@ def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray,
     return state, counts
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "page_size"))
-def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, *, mesh, page_size: int):
+@functools.partial(jax.jit, static_argnames=("model", "mesh", "page_size"))
+def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, *, model: ModelShape, mesh, page_size: int):
     """Per-device (state, reason histogram) after the chunk at base + offsets.
 
+    `ctx.model` is ignored (pass None); the static `model` is folded into the kernel.
     `state` and the result carry a leading device axis [D, ...]; offsets [D * chunk/D] are split
     contiguously across devices. Tables are merged across devices on the host (`merge_tables`)."""
     spec = PartitionSpec("candidates")
+    ctx = ctx._replace(model=None)
 
     def per_device(state, ctx, base_digits, offsets):
+        ctx = ctx._replace(model=model)
         local = jax.tree.map(lambda x: x[0], state)
         new_state, counts = device_chunk(local, ctx, base_digits, offsets, page_size)
         return jax.tree.map(lambda x: x[None], new_state), counts[None]
@@ -155,10 +158,15 @@ def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, 
     )
 
 
-@jax.jit
-def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
-    """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports)."""
+@functools.partial(jax.jit, static_argnames=("model",))
+def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray, model: ModelShape) -> Evaluated:
+    ctx = ctx._replace(model=model)
     columns = [digits[:, a] for a in range(digits.shape[1])]
     values = [ctx.axis_values[a][columns[a]] for a in range(len(columns))]
     c = Candidates(digits, jnp.ones(digits.shape[0], bool), columns[0], *values[1:])
     return evaluate(ctx, c)
+
+
+def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
+    """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports)."""
+    return _evaluate_digits(ctx._replace(model=None), digits, ctx.model)

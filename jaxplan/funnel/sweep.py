@@ -122,6 +122,75 @@ def device_mesh() -> Mesh:
     return Mesh(np.array(jax.local_devices()), ("candidates",))
 
 
+@dataclasses.dataclass
+class StreamedPart:
+    """What one host's share of the grid produced (numpy, ready to combine with other hosts')."""
+
+    totals: np.ndarray  # [NUM_REASONS] int64 reason histogram
+    state: SweepState  # merged over this host's devices
+    compile_s: float
+    run_s: float
+    num_devices: int
+    chunk_size: int
+
+
+def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int] = (0, 1), progress=None) -> StreamedPart:
+    """Stream chunks part[0], part[0] + part[1], ... of the grid through stages 1-4 on the local devices."""
+    mesh = device_mesh()
+    num_devices = mesh.devices.size
+    chunk_size = max(num_devices, (min(chunk_size, max(grid.size, 1)) + num_devices - 1) // num_devices * num_devices)
+    sharding = NamedSharding(mesh, PartitionSpec("candidates"))
+    offsets = jax.device_put(jnp.arange(chunk_size, dtype=jnp.int32), sharding)
+    num_axes = len(AXES)
+    one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
+    state = jax.device_put(jax.tree.map(lambda x: jnp.stack([x] * num_devices), one), sharding)
+    page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 1)
+    run_chunk = functools.partial(sweep_chunk, model=ctx.model, mesh=mesh, page_size=page_size)
+    arrays = ctx._replace(model=None)
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(run_chunk).lower(state, arrays, jnp.zeros(num_axes, jnp.int32), offsets).compile()
+    compile_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    histograms = []
+    index, count = part
+    for start in range(index * chunk_size, grid.size, count * chunk_size):
+        state, counts = compiled(state, arrays, jnp.asarray(grid.digits_of(start)), offsets)
+        histograms.append(counts)
+        if progress:
+            progress(min(start + chunk_size, grid.size), grid.size)
+    totals = np.zeros(NUM_REASONS, np.int64)
+    for counts in jax.device_get(histograms):
+        totals += counts.sum(axis=0)
+    merged = merge_devices(state, num_devices)
+    run_s = time.perf_counter() - t0
+    return StreamedPart(totals, merged, compile_s, run_s, num_devices, chunk_size)
+
+
+def combine(parts: list[StreamedPart]) -> StreamedPart:
+    """Merge several hosts' parts (order-independent)."""
+    first = parts[0]
+    totals = sum((p.totals for p in parts[1:]), first.totals.copy())
+    state = functools.reduce(lambda a, b: SweepState(merge_tables(a.layouts, b.layouts), merge_tables(a.frontier, b.frontier)), (p.state for p in parts))
+    return dataclasses.replace(first, totals=totals, state=state, run_s=max(p.run_s for p in parts), num_devices=sum(p.num_devices for p in parts))
+
+
+def gather_hosts(local: StreamedPart) -> StreamedPart:
+    """With several JAX processes (jax.distributed.initialize), every host gets the combined result."""
+    if jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils
+
+    gathered = multihost_utils.process_allgather((local.totals, local.state))
+    totals, state = jax.device_get(gathered)
+    parts = [
+        dataclasses.replace(local, totals=totals[h], state=jax.tree.map(lambda x: x[h], state))
+        for h in range(jax.process_count())
+    ]
+    return combine(parts)
+
+
 def run_sweep(
     model: ModelSpec,
     gpus: tuple[GpuSpec, ...],
@@ -133,44 +202,25 @@ def run_sweep(
     params_path: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
-    """Stages 1-6 over the whole grid; `progress(done, total)` is called per chunk."""
+    """Stages 1-6 over the whole grid; `progress(done, total)` is called per chunk.
+
+    Each JAX process (host) streams every process_count-th chunk on its local devices; the
+    hosts' tables are then gathered and merged, so every host returns the same result."""
     check_inputs(model, workload)
     grid = Grid(gpus, space)
     grid_size_check(grid)
     ctx = build_context(grid, model, workload, params_path)
-    mesh = device_mesh()
-    num_devices = mesh.devices.size
-    chunk_size = max(num_devices, (min(chunk_size, max(grid.size, 1)) + num_devices - 1) // num_devices * num_devices)
-    sharding = NamedSharding(mesh, PartitionSpec("candidates"))
-    offsets = jax.device_put(jnp.arange(chunk_size, dtype=jnp.int32), sharding)
-    num_axes = len(AXES)
-    one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
-    state = jax.device_put(jax.tree.map(lambda x: jnp.stack([x] * num_devices), one), sharding)
-    page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 1)
-    run_chunk = functools.partial(sweep_chunk, mesh=mesh, page_size=page_size)
+    part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
+    return finish(grid, model, workload, ctx, gather_hosts(part), top_k)
 
-    t0 = time.perf_counter()
-    compiled = jax.jit(run_chunk).lower(state, ctx, jnp.zeros(num_axes, jnp.int32), offsets).compile()
-    compile_s = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    histograms = []
-    for done, start in enumerate(range(0, grid.size, chunk_size), start=1):
-        state, counts = compiled(state, ctx, jnp.asarray(grid.digits_of(start)), offsets)
-        histograms.append(counts)
-        if progress:
-            progress(min(start + chunk_size, grid.size), grid.size)
-    totals = np.zeros(NUM_REASONS, np.int64)
-    for counts in jax.device_get(histograms):
-        totals += counts.sum(axis=0)
-    run_s = time.perf_counter() - t0
-
-    reason_counts = {Reason(i): int(n) for i, n in enumerate(totals) if Reason(i) != Reason.PADDING}
-    merged = merge_devices(state, num_devices)
-    short = shortlist(grid, ctx, *jax.device_get(merged.layouts), top_k)
-    front = pareto_front(grid, ctx, *jax.device_get(merged.frontier))
+def finish(grid: Grid, model: ModelSpec, workload: Workload, ctx: SweepContext, part: StreamedPart, top_k: int) -> SweepResult:
+    """Stages 5 and 6 from the streamed tables, and the per-stage counts."""
+    reason_counts = {Reason(i): int(n) for i, n in enumerate(part.totals) if Reason(i) != Reason.PADDING}
+    short = shortlist(grid, ctx, *part.state.layouts, top_k)
+    front = pareto_front(grid, ctx, *part.state.frontier)
     stages = stage_table(grid, reason_counts, len(front), len(short))
-    return SweepResult(grid, model, workload, ctx, stages, reason_counts, short, front, compile_s, run_s, num_devices, chunk_size)
+    return SweepResult(grid, model, workload, ctx, stages, reason_counts, short, front, part.compile_s, part.run_s, part.num_devices, part.chunk_size)
 
 
 def merge_devices(state: SweepState, num_devices: int) -> SweepState:

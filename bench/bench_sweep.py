@@ -1,0 +1,89 @@
+"""Benchmark stages 1-6 of the funnel over large grids.
+
+Usage:
+    python bench/bench_sweep.py                       # the 1.3e8-candidate headline run
+    python bench/bench_sweep.py --scaling             # 1e6 .. 1e8: wall time vs grid size, exponent
+    python bench/bench_sweep.py --chunks 16384,65536,262144
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python bench/bench_sweep.py
+
+Prints compile time and run time separately, candidates/s and peak RSS; medians of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import resource
+import statistics
+import time
+
+import jax
+
+from jaxplan.funnel.sweep import run_sweep
+from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def one(model, gpus, workload, space, chunk, repeat):
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = run_sweep(model, gpus, workload, space, chunk_size=chunk)
+        runs.append((time.perf_counter() - t0, result.compile_s, result.run_s))
+    wall, compile_s, run_s = (statistics.median(x) for x in zip(*runs))
+    return result, wall, compile_s, run_s
+
+
+def row(label, result, wall, compile_s, run_s):
+    size = result.grid.size
+    print(f"| {label} | {size:.3g} | {compile_s:.1f} | {run_s:.2f} | {wall:.1f} | {size / run_s:.3g} | {peak_rss_gib():.2f} | {result.stages[3].admitted:,} |", flush=True)
+
+
+def scaled_space(space, target: int, num_gpus: int):
+    """Shrink the DP axis so the grid holds about `target` candidates."""
+    per_dp = space.size(num_gpus) // len(space.data_parallel_size)
+    dp = max(1, round(target / per_dp))
+    return space.replace(data_parallel_size=tuple(range(1, dp + 1)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="llama-3.1-70b")
+    parser.add_argument("--gpus", default="h100_sxm,h200_sxm,b200_sxm,a100_sxm")
+    parser.add_argument("--workload", default="coding")
+    parser.add_argument("--space", default="huge")
+    parser.add_argument("--chunk", type=int, default=1 << 16)
+    parser.add_argument("--chunks", default="")
+    parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    model, gpus, workload = load_model(args.model), parse_gpu_list(args.gpus), load_workload(args.workload)
+    space = load_space(args.space)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, JAX {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}")
+    print(f"model {model.name}, GPUs {args.gpus}, workload {workload.name}, space {args.space}; medians of {args.repeat}")
+    print("| run | candidates | compile s | run s | wall s | candidates/s | peak RSS GiB | admitted after stage 4 |")
+    print("|---|---|---|---|---|---|---|---|")
+    if args.scaling:
+        sizes, walls = [], []
+        for exponent in (6, 7, 8):
+            sub = scaled_space(space, 10**exponent, len(gpus))
+            result, wall, compile_s, run_s = one(model, gpus, workload, sub, args.chunk, args.repeat)
+            row(f"1e{exponent}", result, wall, compile_s, run_s)
+            sizes.append(result.grid.size)
+            walls.append(run_s)
+        slope = (math.log(walls[-1]) - math.log(walls[0])) / (math.log(sizes[-1]) - math.log(sizes[0]))
+        print(f"scaling exponent of run time vs grid size (1e6 -> 1e8): {slope:.3f}")
+    elif args.chunks:
+        for chunk in (int(c) for c in args.chunks.split(",")):
+            row(f"chunk {chunk}", *one(model, gpus, workload, space, chunk, args.repeat))
+    else:
+        row("headline", *one(model, gpus, workload, space, args.chunk, args.repeat))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The `jaxplan` command line (typer). Bad input: one line on stderr, exit code 1, no traceback."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from jaxplan.errors import PlanError, bad_value
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan LLM serving deployments on a CPU: how many GPUs, arranged how, for what traffic.")
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def clean_errors(command):
+    """Turn PlanError (and a few OS errors) into one stderr line and exit code 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except PlanError as error:
+            err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
+        except (OSError, UnicodeDecodeError) as error:
+            err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
+
+    return wrapper
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """'h100_sxm=2.5,h200_sxm=3.1' -> {name: USD per GPU-hour}."""
+    prices = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, _, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            raise bad_value("--price", item, "use GPU=USD_PER_HOUR, e.g. h100_sxm=2.5") from None
+        if not math.isfinite(price) or price <= 0:
+            raise bad_value("--price", item, "the price must be a positive number of USD per GPU-hour")
+        prices[name.strip()] = price
+    return prices
+
+
+def _progress():
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
+
+
+@app.command()
+@clean_errors
+def sweep(
+    model: Annotated[str, typer.Option(help="Bundled name, Hugging Face id (Qwen/Qwen3-32B) or a config.json path.")] = "llama-3.1-70b",
+    gpus: Annotated[str, typer.Option(help="Comma-separated GPU types: h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x.")] = "h100_sxm,h200_sxm",
+    workload: Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")] = "coding",
+    space: Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")] = "default",
+    budget: Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")] = None,
+    target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")] = None,
+    rate: Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")] = None,
+    top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
+    price: Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")] = None,
+    chunk_size: Annotated[int, typer.Option(min=1024, max=1 << 24, help="Candidates per streamed chunk.")] = 1 << 16,
+    params: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
+) -> None:
+    """Search the whole grid: funnel counts, the top configurations and a ready `vllm serve` command."""
+    from jaxplan.funnel.sweep import run_sweep
+    from jaxplan.report.tables import funnel_table, rows_table
+    from jaxplan.report.vllm_command import vllm_serve_command
+    from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+
+    model_spec = load_model(model)
+    gpu_specs = parse_gpu_list(gpus)
+    prices = parse_prices(price)
+    unknown = set(prices) - {g.name for g in gpu_specs}
+    if unknown:
+        raise bad_value("--price", sorted(unknown)[0], f"not among --gpus ({gpus})")
+    gpu_specs = tuple(g.with_price(prices[g.name]) if g.name in prices else g for g in gpu_specs)
+    workload_spec = load_workload(workload)
+    changes = {}
+    if target_throughput is not None:
+        changes["target_output_tokens_per_s"] = target_throughput
+    if rate is not None:
+        from jaxplan.specs.workload import Arrival
+
+        changes.update(arrival=Arrival.POISSON, request_rate_per_s=rate)
+    if changes:
+        workload_spec = _replace(workload_spec, **changes)
+    space_spec = load_space(space)
+    if budget is not None:
+        space_spec = space_spec.replace(gpu_budget=budget)
+
+    out.print(f"[bold]{model_spec.describe()}[/]", highlight=False)
+    out.print(workload_spec.describe(), highlight=False)
+    with _progress() as progress:
+        task = progress.add_task("sweeping", total=space_spec.size(len(gpu_specs)))
+        result = run_sweep(
+            model_spec, gpu_specs, workload_spec, space_spec, top_k=top, chunk_size=chunk_size,
+            params_path=str(params) if params else None,
+            progress=lambda done, total: progress.update(task, completed=done),
+        )
+    out.print(funnel_table(result))
+    out.print("7 replay: not run (the step-by-step replay is not part of this build yet); ranking is stage 4's.", style="dim")
+    report = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command)
+    if result.shortlist:
+        out.print(rows_table(result.shortlist, f"Top {len(result.shortlist)} configurations (one per GPU/TP/PP/DP layout)"))
+        out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
+    else:
+        err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False)
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2, default=_json_default))
+        out.print(f"wrote {json_path}")
+    if not result.shortlist:
+        raise typer.Exit(code=2)
+
+
+def _replace(spec, **changes):
+    return dataclasses.replace(spec, **changes)
+
+
+def _json_default(value):
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if hasattr(value, "value"):
+        return value.value
+    return str(value)
+
+
+def _finite(value):
+    """JSON has no inf: write null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def sweep_report(result, gpu_memory_utilization: float, command) -> dict:
+    clean = lambda row: {k: _finite(v) for k, v in row.items()}  # noqa: E731
+    winner = dict(clean(result.winner), vllm_serve=command(result.model, result.winner, gpu_memory_utilization)) if result.winner else None
+    return {
+        "model": dataclasses.asdict(result.model),
+        "workload": dataclasses.asdict(result.workload),
+        "space": dataclasses.asdict(result.grid.space),
+        "gpus": [dataclasses.asdict(g) for g in result.grid.gpus],
+        "grid_size": result.grid.size,
+        "funnel": [dataclasses.asdict(s) for s in result.stages],
+        "replay": "not run: stage 7 is not part of this build yet",
+        "compile_s": result.compile_s,
+        "run_s": result.run_s,
+        "num_devices": result.num_devices,
+        "shortlist": [clean(r) for r in result.shortlist],
+        "frontier": [clean(r) for r in result.frontier],
+        "winner": winner,
+        "empty_explanation": None if result.shortlist else result.empty_explanation(),
+    }
+
+
+@app.command(name="list")
+@clean_errors
+def list_specs() -> None:
+    """List the bundled models, GPUs, workloads and search spaces."""
+    from jaxplan.specs import known, load_gpu, load_model, load_space, load_workload
+
+    for name in known("models"):
+        out.print(f"model     {load_model(name).describe()}  [dim]({load_model(name).hf_id})[/]", highlight=False)
+    for name in known("gpus"):
+        g = load_gpu(name)
+        out.print(f"gpu       {name}: {g.display_name}, {g.hbm_bytes / 2**30:.0f} GiB, {g.hbm_bandwidth_bytes_per_s / 1e12:.2f} TB/s, ${g.price_usd_per_hour:.2f}/h", highlight=False)
+    for name in known("workloads"):
+        out.print(f"workload  {load_workload(name).describe()}", highlight=False)
+    for name in known("spaces"):
+        out.print(f"space     {name}: {load_space(name).size(1):,} candidates per GPU type", highlight=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

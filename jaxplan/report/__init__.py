@@ -1,0 +1,1 @@
+"""Reports: terminal tables, JSON, and the ready-to-run `vllm serve` command."""

@@ -1,0 +1,45 @@
+"""Rich tables for the terminal: the funnel, the shortlist, the frontier."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from jaxplan.physics.steady_state import BOUND_NAMES
+
+
+def _ms(seconds: float) -> str:
+    return "inf" if seconds == float("inf") else f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:,.1f}"
+
+
+def funnel_table(result) -> Table:
+    table = Table(title=f"Funnel over {result.grid.size:,} candidates ({result.num_devices} device(s), chunks of {result.chunk_size:,})")
+    table.add_column("stage")
+    table.add_column("admitted", justify="right")
+    table.add_column("rejected", justify="right")
+    table.add_column("main reasons")
+    for s in result.stages:
+        reasons = "; ".join(f"{name} ({n:,})" for name, n in list(s.reasons.items())[:2])
+        table.add_row(f"{s.stage} {s.name}", f"{s.admitted:,}", f"{s.rejected:,}", reasons)
+    table.caption = f"compile {result.compile_s:.1f} s, stages 1-4 streamed in {result.run_s:.2f} s ({result.grid.size / max(result.run_s, 1e-9):,.0f} candidates/s)"
+    return table
+
+
+def layout_label(row: dict) -> str:
+    return f"TP{row['tensor_parallel_size']}xPP{row['pipeline_parallel_size']}xDP{row['data_parallel_size']}"
+
+
+def rows_table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for name, justify in (
+        ("#", "right"), ("GPU", "left"), ("layout", "left"), ("GPUs", "right"), ("seqs", "right"), ("budget", "right"),
+        ("W/KV", "left"), ("out tok/s", "right"), ("tok/s/GPU", "right"), ("TTFT p99 ms", "right"),
+        ("TPOT p99 ms", "right"), ("$/M tok", "right"), ("binds", "left"),
+    ):
+        table.add_column(name, justify=justify)
+    for i, r in enumerate(rows, start=1):
+        table.add_row(
+            str(i), r["gpu"], layout_label(r), str(r["num_gpus"]), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
+            f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}", f"{r['output_tokens_per_s_per_gpu']:,.0f}",
+            _ms(r["ttft_p99_s"]), _ms(r["tpot_p99_s"]), f"{r['cost_per_million_output_tokens_usd']:.2f}", BOUND_NAMES[r["bound"]],
+        )
+    return table

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -34,6 +36,13 @@ def clean_errors(command):
         except (OSError, UnicodeDecodeError) as error:
             err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as error:  # a bug: one line, and the traceback on request
+            if os.environ.get("JAXPLAN_DEBUG"):
+                raise
+            err.print(f"[bold red]internal error[/] (a bug in jaxplan, please report it): {type(error).__name__}: {error}. Rerun with JAXPLAN_DEBUG=1 for the traceback.", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=3) from None
 
     return wrapper
 
@@ -164,6 +173,67 @@ def sweep_report(result, gpu_memory_utilization: float, command) -> dict:
         "winner": winner,
         "empty_explanation": None if result.shortlist else result.empty_explanation(),
     }
+
+
+class Method(str, enum.Enum):
+    ANALYTICAL = "analytical"
+    REPLAY = "replay"
+
+
+@app.command()
+@clean_errors
+def predict(
+    input_csv: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="One row per configuration (see README for columns).")],
+    output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False, help="Where to write the rows with predictions.")],
+    method: Annotated[Method, typer.Option(help="analytical: stage 4's steady-state model.")] = Method.ANALYTICAL,
+    params: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")] = None,
+) -> None:
+    """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
+    from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
+    from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
+
+    if method == Method.REPLAY:
+        raise bad_value("--method", "replay", "the replay is not part of this build yet; use --method analytical")
+    rows = read_predict_csv(input_csv)
+    if not rows:
+        raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
+    with err.status(f"predicting {len(rows)} rows"):
+        predicted = predict_rows(rows, params_path=str(params) if params else None, source=str(input_csv))
+    write_predict_csv(predicted, output, extra_columns=OUTPUT_COLUMNS)
+    out.print(f"wrote {len(predicted)} rows to {output}")
+
+
+@app.command()
+@clean_errors
+def calibrate(
+    measurements: Annotated[Optional[list[Path]], typer.Option("--measurements", exists=True, dir_okay=False, help="Your own data: predict-format CSV with measured_* columns, or `vllm bench serve --save-result` JSON (repeatable).")] = None,
+    shared_data: Annotated[bool, typer.Option(help="Also use the measurements in ../shared/data (or $JAXPLAN_SHARED_DATA) when present.")] = True,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Where to write the parameters (default: the bundled file).")] = None,
+    report_path: Annotated[Optional[Path], typer.Option("--report", dir_okay=False, help="Write the accuracy report as JSON here.")] = None,
+    steps: Annotated[int, typer.Option(min=1, max=100000, help="Adam steps per fit.")] = 400,
+) -> None:
+    """Fit the efficiency parameters: kernel tables first, then end-to-end serving rows (optax)."""
+    from jaxplan.calibrate._data import data_root_exists
+    from jaxplan.calibrate.rows import read_predict_csv
+    from jaxplan.calibrate.run import calibrate as run_calibration, default_output, provenance, write_params
+    from jaxplan.calibrate.serving import load_serving_rows, read_vllm_bench_json
+
+    rows, sources = [], []
+    if shared_data and data_root_exists():
+        rows += load_serving_rows()
+        sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp; kernels_aiconfigurator")
+    for path in measurements or []:
+        rows += read_vllm_bench_json(path) if path.suffix == ".json" else read_predict_csv(path)
+        sources.append(str(path))
+    if not rows:
+        raise bad_value("--measurements", None, "no measurements found: pass --measurements FILE or provide ../shared/data")
+    params, report = run_calibration(rows, log=lambda line: err.print(line, highlight=False))
+    target = output or default_output()
+    write_params(params, target, provenance(rows, report, sources))
+    out.print(json.dumps(report, indent=2, default=str))
+    if report_path:
+        report_path.write_text(json.dumps(report, indent=2, default=str))
+    out.print(f"wrote {target}")
 
 
 @app.command(name="list")

@@ -29,6 +29,8 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "per_seq_overhead_s": (4e-6, 0.0, 1e-3),
     "p2p_latency_s": (20e-6, 0.0, 1e-2),
     "request_overhead_s": (0.02, 0.0, 2.0),
+    # Not hardware: how much of a fixed-length closed-loop benchmark's lock-step survives (0..1).
+    "closed_loop_sync_fraction": (0.25, 0.0, 1.0),
 }
 DEFAULTS = {field: bounds[0] for field, bounds in BOUNDS.items()}
 

@@ -96,6 +96,13 @@ def slot_time_s(steps: _Steps, w: WorkloadParams):
     return steps.prefill_s + (w.osl_tokens - 1.0) * steps.mean_s
 
 
+def admission_limit(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
+    """Requests the engine admits at once: KV for their prompts (not their mean context), max_num_seqs."""
+    free = jnp.maximum(kv_budget_bytes_per_gpu(model, hw, layout, gpu_memory_utilization), 0.0)
+    prompts = free / smooth_request_kv_bytes_per_gpu(model, layout, w.isl_tokens + 1.0)
+    return jnp.minimum(layout.max_num_seqs, prompts)
+
+
 def max_concurrency(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
     """(b_max, bound code): slots a replica can run, and which limit binds."""
     isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
@@ -151,11 +158,24 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     prefill_rho = jnp.clip(steps.chunk_fraction, 0.0, 0.999)
     prefill_wait = prefill_rho / (2.0 * (1.0 - prefill_rho)) * steps.prefill_s
     poisson_wait = slot_wait + prefill_wait
-    queued = jnp.maximum(w.concurrency / dp - b, 0.0)  # closed loop / burst: requests beyond the slots
+    # Closed loop / burst: requests beyond what the engine admits wait in line. vLLM admits a request
+    # while its prompt's blocks fit (not its mean context): the excess over the steady-state b is
+    # admitted and later preempted, which slows throughput (b) rather than the first token.
+    admitted = jnp.maximum(b, admission_limit(model, hw, layout, w, gpu_memory_utilization))
+    queued = jnp.maximum(w.concurrency / dp - admitted, 0.0)
     line_wait = queued * slot_s / b
     burst = w.arrival_code == 1
-    wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait, line_wait) + prefill_wait)
-    wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + LN_100 * prefill_wait)
+    # Closed loops and bursts: arrivals follow completions, so the prefill "server" has no Poisson
+    # queue; a new prompt finds another one prefilling with probability f and waits half of it.
+    busy_wait = 0.5 * steps.chunk_fraction * steps.prefill_s
+    # Benchmark clients with fixed lengths stay partly in lock-step: a wave of b prompts arrives
+    # together and each waits, on average, for half the others' prefill. `closed_loop_sync_fraction`
+    # (calibrated) is how much of that wave survives; the rest behaves like desynchronised arrivals.
+    closed = w.arrival_code == 2
+    sync = jnp.where(closed, hw.closed_loop_sync_fraction, 0.0)
+    wave_wait = sync * 0.5 * jnp.maximum(b - 1.0, 0.0) * steps.prefill_s
+    wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait, line_wait) + busy_wait + wave_wait)
+    wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + steps.chunk_fraction * steps.prefill_s + 2.0 * wave_wait)
     # A new request first waits for the step in flight (half a step on average), then its chunks;
     # the API server's per-request work (tokenise, detokenise, HTTP) comes on top.
     first_token_s = 0.5 * steps.mean_s + steps.prefill_s + hw.request_overhead_s
@@ -166,7 +186,10 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     ttft_p99 = jnp.where(overloaded, jnp.inf, ttft_p99)
 
     spread = (steps.chunk_s - steps.decode_s) * jnp.sqrt(steps.chunk_fraction * (1.0 - steps.chunk_fraction) / w.osl_tokens)
-    tpot_p99 = steps.mean_s + P99_Z * spread
+    # In a lock-step wave the prompts are prefilled before the decodes start: those steps count
+    # towards TTFT, and the decode steps carry no prefill.
+    tpot_mean = sync * steps.decode_s + (1.0 - sync) * steps.mean_s
+    tpot_p99 = tpot_mean + P99_Z * spread
     output_per_replica = w.osl_tokens * b / slot_s
     throughput = dp * output_per_replica
     return Estimate(
@@ -174,7 +197,7 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
         requests_per_s=throughput / w.osl_tokens,
         ttft_mean_s=ttft_mean,
         ttft_p99_s=ttft_p99,
-        tpot_mean_s=steps.mean_s,
+        tpot_mean_s=tpot_mean,
         tpot_p99_s=tpot_p99,
         concurrency_per_replica=b,
         max_concurrency_per_replica=b_max,

@@ -37,7 +37,8 @@ def roofline(compute_s, memory_s):
     Equals max(c, m) + 10% of it where c = m, tends to max(c, m) where one dominates."""
     total = compute_s + memory_s
     gap = compute_s - memory_s
-    return 0.5 * (total + jnp.sqrt(gap * gap + (2.0 * ROOFLINE_SOFTNESS * total) ** 2))
+    # The 1e-24 s^2 floor keeps the gradient finite where both terms are 0 (an absent operator).
+    return 0.5 * (total + jnp.sqrt(gap * gap + (2.0 * ROOFLINE_SOFTNESS * total) ** 2 + 1e-24))
 
 
 class StepCost(NamedTuple):

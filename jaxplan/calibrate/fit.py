@@ -1,0 +1,190 @@
+"""Fit the physics' efficiency parameters with optax: kernels first, then end-to-end serving.
+
+Parameters live in an unconstrained space (a scaled logistic for fractions,
+a log for latencies) so that every step stays inside `params.BOUNDS`. The
+loss is the mean squared log error of TTFT and TPOT over measured rows plus
+a pull towards the kernel-level values (the prior), so the fit cannot buy
+TTFT accuracy with an implausible GEMM efficiency.
+
+Stage 1 (`kernel_priors`, closed form over NVIDIA's per-kernel tables):
+GEMM FLOP efficiency from compute-bound GEMMs, bandwidth efficiency from
+weight-streaming GEMMs (few tokens, big weights), attention efficiency from
+long-context prefill attention, all-reduce latency and bandwidth from the
+collective tables. Stage 2 (`fit_serving`): optax Adam on the e2e rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxplan.physics.params import BOUNDS, DEFAULTS
+from jaxplan.physics.shapes import Hardware, hardware_table, take
+from jaxplan.physics.steady_state import estimate
+from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, RowBatch, row_batches
+from jaxplan.specs import load_gpu
+
+FIT_FIELDS = (
+    "gemm_flops_efficiency",
+    "memory_bandwidth_efficiency",
+    "attention_flops_efficiency",
+    "layer_latency_s",
+    "allreduce_latency_s",
+    "allreduce_bandwidth_efficiency",
+    "step_overhead_s",
+    "per_seq_overhead_s",
+    "request_overhead_s",
+    "closed_loop_sync_fraction",
+)
+FRACTIONS = {f for f in FIT_FIELDS if f.endswith("efficiency") or f.endswith("fraction")}
+LATENCY_FLOOR_S = 1e-7  # log-space latencies need a floor above BOUNDS' 0
+PRIOR_WEIGHT = 0.05  # per unconstrained unit, relative to the squared log error of one row
+STEPS = 400
+LEARNING_RATE = 0.05
+
+
+# ---- parameter transforms -------------------------------------------------------------
+
+def to_free(field: str, value: float) -> float:
+    _, low, high = BOUNDS[field]
+    if field in FRACTIONS:
+        x = (min(max(value, low + 1e-6), high - 1e-6) - low) / (high - low)
+        return math.log(x / (1.0 - x))
+    return math.log(max(value, LATENCY_FLOOR_S))
+
+
+def from_free(field: str, z):
+    _, low, high = BOUNDS[field]
+    if field in FRACTIONS:
+        return low + (high - low) * jax.nn.sigmoid(z)
+    return jnp.clip(jnp.exp(z), LATENCY_FLOOR_S, high)
+
+
+def free_vector(values: dict[str, float]) -> np.ndarray:
+    return np.array([to_free(f, values[f]) for f in FIT_FIELDS], np.float32)
+
+
+def values_of(z) -> dict[str, float]:
+    return {f: float(from_free(f, z[i])) for i, f in enumerate(FIT_FIELDS)}
+
+
+# ---- stage 1: kernels ---------------------------------------------------------------------
+
+def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
+    """Efficiencies read off NVIDIA's per-kernel measurements of `gpu` (DEFAULTS where absent)."""
+    from jaxplan.calibrate import kernels
+
+    spec = load_gpu(gpu)
+    prior = dict(DEFAULTS)
+    try:
+        gemm = kernels.load_gemm(gpu, dtypes=("bf16", "fp8"), data_root=data_root)
+    except Exception:  # noqa: BLE001 - no table for this GPU: keep the defaults
+        return prior
+    flops = kernels.gemm_flops(gemm)
+    peak = np.where(gemm.dtype == "fp8", spec.fp8_flops_per_s or spec.bf16_flops_per_s, spec.bf16_flops_per_s)
+    big = (gemm.m >= 4096) & (gemm.n >= 4096) & (gemm.k >= 4096)
+    if big.any():
+        prior["gemm_flops_efficiency"] = float(np.median(flops[big] / gemm.latency_s[big] / peak[big]))
+    weight_bytes = gemm.n * gemm.k * np.where(gemm.dtype == "fp8", 1.0, 2.0)
+    streaming = (gemm.m <= 16) & (weight_bytes >= 64e6)
+    if streaming.any():
+        prior["memory_bandwidth_efficiency"] = float(np.median(weight_bytes[streaming] / gemm.latency_s[streaming] / spec.hbm_bandwidth_bytes_per_s))
+    try:
+        ctx = kernels.load_context_attention(gpu, data_root=data_root)
+        long = ctx.isl_tokens >= 4096
+        if long.any():
+            attn_flops = 4.0 * ctx.batch * ctx.num_heads * ctx.head_dim * ctx.isl_tokens.astype(np.float64) ** 2 / 2.0
+            prior["attention_flops_efficiency"] = float(np.median(attn_flops[long] / ctx.latency_s[long] / spec.bf16_flops_per_s))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        comm = kernels.load_allreduce(gpu, data_root=data_root)
+        n = comm.num_gpus.astype(np.float64)
+        small = comm.message_bytes <= 64 * 1024
+        if small.any():
+            prior["allreduce_latency_s"] = float(np.median(comm.latency_s[small]))
+        large = comm.message_bytes >= 64 * 2**20
+        if large.any():
+            ring = 2.0 * (n[large] - 1.0) / n[large] * comm.message_bytes[large]
+            prior["allreduce_bandwidth_efficiency"] = float(np.median(ring / comm.latency_s[large] / spec.intra_node_bandwidth_bytes_per_s))
+    except Exception:  # noqa: BLE001
+        pass
+    return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
+
+
+# ---- stage 2: end-to-end rows ----------------------------------------------------------------
+
+class FitData(NamedTuple):
+    batches: tuple  # RowBatch per model (gpu_index refers to the fit's GPU list)
+    ttft_s: tuple  # [N] measured per batch
+    tpot_s: tuple
+
+
+def fit_data(rows: list[dict], gpus: list[str]) -> FitData:
+    """Row batches whose gpu_index refers to `gpus` (the order of the parameter table)."""
+    usable = [r for r in rows if r.get("measured_ttft_ms_mean") and r.get("measured_tpot_ms_mean")]
+    batches, ttft, tpot = [], [], []
+    for batch in row_batches(usable, "measurements"):
+        names = [g.name for g in batch.gpus]
+        index = np.array([gpus.index(names[i]) for i in batch.gpu_index], np.int32)
+        batches.append(batch._replace(gpu_index=index, gpus=tuple(load_gpu(g) for g in gpus)))
+        ttft.append(np.array([usable[i]["measured_ttft_ms_mean"] for i in batch.row_ids], np.float32) * 1e-3)
+        tpot.append(np.array([usable[i]["measured_tpot_ms_mean"] for i in batch.row_ids], np.float32) * 1e-3)
+    return FitData(tuple(batches), tuple(ttft), tuple(tpot))
+
+
+def hardware_from_free(gpus: list[str], z) -> Hardware:
+    """[G] Hardware with the fitted fields taken from z [G, P] (others at DEFAULTS)."""
+    table = hardware_table(tuple(load_gpu(g) for g in gpus), {g: DEFAULTS for g in gpus})
+    fitted = {f: from_free(f, z[:, i]) for i, f in enumerate(FIT_FIELDS)}
+    return table._replace(**fitted)
+
+
+def predict_batch(batch: RowBatch, hw_table: Hardware):
+    hw = take(hw_table, jnp.asarray(batch.gpu_index))
+    return estimate(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION)
+
+
+def log_errors(data: FitData, hw_table: Hardware):
+    """Concatenated log(pred/measured) for TTFT and TPOT over all rows: ([N], [N])."""
+    ttft_err, tpot_err = [], []
+    for batch, ttft, tpot in zip(data.batches, data.ttft_s, data.tpot_s):
+        est = predict_batch(batch, hw_table)
+        ttft_err.append(jnp.log(jnp.maximum(est.ttft_mean_s, 1e-6) / ttft))
+        tpot_err.append(jnp.log(jnp.maximum(est.tpot_mean_s, 1e-6) / tpot))
+    return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
+
+
+def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bool = False, steps: int = STEPS):
+    """Adam on the log errors; prior [G, P] (free space). shared=True fits one vector for all GPUs.
+
+    Returns (z [G, P], final loss)."""
+    z0 = prior.mean(axis=0, keepdims=True) if shared else prior
+
+    def loss_fn(z):
+        full = jnp.broadcast_to(z, prior.shape)
+        ttft_err, tpot_err = log_errors(data, hardware_from_free(gpus, full))
+        errors = jnp.mean(jnp.where(jnp.isfinite(ttft_err), ttft_err, 5.0) ** 2) + jnp.mean(jnp.where(jnp.isfinite(tpot_err), tpot_err, 5.0) ** 2)
+        return errors + PRIOR_WEIGHT * jnp.mean((full - prior) ** 2)
+
+    optimizer = optax.adam(LEARNING_RATE)
+
+    def step(carry, _):
+        z, opt_state = carry
+        loss, grad = jax.value_and_grad(loss_fn)(z)
+        grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
+        updates, opt_state = optimizer.update(grad, opt_state, z)
+        return (optax.apply_updates(z, updates), opt_state), loss
+
+    @jax.jit
+    def run(z):
+        (z, _), losses = jax.lax.scan(step, (z, optimizer.init(z)), None, length=steps)
+        return z, losses[-1]
+
+    z, loss = run(jnp.asarray(z0))
+    return np.asarray(jnp.broadcast_to(z, prior.shape)), float(loss)

@@ -1,0 +1,329 @@
+"""The one row format for end-to-end serving measurements = the `jaxplan predict` CSV columns.
+
+A row is a dict with every column of `COLUMNS` (None = not given). Input
+columns describe one deployment + workload; `measured_*` columns hold what a
+benchmark reported; provenance columns say where the row came from.
+
+Units at this boundary follow benchmark conventions (the column names say
+them): latencies in ms, throughput in output tokens/s, request rate in
+requests/s, token counts in tokens (isl/osl are MEAN tokens per request, so
+they may be fractional for variable-length datasets such as ShareGPT).
+`serving_arrays` converts rows to numpy arrays in SI units (seconds).
+
+Column meanings:
+  model                      bundled jaxplan model name (HF ids and aliases are resolved), or a config path
+  gpu                        jaxplan GPU name (h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x)
+  tensor_parallel_size, pipeline_parallel_size, data_parallel_size   per deployment (DP = replicas)
+  weight_dtype               bf16 | fp8
+  kv_cache_dtype             auto (= model dtype, bf16) | fp8
+  isl, osl                   mean input / output tokens per request
+  concurrency                closed loop: requests kept in flight (whole deployment)
+  request_rate               open loop: requests/s (Poisson unless noted); inf = all at once (burst)
+  num_prompts                requests in the run (required for request_rate = inf)
+  max_num_seqs, max_num_batched_tokens   engine batching limits when known
+  prefix_hit_rate            fraction of prompt tokens served from prefix cache, [0, 1)
+  gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override
+                             set when the measured GPU differs from the jaxplan GPU spec (e.g. A100 40GB)
+  measured_ttft_ms_mean, measured_tpot_ms_mean, measured_output_tok_s
+  measured_output_tok_s_derived   true when throughput was computed from TTFT/TPOT, not measured
+  dataset, backend (vllm | sglang | trtllm), source_id, notes
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import math
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxplan.errors import PlanError, bad_value
+from jaxplan.specs import load_gpu, load_model
+from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
+
+INPUT_COLUMNS = (
+    "model",
+    "gpu",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "weight_dtype",
+    "kv_cache_dtype",
+    "isl",
+    "osl",
+    "concurrency",
+    "request_rate",
+    "num_prompts",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "prefix_hit_rate",
+    "gpu_hbm_bytes_override",
+    "gpu_hbm_bandwidth_bytes_per_s_override",
+)
+MEASURED_COLUMNS = ("measured_ttft_ms_mean", "measured_tpot_ms_mean", "measured_output_tok_s", "measured_output_tok_s_derived")
+PROVENANCE_COLUMNS = ("dataset", "backend", "source_id", "notes")
+COLUMNS = INPUT_COLUMNS + MEASURED_COLUMNS + PROVENANCE_COLUMNS
+REQUIRED_COLUMNS = ("model", "gpu", "tensor_parallel_size", "isl", "osl")
+BACKENDS = ("vllm", "sglang", "trtllm")
+
+DEFAULTS: dict[str, Any] = {
+    "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
+    "weight_dtype": "bf16",
+    "kv_cache_dtype": "auto",
+    "prefix_hit_rate": 0.0,
+    "measured_output_tok_s_derived": False,
+}
+STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "dataset", "backend", "source_id", "notes"})
+INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens"})
+BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived"})
+# float column -> (low, high, fix); request_rate may also be inf.
+FLOAT_RANGES = {
+    "isl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
+    "osl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
+    "request_rate": (1e-6, 1e9, "requests/s > 0, or inf for all-at-once"),
+    "prefix_hit_rate": (0.0, 0.999999, "a fraction in [0, 1)"),
+    "gpu_hbm_bytes_override": (1e9, 1e13, "HBM capacity in BYTES (e.g. 42949672960 for 40 GiB)"),
+    "gpu_hbm_bandwidth_bytes_per_s_override": (1e10, 1e14, "HBM bandwidth in bytes/s (e.g. 1.555e12)"),
+    "measured_ttft_ms_mean": (1e-3, 1e8, "a positive time in ms"),
+    "measured_tpot_ms_mean": (1e-3, 1e6, "a positive time in ms"),
+    "measured_output_tok_s": (1e-6, 1e9, "a positive output tokens/s"),
+}
+INT_MAX = 10_000_000
+
+
+def _canonical_model(value: str) -> str:
+    """Bundled name for a bundled name / HF id / alias; config paths are kept as given."""
+    spec = load_model(value)
+    if value.endswith((".json", ".toml")) or Path(value).expanduser().exists():
+        return value
+    return spec.name
+
+
+def check_row(row: dict, where: str) -> dict:
+    """Validate one typed row in place (fills defaults, canonical model/GPU names, COLUMNS order); returns it.
+
+    Raises a one-line PlanError `where: column = value: fix`.
+    """
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        column = sorted(unknown)[0]
+        close = difflib.get_close_matches(column, COLUMNS, n=1)
+        raise PlanError(f"{where}: unknown column {column!r}" + (f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(COLUMNS)}"))
+    for column in COLUMNS:
+        if row.get(column) is None:
+            row[column] = DEFAULTS.get(column)
+    for column in REQUIRED_COLUMNS:
+        if row[column] is None or row[column] == "":
+            raise bad_value(column, row[column], "is required; fill it in", where=where)
+    for column in STRING_COLUMNS:
+        if row[column] is not None and not isinstance(row[column], str):
+            raise bad_value(column, row[column], "must be text", where=where)
+    try:
+        row["model"] = _canonical_model(row["model"])
+        row["gpu"] = load_gpu(row["gpu"]).name
+    except PlanError as err:
+        raise PlanError(f"{where}: {err}") from None
+    for column in INT_COLUMNS:
+        value = row[column]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= INT_MAX:
+            raise bad_value(column, value, f"must be an integer in 1..{INT_MAX:,}", where=where)
+        row[column] = int(value)
+    for column, (low, high, fix) in FLOAT_RANGES.items():
+        value = row[column]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise bad_value(column, value, f"must be {fix}", where=where)
+        value = float(value)
+        if column == "request_rate" and value == math.inf:
+            row[column] = value
+            continue
+        if not math.isfinite(value) or not low <= value <= high:
+            raise bad_value(column, value, f"must be {fix}", where=where)
+        row[column] = value
+    for column in BOOL_COLUMNS:
+        if not isinstance(row[column], (bool, np.bool_)):
+            raise bad_value(column, row[column], "must be true or false", where=where)
+        row[column] = bool(row[column])
+    if row["weight_dtype"] not in WEIGHT_DTYPES:
+        raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (fp4/int4 are not modeled)", where=where)
+    if row["kv_cache_dtype"] not in KV_CACHE_DTYPES:
+        raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
+    if row["backend"] not in (None, "", *BACKENDS):
+        raise bad_value("backend", row["backend"], f"use one of {', '.join(BACKENDS)} or leave empty", where=where)
+    if row["concurrency"] is None and row["request_rate"] is None:
+        raise bad_value("concurrency", None, "give concurrency (closed loop) or request_rate (requests/s, inf = burst)", where=where)
+    if row["request_rate"] == math.inf and row["concurrency"] is None and row["num_prompts"] is None:
+        raise bad_value("num_prompts", None, "request_rate = inf (all requests at once) needs num_prompts", where=where)
+    ordered = {column: row[column] for column in COLUMNS}
+    row.clear()
+    row.update(ordered)
+    return row
+
+
+def make_row(**fields) -> dict:
+    """A validated row from keyword arguments (missing columns get defaults / None)."""
+    return check_row(dict(fields), where=f"row {fields.get('source_id') or fields.get('model')!s}")
+
+
+# --- CSV ------------------------------------------------------------------------------------------
+
+
+def _format_cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value == math.inf:
+            return "inf"
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return repr(value)
+    return str(value)
+
+
+def write_predict_csv(rows, path: str | Path, extra_columns: tuple[str, ...] = ()) -> None:
+    """Validate `rows` (list of dicts) and write them with the header `COLUMNS` + `extra_columns`
+    (e.g. the prediction columns, written as they are)."""
+    checked = [
+        {**check_row({k: v for k, v in row.items() if k not in extra_columns}, where=f"{path}: rows[{index}]"), **{c: row.get(c) for c in extra_columns}}
+        for index, row in enumerate(rows)
+    ]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(COLUMNS + tuple(extra_columns))
+        for row in checked:
+            writer.writerow([_format_cell(row[c]) for c in COLUMNS + tuple(extra_columns)])
+
+
+def _parse_cell(column: str, text: str, where: str):
+    text = text.strip()
+    if text == "":
+        return None
+    if column in STRING_COLUMNS:
+        return text
+    if column in BOOL_COLUMNS:
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise bad_value(column, text, "must be true or false", where=where)
+    if column in INT_COLUMNS:
+        try:
+            number = float(text)
+        except ValueError:
+            raise bad_value(column, text, f"must be an integer in 1..{INT_MAX:,}", where=where) from None
+        if not math.isfinite(number) or not number.is_integer():
+            raise bad_value(column, text, f"must be an integer in 1..{INT_MAX:,}", where=where)
+        return int(number)
+    try:
+        return math.inf if text.lower() in ("inf", "infinity") else float(text)
+    except ValueError:
+        raise bad_value(column, text, f"must be {FLOAT_RANGES[column][2]}", where=where) from None
+
+
+def read_predict_csv(path: str | Path) -> list[dict]:
+    """Read and validate a predict CSV; every problem is a one-line PlanError naming file, line, column, value, fix."""
+    path = Path(path)
+    try:
+        with open(path, newline="") as handle:
+            lines = list(csv.reader(handle))
+    except OSError as err:
+        raise PlanError(f"{path}: cannot read ({err.strerror}); give an existing CSV file") from None
+    lines = [line for line in lines if any(cell.strip() for cell in line)]
+    if not lines:
+        raise PlanError(f"{path}: empty file; the first line must name the columns ({', '.join(REQUIRED_COLUMNS)}, concurrency or request_rate, ...)")
+    header = [cell.strip() for cell in lines[0]]
+    seen = set()
+    for column in header:
+        if column in seen:
+            raise PlanError(f"{path}: line 1: column {column!r} appears twice; keep one")
+        seen.add(column)
+        if column not in COLUMNS:
+            close = difflib.get_close_matches(column, COLUMNS, n=1)
+            raise PlanError(f"{path}: line 1: unknown column {column!r}" + (f"; did you mean {close[0]!r}?" if close else f"; known columns: {', '.join(COLUMNS)}"))
+    missing = [c for c in REQUIRED_COLUMNS if c not in seen]
+    if missing:
+        raise PlanError(f"{path}: line 1: missing required column(s) {', '.join(missing)}; add them to the header")
+    if "concurrency" not in seen and "request_rate" not in seen:
+        raise PlanError(f"{path}: line 1: needs a concurrency or a request_rate column; add one")
+    rows = []
+    for number, cells in enumerate(lines[1:], start=2):
+        where = f"{path}: line {number}"
+        if len(cells) != len(header):
+            raise PlanError(f"{where}: has {len(cells)} cells but the header has {len(header)}; check for a stray or missing comma")
+        row = {column: _parse_cell(column, cell, where) for column, cell in zip(header, cells)}
+        rows.append(check_row(row, where))
+    return rows
+
+
+# --- arrays for fitting ---------------------------------------------------------------------------
+
+
+class ServingArrays(NamedTuple):
+    """Rows as numpy arrays [R] in SI units; NaN where a value is missing."""
+
+    model: np.ndarray  # str
+    gpu: np.ndarray  # str
+    tensor_parallel_size: np.ndarray  # int64
+    pipeline_parallel_size: np.ndarray  # int64
+    data_parallel_size: np.ndarray  # int64
+    weight_bytes_per_element: np.ndarray  # int64: 2 (bf16) | 1 (fp8)
+    kv_bytes_per_element: np.ndarray  # int64: 2 (auto) | 1 (fp8)
+    isl_tokens: np.ndarray  # float64: mean input tokens per request
+    osl_tokens: np.ndarray  # float64: mean output tokens per request
+    concurrency: np.ndarray  # float64 (NaN = open loop)
+    request_rate_per_s: np.ndarray  # float64 (NaN = closed loop, inf = burst)
+    num_prompts: np.ndarray  # float64 (NaN = unknown)
+    ttft_s: np.ndarray  # float64: measured mean time to first token
+    tpot_s: np.ndarray  # float64: measured mean time per output token
+    output_tokens_per_s: np.ndarray  # float64: measured (or derived) output throughput
+    output_tokens_per_s_derived: np.ndarray  # bool
+
+
+def serving_arrays(rows) -> ServingArrays:
+    """Stack rows (validated or not) into `ServingArrays`; ms become seconds."""
+    dtype_bytes = {"bf16": 2, "fp8": 1, "auto": 2}
+
+    def column(name, scale=1.0):
+        return np.array([np.nan if r.get(name) is None else float(r[name]) * scale for r in rows], dtype=np.float64)
+
+    return ServingArrays(
+        model=np.array([r["model"] for r in rows], dtype=str),
+        gpu=np.array([r["gpu"] for r in rows], dtype=str),
+        tensor_parallel_size=np.array([r["tensor_parallel_size"] for r in rows], dtype=np.int64),
+        pipeline_parallel_size=np.array([r.get("pipeline_parallel_size") or 1 for r in rows], dtype=np.int64),
+        data_parallel_size=np.array([r.get("data_parallel_size") or 1 for r in rows], dtype=np.int64),
+        weight_bytes_per_element=np.array([dtype_bytes[r.get("weight_dtype") or "bf16"] for r in rows], dtype=np.int64),
+        kv_bytes_per_element=np.array([dtype_bytes[r.get("kv_cache_dtype") or "auto"] for r in rows], dtype=np.int64),
+        isl_tokens=column("isl"),
+        osl_tokens=column("osl"),
+        concurrency=column("concurrency"),
+        request_rate_per_s=column("request_rate"),
+        num_prompts=column("num_prompts"),
+        ttft_s=column("measured_ttft_ms_mean", 1e-3),
+        tpot_s=column("measured_tpot_ms_mean", 1e-3),
+        output_tokens_per_s=column("measured_output_tok_s"),
+        output_tokens_per_s_derived=np.array([bool(r.get("measured_output_tok_s_derived")) for r in rows], dtype=bool),
+    )
+
+
+__all__ = [
+    "COLUMNS",
+    "INPUT_COLUMNS",
+    "MEASURED_COLUMNS",
+    "PROVENANCE_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "ServingArrays",
+    "check_row",
+    "make_row",
+    "read_predict_csv",
+    "serving_arrays",
+    "write_predict_csv",
+]

@@ -1,0 +1,173 @@
+"""`jaxplan predict`: the stage-4 estimate for explicit configurations, one CSV row each.
+
+Rows are grouped by model (the model shape is static: one compilation per
+model); inside a group every row's layout, GPU and traffic are [N] arrays.
+The same row batches feed the calibration fit, whose gradient flows through
+the Hardware efficiency fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxplan.errors import bad_value
+from jaxplan.physics.params import efficiency_for
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
+from jaxplan.physics.steady_state import estimate
+from jaxplan.physics.traffic import WorkloadParams
+from jaxplan.specs import load_gpu, load_model
+from jaxplan.specs.space import DTYPE_BYTES
+
+# vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
+DEFAULT_MAX_NUM_SEQS = 1024
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_NUM_PROMPTS = 1000
+OUTPUT_COLUMNS = ("ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "status")
+
+
+class RowBatch(NamedTuple):
+    """Rows of one model as arrays [N]; `gpu_index` points into `gpus`."""
+
+    model: ModelShape
+    gpus: tuple  # GpuSpec per gpu index
+    gpu_index: np.ndarray  # [N] int32
+    layout: Layout
+    workload: WorkloadParams
+    row_ids: np.ndarray  # [N] position of each row in the caller's list
+
+
+def _number(row: dict, field: str, default=None, *, where: str) -> float:
+    value = row.get(field)
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        if default is None:
+            raise bad_value(field, value, "is required", where=where)
+        return float(default)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise bad_value(field, value, "must be a number", where=where) from None
+    if math.isnan(number) or number < 0:
+        raise bad_value(field, value, "must be a non-negative number", where=where)
+    return number
+
+
+def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
+    fields = {name: [] for name in WorkloadParams._fields}
+    for row, where in zip(rows, wheres):
+        isl = _number(row, "isl", where=where)
+        osl = _number(row, "osl", where=where)
+        if isl < 1 or osl < 1:
+            raise bad_value("isl" if isl < 1 else "osl", isl if isl < 1 else osl, "token counts must be >= 1", where=where)
+        concurrency = row.get("concurrency")
+        has_concurrency = concurrency not in (None, "") and float(concurrency) > 0
+        rate = _number(row, "request_rate", math.inf, where=where) if not has_concurrency else 0.0
+        num_prompts = _number(row, "num_prompts", DEFAULT_NUM_PROMPTS, where=where)
+        if has_concurrency:
+            code, conc, rate_value = 2.0, _number(row, "concurrency", where=where), 0.0
+        elif math.isinf(rate):
+            code, conc, rate_value = 1.0, num_prompts, 0.0
+        elif rate > 0:
+            code, conc, rate_value = 0.0, 0.0, rate
+        else:
+            raise bad_value("request_rate", row.get("request_rate"), "give concurrency > 0, or request_rate > 0 (inf for a burst)", where=where)
+        hit = _number(row, "prefix_hit_rate", 0.0, where=where)
+        if hit >= 1:
+            raise bad_value("prefix_hit_rate", hit, "must be in [0, 1)", where=where)
+        values = dict(
+            isl_tokens=isl, osl_tokens=osl, prefix_hit_rate=hit, request_rate_per_s=rate_value, concurrency=conc,
+            arrival_code=code, max_context_factor=1.0, length_cv=0.0, ttft_slo_s=math.inf, tpot_slo_s=math.inf,
+            target_output_tokens_per_s=0.0,
+        )
+        for name, value in values.items():
+            fields[name].append(value)
+    return WorkloadParams(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in fields.items()})
+
+
+def _layout_arrays(rows: list[dict], wheres: list[str]) -> Layout:
+    columns = {name: [] for name in Layout._fields}
+    for row, where in zip(rows, wheres):
+        for dtype_field, allowed in (("weight_dtype", ("bf16", "fp8")), ("kv_cache_dtype", ("auto", "fp8", "bf16"))):
+            if str(row.get(dtype_field) or allowed[0]) not in allowed:
+                raise bad_value(dtype_field, row.get(dtype_field), f"use one of {', '.join(allowed)}", where=where)
+        sizes = {}
+        for field, default in (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("data_parallel_size", 1)):
+            value = _number(row, field, default, where=where)
+            if value < 1 or value != int(value):
+                raise bad_value(field, row.get(field), "must be a positive integer", where=where)
+            sizes[field] = value
+        columns["tensor_parallel_size"].append(sizes["tensor_parallel_size"])
+        columns["pipeline_parallel_size"].append(sizes["pipeline_parallel_size"])
+        columns["data_parallel_size"].append(sizes["data_parallel_size"])
+        columns["weight_bytes_per_param"].append(DTYPE_BYTES[str(row.get("weight_dtype") or "bf16")])
+        columns["kv_bytes_per_element"].append(1 if str(row.get("kv_cache_dtype")) == "fp8" else 2)
+        columns["max_num_seqs"].append(_number(row, "max_num_seqs", DEFAULT_MAX_NUM_SEQS, where=where))
+        columns["max_num_batched_tokens"].append(_number(row, "max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS, where=where))
+    return Layout(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in columns.items()})
+
+
+def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
+    """Group rows by model and turn each group into arrays (validating every field)."""
+    groups: dict[str, list[int]] = {}
+    models = {}
+    for i, row in enumerate(rows):
+        name = str(row.get("model") or "").strip()
+        if not name:
+            raise bad_value("model", row.get("model"), "is required (a bundled name, HF id or config.json path)", where=f"{source} row {i + 1}")
+        models.setdefault(name, load_model(name))
+        groups.setdefault(models[name].name, []).append(i)
+    batches = []
+    for name, ids in groups.items():
+        group = [rows[i] for i in ids]
+        wheres = [f"{source} row {i + 1}" for i in ids]
+        gpu_names = sorted({str(r.get("gpu") or "").strip() for r in group})
+        for row, where in zip(group, wheres):
+            if not str(row.get("gpu") or "").strip():
+                raise bad_value("gpu", row.get("gpu"), "is required", where=where)
+        gpus = tuple(load_gpu(g) for g in gpu_names)
+        index = np.array([gpu_names.index(str(r["gpu"]).strip()) for r in group], np.int32)
+        model = next(m for m in models.values() if m.name == name)
+        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres), _workload_arrays(group, wheres), np.array(ids)))
+    return batches
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
+    """Stage-4 estimate for [N] rows (hw already gathered per row)."""
+    return estimate(model, hw, layout, w, gpu_memory_utilization)
+
+
+def predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", efficiency: dict | None = None) -> list[dict]:
+    """Input rows plus the predicted output columns (times in ms, rates per second).
+
+    Efficiency parameters: `efficiency` (GPU -> fields) if given, else the TOML at `params_path`,
+    else the bundled calibration."""
+    results = [dict(row) for row in rows]
+    for batch in row_batches(rows, source):
+        names = [g.name for g in batch.gpus]
+        chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
+        table = hardware_table(batch.gpus, chosen)
+        hw = take(table, jnp.asarray(batch.gpu_index))
+        est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION))
+        for k, i in enumerate(batch.row_ids):
+            if est.max_concurrency_per_replica[k] < 1.0:
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, status="does not fit: not even one request's KV cache fits next to the weights; raise TP/PP or use FP8")
+                continue
+            overloaded = batch.workload.arrival_code[k] == 0 and est.utilization[k] >= 1.0
+            results[i].update(
+                ttft_ms_mean=None if overloaded else float(est.ttft_mean_s[k]) * 1e3,
+                ttft_ms_p99=None if overloaded else float(est.ttft_p99_s[k]) * 1e3,
+                tpot_ms_mean=float(est.tpot_mean_s[k]) * 1e3,
+                tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3,
+                output_tok_s=float(est.output_tokens_per_s[k]),
+                request_s=float(est.requests_per_s[k]),
+                status="overloaded: the arrival rate exceeds what this deployment serves; TTFT grows without bound" if overloaded else "ok",
+            )
+    return results
+

@@ -5,20 +5,36 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+MAX_VALUE_CHARS = 120  # a fuzzed 1 MB string must not become a 1 MB error line
+
 
 class PlanError(ValueError):
-    """Bad input or an impossible request; the CLI prints `str(err)` and exits 1."""
+    """Bad input or an impossible request; the CLI prints `str(err)` and exits 1.
+
+    The message is always one line: line breaks in it are replaced by spaces.
+    """
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(" ".join(str(message).splitlines()), *args)
+
+
+def short_repr(value: object) -> str:
+    """`repr(value)`, cut to MAX_VALUE_CHARS with the full length noted."""
+    text = repr(value)
+    if len(text) <= MAX_VALUE_CHARS:
+        return text
+    return f"{text[:MAX_VALUE_CHARS]}... ({len(text):,} chars)"
 
 
 def bad_value(field: str, value: object, fix: str, *, where: str | None = None) -> PlanError:
     """`where: field = value: fix` as a PlanError (where = file or section, optional)."""
     prefix = f"{where}: " if where else ""
-    return PlanError(f"{prefix}{field} = {value!r}: {fix}")
+    return PlanError(f"{prefix}{field} = {short_repr(value)}: {fix}")
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> PlanError:
     """Unknown name: list the known ones and the closest match."""
     known = sorted(known)
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4) if len(name) <= 200 else []
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return PlanError(f"unknown {kind} {name!r}.{hint} Known: {', '.join(known)}")
+    return PlanError(f"unknown {kind} {short_repr(name)}.{hint} Known: {', '.join(known)}")

@@ -46,8 +46,10 @@ class GpuSpec:
                 raise bad_value(field, value, "must be a finite number", where=where)
             if not low <= value <= high or (value == 0 and field != "price_usd_per_hour"):
                 raise bad_value(field, value, f"must lie in [{low:g}, {high:g}] (SI units: bytes, bytes/s, FLOP/s, USD/h)", where=where)
-        if not isinstance(self.fp8_flops_per_s, (int, float)) or not 0 <= self.fp8_flops_per_s <= 1e17:
-            raise bad_value("fp8_flops_per_s", self.fp8_flops_per_s, "must be 0 (no FP8) or a FLOP/s figure", where=where)
+        fp8 = self.fp8_flops_per_s
+        low, high = SANE_RANGES["bf16_flops_per_s"]  # FP8 peaks share the BF16 scale (1x-2x of it)
+        if not isinstance(fp8, (int, float)) or isinstance(fp8, bool) or not (fp8 == 0 or low <= fp8 <= high):
+            raise bad_value("fp8_flops_per_s", fp8, f"must be 0 (no FP8) or a FLOP/s figure in [{low:g}, {high:g}]", where=where)
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not 1 <= self.gpus_per_node <= 1024:
             raise bad_value("gpus_per_node", self.gpus_per_node, "must be an integer in 1..1024", where=where)
 

@@ -11,6 +11,7 @@ Handles the fields that differ between families: `text_config` nesting
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from jaxplan.errors import PlanError, bad_value
@@ -29,53 +30,69 @@ def _get(cfg: dict, *names: str, default=None):
 
 def _int_field(cfg: dict, where: str, *names: str, default=None) -> int:
     value = _get(cfg, *names, default=default)
+    field = next((name for name in names if cfg.get(name) is not None), names[0])  # the one that was read
     if value is None:
-        raise bad_value(names[0], None, "is missing; add it to the config.json", where=where)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise bad_value(names[0], value, "must be an integer", where=where)
+        raise bad_value(field, None, "is missing; add it to the config.json", where=where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and (not math.isfinite(value) or value != int(value))
+    ):
+        raise bad_value(field, value, "must be an integer", where=where)
     return int(value)
+
+
+def _bool_field(cfg: dict, where: str, name: str, default: bool) -> bool:
+    value = _get(cfg, name, default=default)
+    if not isinstance(value, bool):
+        raise bad_value(name, value, "must be true or false", where=where)
+    return value
+
+
+def _list_field(cfg: dict, where: str, name: str) -> list:
+    value = _get(cfg, name, default=[])
+    if not isinstance(value, list):
+        raise bad_value(name, value, "must be a list", where=where)
+    return value
 
 
 def _layer_kind_counts(cfg: dict, num_layers: int, where: str) -> tuple[int, int, int]:
     """(full, sliding, linear) layer counts."""
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and layer_types:
+    layer_types = _list_field(cfg, where, "layer_types")
+    if layer_types:
         if len(layer_types) != num_layers:
             raise bad_value("layer_types", f"{len(layer_types)} entries", f"must list num_hidden_layers = {num_layers} entries", where=where)
-        sliding = sum(1 for kind in layer_types if str(kind) in SLIDING_KINDS)
-        linear = sum(1 for kind in layer_types if str(kind) in LINEAR_KINDS)
+        sliding = sum(1 for kind in layer_types if isinstance(kind, str) and kind in SLIDING_KINDS)
+        linear = sum(1 for kind in layer_types if isinstance(kind, str) and kind in LINEAR_KINDS)
         return num_layers - sliding - linear, sliding, linear
-    interval = cfg.get("full_attention_interval")
-    if cfg.get("linear_num_value_heads") and interval:
-        full = num_layers // int(interval)
+    interval = _int_field(cfg, where, "full_attention_interval", default=0)
+    if _int_field(cfg, where, "linear_num_value_heads", default=0) and interval:
+        full = num_layers // interval
         return full, 0, num_layers - full
-    window = cfg.get("sliding_window")
-    pattern = cfg.get("sliding_window_pattern")
+    window = _int_field(cfg, where, "sliding_window", default=0)
+    pattern = _int_field(cfg, where, "sliding_window_pattern", default=0)
     if window and pattern:
-        full = num_layers // int(pattern)
+        full = num_layers // pattern
         return full, num_layers - full, 0
-    if window and cfg.get("use_sliding_window"):
-        max_window_layers = int(cfg.get("max_window_layers", num_layers))
+    if window and _bool_field(cfg, where, "use_sliding_window", False):
+        max_window_layers = _int_field(cfg, where, "max_window_layers", default=num_layers)
         sliding = max(num_layers - max_window_layers, 0)
         return num_layers - sliding, sliding, 0
     return num_layers, 0, 0
 
 
-def _moe_fields(cfg: dict, num_layers: int) -> dict:
-    experts = int(_get(cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0)
+def _moe_fields(cfg: dict, num_layers: int, where: str) -> dict:
+    experts = _int_field(cfg, where, "n_routed_experts", "num_local_experts", "num_experts", default=0)
     if not experts:
         return {}
-    first_dense = int(_get(cfg, "first_k_dense_replace", default=0) or 0)
-    first_dense += len(cfg.get("mlp_only_layers") or [])
-    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    first_dense = _int_field(cfg, where, "first_k_dense_replace", default=0)
+    first_dense += len(_list_field(cfg, where, "mlp_only_layers"))
+    step = _int_field(cfg, where, "decoder_sparse_step", default=1)
     if step > 1:
         first_dense = num_layers - num_layers // step
-    moe_inter = _get(cfg, "moe_intermediate_size", default=None) or cfg.get("intermediate_size")
     return dict(
         num_experts=experts,
-        experts_per_token=int(_get(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_topk", default=1)),
-        moe_intermediate_size=int(moe_inter),
-        num_shared_experts=int(_get(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0),
+        experts_per_token=_int_field(cfg, where, "num_experts_per_tok", "num_experts_per_token", "moe_topk", default=1),
+        moe_intermediate_size=_int_field(cfg, where, "moe_intermediate_size", "intermediate_size"),
+        num_shared_experts=_int_field(cfg, where, "n_shared_experts", "num_shared_experts", default=0),
         first_dense_layers=first_dense,
     )
 
@@ -92,7 +109,9 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
     kv_heads = _int_field(cfg, where, "num_key_value_heads", default=heads)
     if heads <= 0:
         raise bad_value("num_attention_heads", heads, "must be > 0", where=where)
-    head_dim = _get(cfg, "head_dim", default=None) or hidden // heads
+    if _get(cfg, "head_dim") is None and hidden % heads:
+        raise bad_value("head_dim", None, f"is missing and hidden_size = {hidden} is not a multiple of num_attention_heads = {heads}; add head_dim", where=where)
+    head_dim = _int_field(cfg, where, "head_dim", default=hidden // heads)
     full, sliding, linear = _layer_kind_counts(cfg, num_layers, where)
     fields = dict(
         name=name,
@@ -102,43 +121,47 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
         vocab_size=_int_field(cfg, where, "vocab_size", default=raw.get("vocab_size")),
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(head_dim),
+        head_dim=head_dim,
         intermediate_size=_int_field(cfg, where, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden),
         max_position_embeddings=_int_field(cfg, where, "max_position_embeddings", "n_positions", "seq_length", default=131072),
-        tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", default=raw.get("tie_word_embeddings", False))),
-        attn_output_gate=bool(cfg.get("attn_output_gate", False)),
+        tie_word_embeddings=_bool_field(cfg, where, "tie_word_embeddings", _get(raw, "tie_word_embeddings", default=False)),
+        attn_output_gate=_bool_field(cfg, where, "attn_output_gate", False),
         full_attention_layers=full,
         sliding_window_layers=sliding,
-        sliding_window_tokens=int(cfg.get("sliding_window") or 0) if sliding else 0,
+        sliding_window_tokens=_int_field(cfg, where, "sliding_window", default=0) if sliding else 0,
         linear_attention_layers=linear,
         source=source,
     )
     if linear:
         fields.update(
-            linear_num_key_heads=int(cfg.get("linear_num_key_heads", 0)),
-            linear_num_value_heads=int(cfg.get("linear_num_value_heads", 0)),
-            linear_key_head_dim=int(cfg.get("linear_key_head_dim", 0)),
-            linear_value_head_dim=int(cfg.get("linear_value_head_dim", 0)),
-            linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+            linear_num_key_heads=_int_field(cfg, where, "linear_num_key_heads", default=0),
+            linear_num_value_heads=_int_field(cfg, where, "linear_num_value_heads", default=0),
+            linear_key_head_dim=_int_field(cfg, where, "linear_key_head_dim", default=0),
+            linear_value_head_dim=_int_field(cfg, where, "linear_value_head_dim", default=0),
+            linear_conv_kernel=_int_field(cfg, where, "linear_conv_kernel_dim", default=4),
         )
-    if cfg.get("kv_lora_rank"):
+    if _int_field(cfg, where, "kv_lora_rank", default=0):
         fields.update(
-            kv_lora_rank=int(cfg["kv_lora_rank"]),
-            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim", 0)),
-            qk_rope_head_dim=int(cfg.get("qk_rope_head_dim", 0)),
-            v_head_dim=int(cfg.get("v_head_dim", 0)),
+            kv_lora_rank=_int_field(cfg, where, "kv_lora_rank"),
+            q_lora_rank=_int_field(cfg, where, "q_lora_rank", default=0),
+            qk_nope_head_dim=_int_field(cfg, where, "qk_nope_head_dim", default=0),
+            qk_rope_head_dim=_int_field(cfg, where, "qk_rope_head_dim", default=0),
+            v_head_dim=_int_field(cfg, where, "v_head_dim", default=0),
         )
-    fields.update(_moe_fields(cfg, num_layers))
+    fields.update(_moe_fields(cfg, num_layers, where))
     return ModelSpec(**fields)
 
 
 def model_from_hf_file(path: Path) -> ModelSpec:
     """Load a Hugging Face config.json; the model is named after its folder (or file stem)."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise PlanError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise PlanError(f"{path}: not UTF-8 text (byte {err.start}); save the config.json as UTF-8") from None
+    except (ValueError, RecursionError) as err:  # an integer over 4300 digits, nesting past the recursion limit
+        raise PlanError(f"{path}: unreadable JSON ({type(err).__name__}: {err})") from None
     except OSError as err:
         raise PlanError(f"{path}: cannot read ({err.strerror})") from None
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem

@@ -11,7 +11,6 @@ or mixture-of-experts (total vs active experts).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from jaxplan.errors import PlanError, bad_value
 
@@ -24,6 +23,28 @@ POSITIVE_INT_FIELDS = (
     "head_dim",
     "intermediate_size",
     "max_position_embeddings",
+)
+# Optional counts and dims: 0 means "not used"; negative values are never meaningful.
+NON_NEGATIVE_INT_FIELDS = (
+    "sliding_window_layers",
+    "sliding_window_tokens",
+    "linear_attention_layers",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel",
+    "linear_state_bytes_per_element",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "num_experts",
+    "experts_per_token",
+    "moe_intermediate_size",
+    "num_shared_experts",
+    "first_dense_layers",
 )
 # Guards against absurd inputs (a 10^30-parameter model): generous upper bounds.
 MAX_DIM = 1 << 20
@@ -81,6 +102,11 @@ class ModelSpec:
                 raise bad_value(field, value, "must be a positive integer", where=where)
             if value > (MAX_LAYERS if field == "num_layers" else MAX_DIM * 256):
                 raise bad_value(field, value, "is implausibly large for a transformer; check the units", where=where)
+        for field in NON_NEGATIVE_INT_FIELDS + ("full_attention_layers",):
+            value = getattr(self, field)
+            low = -1 if field == "full_attention_layers" else 0  # -1: derived below
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_DIM * 256:
+                raise bad_value(field, value, f"must be an integer in {low}..{MAX_DIM * 256}", where=where)
         if self.full_attention_layers == -1:
             object.__setattr__(
                 self,
@@ -101,15 +127,17 @@ class ModelSpec:
             )
         if self.sliding_window_layers and self.sliding_window_tokens <= 0:
             raise bad_value("sliding_window_tokens", self.sliding_window_tokens, "must be > 0 when sliding_window_layers > 0", where=where)
-        if self.linear_attention_layers and min(
-            self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim
-        ) <= 0:
-            raise bad_value("linear_num_value_heads", self.linear_num_value_heads, "linear-attention layers need their head counts and dims > 0", where=where)
+        if self.linear_attention_layers:
+            for field in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+                if getattr(self, field) <= 0:
+                    raise bad_value(field, getattr(self, field), "linear-attention layers need their head counts and dims > 0", where=where)
         if self.num_experts:
             if not 0 < self.experts_per_token <= self.num_experts:
                 raise bad_value("experts_per_token", self.experts_per_token, f"must be in 1..num_experts = {self.num_experts}", where=where)
             if self.moe_intermediate_size <= 0:
                 raise bad_value("moe_intermediate_size", self.moe_intermediate_size, "must be > 0 for a mixture-of-experts model", where=where)
+            if self.first_dense_layers > self.num_layers:
+                raise bad_value("first_dense_layers", self.first_dense_layers, f"must be <= num_layers = {self.num_layers}", where=where)
         if self.is_mla and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) <= 0:
             raise bad_value("qk_rope_head_dim", self.qk_rope_head_dim, "MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim > 0", where=where)
         if self.total_params > MAX_PARAMS:
@@ -252,4 +280,4 @@ def check_positive_int(value: object, field: str, where: str) -> int:
 
 
 def is_power_of_two(n: int) -> bool:
-    return n > 0 and math.log2(n).is_integer()
+    return n > 0 and n & (n - 1) == 0  # exact; math.log2 rounds 2**60 + 1 to 60.0

@@ -10,6 +10,7 @@ from jaxplan.errors import bad_value
 WEIGHT_DTYPES = ("bf16", "fp8")
 KV_CACHE_DTYPES = ("auto", "fp8")
 DTYPE_BYTES = {"bf16": 2, "fp8": 1, "auto": 2}
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV-cache block sizes (tokens) vLLM accepts
 
 INT_AXES = (
     "tensor_parallel_size",
@@ -62,10 +63,10 @@ class SearchSpace:
             object.__setattr__(self, axis, values)
         if isinstance(self.gpu_budget, bool) or not isinstance(self.gpu_budget, int) or not 1 <= self.gpu_budget <= 1_000_000:
             raise bad_value("gpu_budget", self.gpu_budget, "must be an integer in 1..1,000,000", where=where)
-        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0.05 <= self.gpu_memory_utilization <= 1.0:
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) or not 0.05 <= self.gpu_memory_utilization <= 1.0:
             raise bad_value("gpu_memory_utilization", self.gpu_memory_utilization, "must be in [0.05, 1.0]", where=where)
-        if self.block_size_tokens not in (1, 8, 16, 32, 64, 128, 256):
-            raise bad_value("block_size_tokens", self.block_size_tokens, "use one of 8, 16, 32, 64, 128, 256", where=where)
+        if isinstance(self.block_size_tokens, bool) or not isinstance(self.block_size_tokens, int) or self.block_size_tokens not in BLOCK_SIZES:
+            raise bad_value("block_size_tokens", self.block_size_tokens, f"use one of {', '.join(map(str, BLOCK_SIZES))}", where=where)
 
     def axis_values(self) -> dict[str, tuple]:
         """Ordered axes (outermost first); the GPU axis is added by the grid."""

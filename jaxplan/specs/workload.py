@@ -63,15 +63,20 @@ class Workload:
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
                 raise bad_value(field, value, "must be > 0 seconds (inf for no SLO)", where=where)
-        if not 50 <= self.slo_percentile < 100:
+        if not _finite(self.slo_percentile) or not 50 <= self.slo_percentile < 100:
             raise bad_value("slo_percentile", self.slo_percentile, "must be in [50, 100)", where=where)
         if not _finite(self.target_output_tokens_per_s) or self.target_output_tokens_per_s < 0:
             raise bad_value("target_output_tokens_per_s", self.target_output_tokens_per_s, "must be >= 0 (0 for no target)", where=where)
+        rate = self.request_rate_per_s
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or math.isnan(rate) or rate <= 0:
+            raise bad_value("request_rate_per_s", rate, "must be > 0 requests/s; leave it out unless arrival = \"poisson\"", where=where)
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or not 0 <= self.concurrency <= 10_000_000:
+            raise bad_value("concurrency", self.concurrency, "must be an integer in 0..10,000,000 (0 unless arrival is closed)", where=where)
         if self.arrival == Arrival.POISSON and not (_finite(self.request_rate_per_s) and self.request_rate_per_s > 0):
             raise bad_value("request_rate_per_s", self.request_rate_per_s, "Poisson arrivals need a finite rate > 0 requests/s", where=where)
         if self.arrival == Arrival.CLOSED and not (isinstance(self.concurrency, int) and self.concurrency >= 1):
             raise bad_value("concurrency", self.concurrency, "closed-loop arrivals need concurrency >= 1", where=where)
-        if not isinstance(self.num_requests, int) or not 1 <= self.num_requests <= 10_000_000:
+        if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or not 1 <= self.num_requests <= 10_000_000:
             raise bad_value("num_requests", self.num_requests, "must be an integer in 1..10,000,000", where=where)
 
     @property

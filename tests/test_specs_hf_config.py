@@ -1,0 +1,325 @@
+"""Hugging Face config.json -> ModelSpec: real configs against the bundled TOMLs, and the oddities.
+
+The real configs and the per-model fact table live in ../shared/data/specs/ (outside the
+repository); those tests skip when it is absent. The oddities use small synthetic dicts.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxplan.errors import PlanError
+from jaxplan.specs import ModelSpec, load_model
+from jaxplan.specs.hf_config import model_from_hf_dict, model_from_hf_file
+
+SPECS_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specs"
+RAW_CONFIGS = sorted((SPECS_DATA / "raw_model_configs").glob("*.json"))
+needs_shared = pytest.mark.skipif(not SPECS_DATA.is_dir(), reason="../shared/data/specs is not present")
+
+# name/aliases/source describe where a spec came from; hf_id comes from `_name_or_path`,
+# which published config.json files do not carry.
+PROVENANCE = {"name", "aliases", "source", "hf_id"}
+
+
+def _architecture(spec: ModelSpec) -> dict:
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in PROVENANCE}
+
+
+def _hf_id_of(config_path: Path) -> str:
+    """'meta-llama--Meta-Llama-3.1-8B_config.json' -> 'meta-llama/Meta-Llama-3.1-8B'."""
+    return config_path.name.removesuffix("_config.json").replace("--", "/")
+
+
+# ---- the real configs ----------------------------------------------------------------------
+
+
+@needs_shared
+def test_raw_configs_are_present():
+    assert len(RAW_CONFIGS) >= 7
+
+
+@needs_shared
+@pytest.mark.parametrize("path", RAW_CONFIGS, ids=lambda p: p.name)
+def test_raw_config_parses_to_the_bundled_spec(path):
+    parsed = model_from_hf_file(path)
+    bundled = load_model(_hf_id_of(path))  # resolved through the HF id / alias table
+    assert _architecture(parsed) == _architecture(bundled)
+
+
+@needs_shared
+@pytest.mark.parametrize("path", RAW_CONFIGS, ids=lambda p: p.name)
+def test_raw_config_loads_from_a_directory(path, tmp_path):
+    folder = tmp_path / "some-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(path.read_text())
+    spec = load_model(str(folder))
+    assert spec.name == "some-model" and _architecture(spec) == _architecture(model_from_hf_file(path))
+
+
+def _csv_int(text: str) -> int | None:
+    """Leading integer of a models.csv cell ('128 (MLA; latent cache)' -> 128); None for blanks/prose."""
+    head = text.strip().split(" ")[0] if text.strip() else ""
+    return int(head) if head.isdigit() else None
+
+
+MODEL_ROWS = list(csv.DictReader((SPECS_DATA / "models.csv").read_text().splitlines())) if SPECS_DATA.is_dir() else []
+
+
+@needs_shared
+@pytest.mark.parametrize("row", MODEL_ROWS, ids=lambda r: r["model"])
+def test_bundled_spec_matches_models_csv(row):
+    spec = load_model(row["hf_id"].split(" ")[0])  # 'google/gemma-3-27b-it (text_config)' -> the HF id
+    columns = {
+        "layers": spec.num_layers,
+        "hidden": spec.hidden_size,
+        "heads": spec.num_attention_heads,
+        "kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "intermediate": spec.intermediate_size,
+        "moe_intermediate": spec.moe_intermediate_size,
+        "vocab": spec.vocab_size,
+        "experts": spec.num_experts,
+        "experts_per_tok": spec.experts_per_token,
+        "shared_experts": spec.num_shared_experts,
+        "first_dense_layers": spec.first_dense_layers,
+        "attn_layers_with_kv": spec.full_attention_layers + spec.sliding_window_layers,
+        "sliding_window": spec.sliding_window_tokens,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "kv_bytes_per_token_bf16": spec.kv_bytes_per_token(2),
+    }
+    checked = 0
+    for column, actual in columns.items():
+        expected = _csv_int(row[column])
+        if expected is None:
+            continue
+        if column == "head_dim" and spec.is_mla:  # the MLA row gives qk/v dims in prose
+            continue
+        assert actual == expected, f"{row['model']}: {column}"
+        checked += 1
+    assert checked >= 9
+    if row["tie_word_embeddings"] in ("True", "False"):
+        assert spec.tie_word_embeddings == (row["tie_word_embeddings"] == "True")
+
+
+# ---- synthetic oddities -------------------------------------------------------------------
+
+LLAMA_LIKE = {
+    "num_hidden_layers": 4,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192},
+}
+
+
+def _parse(**changes) -> ModelSpec:
+    cfg = {**LLAMA_LIKE, **changes}
+    return model_from_hf_dict({k: v for k, v in cfg.items() if v is not ...}, "synthetic")
+
+
+def test_llama_like_config():
+    m = _parse()
+    # head_dim absent -> hidden / heads = 512 / 8 = 64
+    assert (m.num_layers, m.hidden_size, m.head_dim, m.num_kv_heads, m.full_attention_layers) == (4, 512, 64, 2, 4)
+    assert not m.is_moe and not m.is_mla and not m.tie_word_embeddings
+
+
+def test_explicit_head_dim_wins_over_hidden_over_heads():
+    # Qwen3-32B style: 64 heads x 128 = 8192 != hidden 5120
+    assert _parse(head_dim=128).head_dim == 128
+    assert _parse(head_dim=None).head_dim == 64  # null -> derived
+
+
+def test_head_dim_missing_and_hidden_not_divisible_is_an_error():
+    with pytest.raises(PlanError, match="head_dim"):
+        _parse(hidden_size=500)  # 500 / 8 heads is not whole; used to be floored to 62 silently
+
+
+def test_tied_embeddings_drop_the_lm_head():
+    untied, tied = _parse(), _parse(tie_word_embeddings=True)
+    assert untied.total_params - tied.total_params == 1000 * 512  # vocab x hidden
+
+
+def test_tie_word_embeddings_from_the_top_level_of_a_wrapper():
+    m = model_from_hf_dict({"tie_word_embeddings": True, "text_config": dict(LLAMA_LIKE, tie_word_embeddings=None)}, "w")
+    assert m.tie_word_embeddings
+
+
+def test_text_config_nesting_and_top_level_vocab():
+    inner = {k: v for k, v in LLAMA_LIKE.items() if k != "vocab_size"}
+    raw = {"architectures": ["X"], "vocab_size": 1000, "text_config": inner, "vision_config": {"hidden_size": 3}}
+    assert _architecture(model_from_hf_dict(raw, "m")) == _architecture(_parse())
+
+
+@pytest.mark.parametrize("rope", [None, {"type": "yarn", "factor": 40, "beta_fast": 32}, {"rope_type": "default"}, "linear", []])
+def test_rope_scaling_is_ignored(rope):
+    assert _parse(rope_scaling=rope).max_position_embeddings == 8192
+
+
+def test_missing_kv_heads_means_multi_head_attention():
+    m = _parse(num_key_value_heads=...)
+    assert m.num_kv_heads == m.num_attention_heads == 8
+    assert _parse(num_key_value_heads=None).num_kv_heads == 8
+
+
+def test_null_values_fall_back_to_defaults():
+    m = _parse(sliding_window=None, q_lora_rank=None, num_experts=None, layer_types=None, mlp_only_layers=None, head_dim=None)
+    assert _architecture(m) == _architecture(_parse())
+
+
+def test_layer_types_list():
+    kinds = ["sliding_attention", "full_attention", "linear_attention", "full_attention"]
+    m = _parse(layer_types=kinds, sliding_window=256, linear_num_key_heads=2, linear_num_value_heads=4,
+               linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+    assert (m.full_attention_layers, m.sliding_window_layers, m.linear_attention_layers, m.sliding_window_tokens) == (2, 1, 1, 256)
+    assert m.linear_conv_kernel == 4
+
+
+def test_layer_types_length_must_match():
+    with pytest.raises(PlanError, match="layer_types"):
+        _parse(layer_types=["full_attention"] * 3)
+
+
+def test_gemma3_sliding_window_pattern():
+    # Gemma-3-27B text_config (shared/data/specs/models.csv): every 6th layer is global -> 62 // 6 = 10 global, 52 local
+    gemma_text = {
+        "num_hidden_layers": 62, "hidden_size": 5376, "num_attention_heads": 32, "num_key_value_heads": 16,
+        "head_dim": 128, "intermediate_size": 21504, "vocab_size": 262208, "max_position_embeddings": 131072,
+        "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 168,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    }
+    parsed = model_from_hf_dict({"tie_word_embeddings": True, "text_config": gemma_text}, "gemma")
+    assert _architecture(parsed) == _architecture(load_model("google/gemma-3-27b-it"))
+    # the newer layer_types form of the same config gives the same spec
+    layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(62)]
+    newer = dict(gemma_text, sliding_window_pattern=None, layer_types=layer_types)
+    assert _architecture(model_from_hf_dict({"tie_word_embeddings": True, "text_config": newer}, "g")) == _architecture(parsed)
+
+
+def test_qwen2_style_use_sliding_window():
+    # Qwen2 semantics: the first max_window_layers layers use full attention, the rest the window
+    m = _parse(sliding_window=4096, use_sliding_window=True, max_window_layers=3)
+    assert (m.full_attention_layers, m.sliding_window_layers, m.sliding_window_tokens) == (3, 1, 4096)
+    assert _parse(sliding_window=4096, use_sliding_window=False).sliding_window_layers == 0
+
+
+def test_full_attention_interval_without_layer_types():
+    # Qwen3-Next / Qwen3.5 style: every 4th layer is full attention
+    m = _parse(num_hidden_layers=8, full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=4,
+               linear_key_head_dim=16, linear_value_head_dim=16)
+    assert (m.full_attention_layers, m.linear_attention_layers, m.linear_conv_kernel) == (2, 6, 4)
+
+
+@pytest.mark.parametrize("key", ["num_local_experts", "num_experts", "n_routed_experts"])
+def test_moe_expert_count_names_agree(key):
+    m = _parse(**{key: 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256})
+    assert (m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.moe_layers) == (8, 2, 256, 4)
+
+
+def test_mixtral_style_moe_uses_intermediate_size_per_expert():
+    m = _parse(num_local_experts=8, num_experts_per_tok=2)
+    assert m.moe_intermediate_size == 1024  # no moe_intermediate_size: each expert is intermediate_size wide
+
+
+def test_moe_dense_layers():
+    assert _parse(n_routed_experts=8, moe_intermediate_size=64, first_k_dense_replace=1).dense_mlp_layers == 1
+    assert _parse(num_experts=8, moe_intermediate_size=64, mlp_only_layers=[0, 2]).dense_mlp_layers == 2
+    # Qwen2-MoE decoder_sparse_step 2: every second layer is MoE -> 4 - 4 // 2 = 2 dense
+    assert _parse(num_experts=8, moe_intermediate_size=64, decoder_sparse_step=2).dense_mlp_layers == 2
+    with pytest.raises(PlanError, match="first_dense_layers"):
+        _parse(n_routed_experts=8, moe_intermediate_size=64, first_k_dense_replace=9)
+
+
+def test_deepseek_style_mla():
+    m = _parse(kv_lora_rank=64, q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+    assert m.is_mla and m.q_lora_rank == 0
+    assert m.kv_bytes_per_token(2) == 4 * (64 + 16) * 2  # layers x (latent + rope key) x 2 bytes
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+        "intermediate_size", "max_position_embeddings", "num_local_experts", "num_experts", "n_routed_experts",
+        "sliding_window", "kv_lora_rank", "full_attention_interval",
+    ],
+)
+@pytest.mark.parametrize("value", ["8", "eight", [8], {"n": 8}, 8.5, float("nan"), float("inf"), True])
+def test_wrong_types_raise_plan_error(field, value):
+    # strings where ints belong used to raise ValueError/TypeError from int(), or be accepted ("8")
+    with pytest.raises(PlanError) as err:
+        _parse(**{field: value})
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(sliding_window=16, sliding_window_pattern="6"), "sliding_window_pattern"),
+        (dict(sliding_window=16, use_sliding_window=True, max_window_layers="2"), "max_window_layers"),
+        (dict(sliding_window=16, use_sliding_window="yes"), "use_sliding_window"),
+        (dict(tie_word_embeddings="false"), "tie_word_embeddings"),  # bool("false") was True
+        (dict(attn_output_gate=1), "attn_output_gate"),
+        (dict(mlp_only_layers=3, num_experts=4, moe_intermediate_size=8), "mlp_only_layers"),
+        (dict(layer_types="full_attention"), "layer_types"),
+        (dict(num_experts=4, moe_intermediate_size=None, intermediate_size=None), "intermediate_size"),
+        (dict(num_experts=4, num_experts_per_tok="2", moe_intermediate_size=8), "num_experts_per_tok"),
+        (dict(num_experts=4, first_k_dense_replace="1", moe_intermediate_size=8), "first_k_dense_replace"),
+        (dict(num_experts=4, n_shared_experts=[1], moe_intermediate_size=8), "n_shared_experts"),
+        (dict(kv_lora_rank=8, qk_rope_head_dim="64"), "qk_rope_head_dim"),
+        (dict(layer_types=["linear_attention"] * 4, linear_num_key_heads=None), "linear_num_key_heads"),
+        (dict(num_hidden_layers=None), "num_hidden_layers"),
+        (dict(vocab_size=...), "vocab_size"),
+        (dict(num_attention_heads=0), "num_attention_heads"),
+    ],
+)
+def test_bad_optional_fields_raise_plan_error(changes, field):
+    with pytest.raises(PlanError) as err:
+        _parse(**changes)
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("raw", [[], "config", 3, None])
+def test_top_level_must_be_an_object(raw):
+    with pytest.raises(PlanError, match="JSON object"):
+        model_from_hf_dict(raw, "x")
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "unreadable JSON"),  # RecursionError before
+        (b'{"num_hidden_layers": ' + b"9" * 5000 + b"}", "unreadable JSON"),  # int over 4300 digits: ValueError before
+        (b'{"num_hidden_layers": NaN}', "num_hidden_layers"),  # json accepts NaN literals
+        (b"[1, 2]", "JSON object"),
+    ],
+)
+def test_bad_json_files(tmp_path, content, match):
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(PlanError, match=match) as err:
+        model_from_hf_file(path)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(PlanError, match="cannot read"):
+        model_from_hf_file(tmp_path / "nope.json")
+
+
+def test_file_name_and_hf_id(tmp_path):
+    path = tmp_path / "my-model.json"
+    path.write_text(json.dumps(dict(LLAMA_LIKE, _name_or_path="org/My-Model")))
+    m = model_from_hf_file(path)
+    assert (m.name, m.hf_id, m.source) == ("my-model", "org/My-Model", str(path))

@@ -1,7 +1,9 @@
 """The candidate grid: a mixed-radix product of axes, decoded inside jit.
 
 A candidate is its index in the product (outermost axis first: GPU type,
-TP, PP, DP, max_num_seqs, max_num_batched_tokens, weight dtype, KV dtype).
+TP, PP, max_num_seqs, max_num_batched_tokens, weight dtype, KV dtype, DP).
+DP is innermost: everything but the demand per replica is shared by a run of
+|DP| consecutive candidates, so the funnel evaluates it once per run.
 Chunks are given by the digits of their first index (computed on the host
 with Python ints, so grids beyond 2^31 work) plus int32 offsets [C]; digits
 are added with carries inside jit. Nothing of size `grid.size` is ever built.
@@ -23,13 +25,14 @@ AXES = (
     "gpu",
     "tensor_parallel_size",
     "pipeline_parallel_size",
-    "data_parallel_size",
     "max_num_seqs",
     "max_num_batched_tokens",
     "weight_dtype",
     "kv_cache_dtype",
+    "data_parallel_size",
 )
-LAYOUT_AXES = AXES[:4]  # (GPU, TP, PP, DP): the shortlist keeps one candidate per layout
+DP_AXIS = AXES.index("data_parallel_size")  # innermost
+LAYOUT_AXES = tuple(AXES.index(a) for a in ("gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
 
 
 class Candidates(NamedTuple):
@@ -68,7 +71,7 @@ class Grid:
 
     @property
     def num_layouts(self) -> int:
-        return math.prod(self.sizes[: len(LAYOUT_AXES)])
+        return math.prod(self.sizes[a] for a in LAYOUT_AXES)
 
     def axis_arrays(self) -> tuple[jnp.ndarray, ...]:
         """Numeric value of every axis entry (GPU: its index; dtypes: bytes per element)."""
@@ -107,7 +110,13 @@ class Grid:
 
 def decode(axis_values: tuple[jnp.ndarray, ...], sizes: jnp.ndarray, base_digits: jnp.ndarray, offsets: jnp.ndarray) -> Candidates:
     """Candidates at `base + offsets`, with carries across axes (innermost first)."""
-    num_axes = len(axis_values)
+    digits, valid = decode_digits(sizes, base_digits, offsets)
+    return candidates_from_digits(axis_values, digits, valid)
+
+
+def decode_digits(sizes: jnp.ndarray, base_digits: jnp.ndarray, offsets: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """(digits [C, A], valid [C]) of the indices base + offsets over axes of `sizes` [A]."""
+    num_axes = sizes.shape[0]
     remaining = offsets.astype(jnp.int32)
     carry = jnp.zeros_like(remaining)
     digits = [None] * num_axes
@@ -118,20 +127,23 @@ def decode(axis_values: tuple[jnp.ndarray, ...], sizes: jnp.ndarray, base_digits
         carry = total // size
         remaining = remaining // size
     valid = (carry == 0) & (remaining == 0)
-    stacked = jnp.stack(digits, axis=-1)
-    values = [axis_values[a][digits[a]] for a in range(num_axes)]
-    return Candidates(stacked, valid, digits[0], *values[1:])
+    return jnp.stack(digits, axis=-1), valid
+
+
+def candidates_from_digits(axis_values: tuple[jnp.ndarray, ...], digits: jnp.ndarray, valid: jnp.ndarray) -> Candidates:
+    """Candidates from their digits [C, A] (in AXES order)."""
+    value = lambda name: axis_values[AXES.index(name)][digits[:, AXES.index(name)]]  # noqa: E731
+    return Candidates(
+        digits, valid, digits[:, 0],
+        value("tensor_parallel_size"), value("pipeline_parallel_size"), value("data_parallel_size"),
+        value("max_num_seqs"), value("max_num_batched_tokens"), value("weight_dtype"), value("kv_cache_dtype"),
+    )
 
 
 def layout_index(digits: jnp.ndarray, sizes: jnp.ndarray) -> jnp.ndarray:
     """Index of a candidate's (GPU, TP, PP, DP) layout in [num_layouts]."""
     index = jnp.zeros(digits.shape[:-1], jnp.int32)
-    for axis in range(len(LAYOUT_AXES)):
+    for axis in LAYOUT_AXES:
         index = index * sizes[axis] + digits[..., axis]
     return index
 
-
-def chunk_starts(grid: Grid, chunk_size: int):
-    """Yield (start index, base digits) of each chunk (host-side, Python ints)."""
-    for start in range(0, grid.size, chunk_size):
-        yield start, grid.digits_of(start)

@@ -82,7 +82,10 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             z_shared, _ = fit.fit_serving(fit.fit_data(train, train_gpus), train_gpus, np.stack([fit.free_vector(priors[g]) for g in train_gpus]), shared=True, steps=steps)
             held_params = {g: dict(priors[g]) for g in gpus}
             held_params[held].update(fit.values_of(z_shared[0]))
-            report["held_out"][held] = accuracy([r for r in fit_rows if r["gpu"] == held], held_params)
+            held_rows = [r for r in fit_rows if r["gpu"] == held]
+            report["held_out"][held] = accuracy(held_rows, held_params)
+            for model in sorted({r["model"] for r in held_rows}):
+                report["held_out"][f"{held}/{model}"] = accuracy([r for r in held_rows if r["model"] == model], held_params)
             log(f"held out {held}: {report['held_out'][held]}")
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):
         other = [r for r in _usable(rows) if r.get("backend") == backend]

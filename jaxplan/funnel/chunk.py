@@ -19,8 +19,9 @@ from jaxplan.funnel.memory import memory
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.structure import structure
 from jaxplan.funnel.tables import NEG_INF, BestTable, merge_chunk
-from jaxplan.grid import Candidates, decode, layout_index
+from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_digits, layout_index
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take
+from jaxplan.physics.steady_state import prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
 
 FRONTIER_GPU_BINS = 64  # quarter-octave bins of GPU count
@@ -117,24 +118,72 @@ def fold(state: SweepState, ctx: SweepContext, c: Candidates, ev: Evaluated) -> 
     return SweepState(layouts, frontier)
 
 
+def outer_sieves(ctx: SweepContext, outer: Candidates):
+    """Stages 1-3 and the demand-independent part of stage 4 for DP-less configurations [Co].
+
+    Returns (structure reason without the GPU-budget check, memory/capacity reason, blocks, Prepared)."""
+    hw = take(ctx.hardware, outer.gpu_index)
+    layout = layout_of(outer)
+    s1 = structure(ctx.model, hw, outer, jnp.inf, ctx.allow_multi_node)
+    s2 = memory(ctx.model, hw, layout, max_context_tokens(ctx.workload), ctx.gpu_memory_utilization, ctx.block_size_tokens)
+    s3, b_max, bound, blocks = capacity(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, ctx.block_size_tokens)
+    later = jnp.where(s2 == Reason.ADMITTED, s3, s2)
+    prepared = prepare(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, (b_max, bound))
+    return s1, later, blocks, prepared
+
+
+def combine_reasons(s1, later, over_budget) -> jnp.ndarray:
+    """The flat funnel's first-failure order: TP/PP/node checks, then the budget, then the rest."""
+    before_budget = (s1 == Reason.TP_HEADS) | (s1 == Reason.PP_LAYERS) | (s1 == Reason.NODE_FIT)
+    reason = jnp.where(before_budget, s1, jnp.where(over_budget, jnp.int32(Reason.GPU_BUDGET), s1))
+    return jnp.where(reason == Reason.ADMITTED, later, reason)
+
+
 def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, page_size: int):
-    """One device's share of a chunk: cheap sieves on all of it, then stages 3-4 only on the
-    survivors, gathered into pages of `page_size` (a while loop runs as many pages as needed)."""
-    c = decode(ctx.axis_values, ctx.sizes, base_digits, offsets)
-    early = cheap_sieves(ctx, c)
-    order, survivors = compact(early == Reason.ADMITTED)
-    counts = histogram(jnp.where(early == Reason.ADMITTED, jnp.int32(Reason.PADDING), early))
+    """One device's share of a chunk, factorised over DP (the innermost axis).
+
+    The chunk is Co DP-less configurations x |DP|. Stages 1-3 and the demand-independent part of
+    stage 4 run once per configuration [Co]; the GPU-budget check runs on [Co, DP]; the rest of
+    stage 4 runs only on the survivors, gathered into pages of `page_size` (a while loop runs as
+    many pages as needed). Offsets are contiguous and start at a multiple of |DP|."""
+    num_dp = ctx.axis_values[DP_AXIS].shape[0]
+    outer_offsets = offsets[::num_dp] // num_dp
+    outer_digits, outer_valid = decode_digits(ctx.sizes[:DP_AXIS], base_digits[:DP_AXIS], outer_offsets)
+    first_dp = jnp.zeros((outer_digits.shape[0], 1), jnp.int32)
+    outer = candidates_from_digits(ctx.axis_values, jnp.concatenate([outer_digits, first_dp], axis=1), outer_valid)
+    s1, later, _, prepared = outer_sieves(ctx, outer)
+
+    dp_values = ctx.axis_values[DP_AXIS]
+    over_budget = outer.tensor_parallel_size[:, None] * outer.pipeline_parallel_size[:, None] * dp_values[None, :] > ctx.gpu_budget
+    reason = combine_reasons(s1[:, None], later[:, None], over_budget)  # [Co, DP]
+    reason = jnp.where(outer_valid[:, None], reason, jnp.int32(Reason.PADDING)).reshape(-1)
+    order, survivors = compact(reason == Reason.ADMITTED)
+    counts = histogram(jnp.where(reason == Reason.ADMITTED, jnp.int32(Reason.PADDING), reason))
 
     def body(carry):
         page, state, counts = carry
         position = page * page_size + jnp.arange(page_size, dtype=jnp.int32)
-        picked = jax.tree.map(lambda field: field[order[jnp.minimum(position, order.shape[0] - 1)]], c)
-        picked = picked._replace(valid=position < survivors)
-        ev = evaluate(ctx, picked)
+        flat = order[jnp.minimum(position, order.shape[0] - 1)]
+        which, dp_digit = flat // num_dp, flat % num_dp
+        digits = jnp.concatenate([outer_digits[which], dp_digit[:, None]], axis=1)
+        picked = candidates_from_digits(ctx.axis_values, digits, position < survivors)
+        ev = evaluate_survivors(ctx, picked, jax.tree.map(lambda x: x[which], prepared))
         return page + 1, fold(state, ctx, picked, ev), counts + histogram(ev.reason)
 
     _, state, counts = jax.lax.while_loop(lambda carry: carry[0] * page_size < survivors, body, (jnp.int32(0), state, counts))
     return state, counts
+
+
+def evaluate_survivors(ctx: SweepContext, c: Candidates, prepared) -> Evaluated:
+    """Stage 4 for candidates that passed stages 1-3 (invalid ones come back as PADDING)."""
+    hw = take(ctx.hardware, c.gpu_index)
+    layout = layout_of(c)
+    capacity_known = (prepared.b_max, prepared.bound)
+    s4, est, per_million, hourly, score = estimate_stage(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, capacity_known, prepared)
+    reason = jnp.where(c.valid, s4, jnp.int32(Reason.PADDING))
+    finite = jnp.isfinite(score) & jnp.isfinite(est.output_tokens_per_s)
+    score = jnp.where((reason == Reason.ADMITTED) & finite, score, NEG_INF)
+    return Evaluated(reason, score, layout, est, per_million, hourly, jnp.zeros_like(score), est.bound)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "mesh", "page_size"))
@@ -161,9 +210,7 @@ def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray, model: ModelShape) -> Evaluated:
     ctx = ctx._replace(model=model)
-    columns = [digits[:, a] for a in range(digits.shape[1])]
-    values = [ctx.axis_values[a][columns[a]] for a in range(len(columns))]
-    c = Candidates(digits, jnp.ones(digits.shape[0], bool), columns[0], *values[1:])
+    c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     return evaluate(ctx, c)
 
 

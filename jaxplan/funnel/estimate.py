@@ -14,11 +14,12 @@ HOUR_S = 3600.0
 TIE_BREAK = 0.01  # weight of the secondary objective in the log score
 
 
-def estimate_stage(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity):
+def estimate_stage(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity, prepared=None):
     """(reason [C], Estimate, cost per million output tokens [C] USD, hourly cost [C] USD, score [C]).
 
-    `capacity` = (slots b_max [C], bound code [C]) from stage 3."""
-    est: Estimate = estimate(model, hw, layout, w, gpu_memory_utilization, capacity)
+    `capacity` = (slots b_max [C], bound code [C]) from stage 3; `prepared` its demand-independent
+    part (steady_state.prepare) when already computed."""
+    est: Estimate = estimate(model, hw, layout, w, gpu_memory_utilization, capacity, prepared)
     hourly_usd = layout.num_gpus * hw.price_usd_per_hour
     per_million = hourly_usd / jnp.maximum(est.output_tokens_per_s * HOUR_S, 1e-9) * 1e6
     reason = first_failure(

@@ -24,7 +24,7 @@ from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import DESCRIPTION, NUM_REASONS, RELAX, STAGE_OF, Reason
 from jaxplan.funnel.shortlist import shortlist
 from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
-from jaxplan.grid import AXES, Grid
+from jaxplan.grid import AXES, DP_AXIS, Grid
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import hardware_table, model_shape
 from jaxplan.physics.traffic import max_context_tokens, workload_params
@@ -34,6 +34,7 @@ from jaxplan.specs.space import SearchSpace
 from jaxplan.specs.workload import Workload
 
 DEFAULT_CHUNK = 1 << 16
+REPORT_ROWS = FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS  # rows evaluated for reports, padded to one shape
 PAGES_PER_CHUNK = 4  # stages 3-4 run on survivors in pages of chunk / devices / 4
 STAGE_NAMES = {1: "structure", 2: "memory", 3: "capacity", 4: "estimate", 5: "frontier", 6: "shortlist"}
 
@@ -138,13 +139,15 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     """Stream chunks part[0], part[0] + part[1], ... of the grid through stages 1-4 on the local devices."""
     mesh = device_mesh()
     num_devices = mesh.devices.size
-    chunk_size = max(num_devices, (min(chunk_size, max(grid.size, 1)) + num_devices - 1) // num_devices * num_devices)
+    # Every device's share must hold whole runs of the DP axis (the funnel factorises over DP).
+    unit = num_devices * grid.sizes[DP_AXIS]
+    chunk_size = max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
     sharding = NamedSharding(mesh, PartitionSpec("candidates"))
     offsets = jax.device_put(jnp.arange(chunk_size, dtype=jnp.int32), sharding)
     num_axes = len(AXES)
     one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
     state = jax.device_put(jax.tree.map(lambda x: jnp.stack([x] * num_devices), one), sharding)
-    page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 1)
+    page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
     run_chunk = functools.partial(sweep_chunk, model=ctx.model, mesh=mesh, page_size=page_size)
     arrays = ctx._replace(model=None)
 
@@ -237,7 +240,10 @@ def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
     """Readable rows (axis values + metrics) for candidates given by digits [K, A]."""
     if len(digits) == 0:
         return []
-    ev = jax.device_get(evaluate_digits(ctx, jnp.asarray(digits, jnp.int32)))
+    # Pad to a fixed size so the shortlist and the frontier share one compilation.
+    padded = np.zeros((max(REPORT_ROWS, len(digits)), digits.shape[1]), np.int32)
+    padded[: len(digits)] = digits
+    ev = jax.device_get(evaluate_digits(ctx, jnp.asarray(padded)))
     rows = []
     for i, d in enumerate(digits):
         row = grid.describe(d)

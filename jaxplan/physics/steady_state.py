@@ -113,15 +113,42 @@ def max_concurrency(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
     return jnp.min(caps, axis=0), jnp.argmin(caps, axis=0).astype(jnp.int32)
 
 
-def poisson_concurrency(model, hw, layout, w, rate, b_max, full_slot_s):
-    """Solve Little's law b = rate x slot_time(b) on [b_lo, b_max] by secant steps.
+class Prepared(NamedTuple):
+    """What the estimate needs that does not depend on the demand per replica (DP, rate, concurrency):
+    computed once per (GPU, TP, PP, knobs, dtypes) and shared by every DP value. Fields [C]."""
+
+    b_max: jnp.ndarray
+    bound: jnp.ndarray
+    full_slot_s: jnp.ndarray  # slot time at b_max
+    low_b: jnp.ndarray  # the secant's lower bracket
+    low_slot_s: jnp.ndarray  # slot time there
+    admission: jnp.ndarray  # admission_limit
+
+
+def prepare(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity=None) -> Prepared:
+    """The demand-independent part of `estimate` (ignores layout.data_parallel_size)."""
+    b_max, bound = capacity if capacity is not None else max_concurrency(model, hw, layout, w, gpu_memory_utilization)
+    b_max = jnp.maximum(b_max, 1e-3)
+    low_b = jnp.minimum(b_max, 1e-2)
+    return Prepared(
+        b_max, bound,
+        slot_time_s(_steps(model, hw, layout, w, b_max), w),
+        low_b,
+        slot_time_s(_steps(model, hw, layout, w, low_b), w),
+        admission_limit(model, hw, layout, w, gpu_memory_utilization),
+    )
+
+
+def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
+    """Solve Little's law b = rate x slot_time(b) on [b_lo, b_max] by regula falsi.
 
     slot_time(b) is close to affine in b (weights amortised, KV reads linear), so two
-    secant steps from the bracket (b_lo, b_max) land within a fraction of a percent.
+    steps from the bracket (b_lo, b_max) land within a few percent of b.
     """
-    b_lo = jnp.minimum(b_max, 1e-2)
-    g_lo = rate * slot_time_s(_steps(model, hw, layout, w, b_lo), w) - b_lo
-    b_hi, g_hi = b_max, rate * full_slot_s - b_max
+    b_max = prep.b_max
+    b_lo = prep.low_b
+    g_lo = rate * prep.low_slot_s - b_lo
+    b_hi, g_hi = b_max, rate * prep.full_slot_s - b_max
     saturated = g_hi >= 0
     b = b_hi
     for _ in range(SECANT_ITERATIONS):  # regula falsi: keep the root bracketed
@@ -133,17 +160,17 @@ def poisson_concurrency(model, hw, layout, w, rate, b_max, full_slot_s):
     return jnp.where(saturated, b_max, b)
 
 
-def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity=None) -> Estimate:
-    """Steady-state estimate per candidate (elementwise over [C]); `capacity` = max_concurrency(...) if known."""
-    b_max, bound = capacity if capacity is not None else max_concurrency(model, hw, layout, w, gpu_memory_utilization)
-    b_max = jnp.maximum(b_max, 1e-3)
+def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity=None, prepared: Prepared | None = None) -> Estimate:
+    """Steady-state estimate per candidate (elementwise over [C]).
+
+    `capacity` = max_concurrency(...) and `prepared` = prepare(...) may be passed in when known."""
+    prep = prepared if prepared is not None else prepare(model, hw, layout, w, gpu_memory_utilization, capacity)
+    b_max, bound, full_slot_s = prep.b_max, prep.bound, prep.full_slot_s
     dp = layout.data_parallel_size
     rate = w.request_rate_per_s / dp
     poisson = w.arrival_code == 0
 
-    full = _steps(model, hw, layout, w, b_max)
-    full_slot_s = slot_time_s(full, w)
-    b_poisson = poisson_concurrency(model, hw, layout, w, rate, b_max, full_slot_s)
+    b_poisson = poisson_concurrency(model, hw, layout, w, rate, prep)
     b_closed = jnp.minimum(b_max, jnp.maximum(w.concurrency / dp, 1e-3))
     b = jnp.where(poisson, b_poisson, b_closed)
     bound = jnp.where(b < 0.999 * b_max, BOUND_DEMAND, bound)
@@ -161,7 +188,7 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # Closed loop / burst: requests beyond what the engine admits wait in line. vLLM admits a request
     # while its prompt's blocks fit (not its mean context): the excess over the steady-state b is
     # admitted and later preempted, which slows throughput (b) rather than the first token.
-    admitted = jnp.maximum(b, admission_limit(model, hw, layout, w, gpu_memory_utilization))
+    admitted = jnp.maximum(b, prep.admission)
     queued = jnp.maximum(w.concurrency / dp - admitted, 0.0)
     line_wait = queued * slot_s / b
     burst = w.arrival_code == 1
@@ -190,8 +217,9 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # towards TTFT, and the decode steps carry no prefill.
     tpot_mean = sync * steps.decode_s + (1.0 - sync) * steps.mean_s
     tpot_p99 = tpot_mean + P99_Z * spread
-    output_per_replica = w.osl_tokens * b / slot_s
-    throughput = dp * output_per_replica
+    # A stable open loop serves exactly what arrives; otherwise b requests share the slot time.
+    served = dp * w.osl_tokens * b / slot_s
+    throughput = jnp.where(poisson & (utilization < 1.0), w.request_rate_per_s * w.osl_tokens, served)
     return Estimate(
         output_tokens_per_s=throughput,
         requests_per_s=throughput / w.osl_tokens,

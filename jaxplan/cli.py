@@ -68,6 +68,46 @@ def _progress():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
 
+def _sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price):
+    """Load and validate the inputs shared by sweep and sensitivity."""
+    from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+    from jaxplan.specs.workload import Arrival
+
+    model_spec = load_model(model)
+    gpu_specs = parse_gpu_list(gpus)
+    prices = parse_prices(price)
+    unknown = set(prices) - {g.name for g in gpu_specs}
+    if unknown:
+        raise bad_value("--price", sorted(unknown)[0], f"not among --gpus ({gpus})")
+    gpu_specs = tuple(g.with_price(prices[g.name]) if g.name in prices else g for g in gpu_specs)
+    workload_spec = load_workload(workload)
+    changes = {}
+    if target_throughput is not None:
+        changes["target_output_tokens_per_s"] = target_throughput
+    if rate is not None:
+        changes.update(arrival=Arrival.POISSON, request_rate_per_s=rate)
+    if changes:
+        workload_spec = _replace(workload_spec, **changes)
+    space_spec = load_space(space)
+    if budget is not None:
+        space_spec = space_spec.replace(gpu_budget=budget)
+    return model_spec, gpu_specs, workload_spec, space_spec
+
+
+def _run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=1 << 16, params=None):
+    from jaxplan.funnel.sweep import run_sweep
+
+    out.print(f"[bold]{model_spec.describe()}[/]", highlight=False)
+    out.print(workload_spec.describe(), highlight=False)
+    with _progress() as progress:
+        task = progress.add_task("sweeping", total=space_spec.size(len(gpu_specs)))
+        return run_sweep(
+            model_spec, gpu_specs, workload_spec, space_spec, top_k=top, chunk_size=chunk_size,
+            params_path=str(params) if params else None,
+            progress=lambda done, total: progress.update(task, completed=done),
+        )
+
+
 @app.command()
 @clean_errors
 def sweep(
@@ -85,41 +125,11 @@ def sweep(
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
 ) -> None:
     """Search the whole grid: funnel counts, the top configurations and a ready `vllm serve` command."""
-    from jaxplan.funnel.sweep import run_sweep
     from jaxplan.report.tables import funnel_table, rows_table
     from jaxplan.report.vllm_command import vllm_serve_command
-    from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 
-    model_spec = load_model(model)
-    gpu_specs = parse_gpu_list(gpus)
-    prices = parse_prices(price)
-    unknown = set(prices) - {g.name for g in gpu_specs}
-    if unknown:
-        raise bad_value("--price", sorted(unknown)[0], f"not among --gpus ({gpus})")
-    gpu_specs = tuple(g.with_price(prices[g.name]) if g.name in prices else g for g in gpu_specs)
-    workload_spec = load_workload(workload)
-    changes = {}
-    if target_throughput is not None:
-        changes["target_output_tokens_per_s"] = target_throughput
-    if rate is not None:
-        from jaxplan.specs.workload import Arrival
-
-        changes.update(arrival=Arrival.POISSON, request_rate_per_s=rate)
-    if changes:
-        workload_spec = _replace(workload_spec, **changes)
-    space_spec = load_space(space)
-    if budget is not None:
-        space_spec = space_spec.replace(gpu_budget=budget)
-
-    out.print(f"[bold]{model_spec.describe()}[/]", highlight=False)
-    out.print(workload_spec.describe(), highlight=False)
-    with _progress() as progress:
-        task = progress.add_task("sweeping", total=space_spec.size(len(gpu_specs)))
-        result = run_sweep(
-            model_spec, gpu_specs, workload_spec, space_spec, top_k=top, chunk_size=chunk_size,
-            params_path=str(params) if params else None,
-            progress=lambda done, total: progress.update(task, completed=done),
-        )
+    model_spec, gpu_specs, workload_spec, space_spec = _sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    result = _run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size, params)
     out.print(funnel_table(result))
     out.print("7 replay: not run (the step-by-step replay is not part of this build yet); ranking is stage 4's.", style="dim")
     report = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command)
@@ -173,6 +183,54 @@ def sweep_report(result, gpu_memory_utilization: float, command) -> dict:
         "winner": winner,
         "empty_explanation": None if result.shortlist else result.empty_explanation(),
     }
+
+
+@app.command()
+@clean_errors
+def sensitivity(
+    model: Annotated[str, typer.Option(help="Bundled name, Hugging Face id or a config.json path.")] = "llama-3.1-70b",
+    gpus: Annotated[str, typer.Option(help="Comma-separated GPU types.")] = "h100_sxm,h200_sxm",
+    workload: Annotated[str, typer.Option(help="Bundled workload or a .toml path.")] = "coding",
+    space: Annotated[str, typer.Option(help="Bundled search space or a .toml path.")] = "default",
+    budget: Annotated[Optional[int], typer.Option(min=1, help="GPU budget.")] = None,
+    target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s.")] = None,
+    rate: Annotated[Optional[float], typer.Option(min=0.0, help="Override the Poisson request rate (requests/s).")] = None,
+    top: Annotated[int, typer.Option(min=1, max=200, help="Finalists to analyse.")] = 10,
+    price: Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write the sensitivities here.")] = None,
+) -> None:
+    """How fragile is the answer? Elasticities (d log metric / d log parameter) of each finalist's
+    throughput, TTFT, TPOT and cost to ISL, OSL, arrival rate / concurrency and prefix hit rate."""
+    from rich.table import Table
+
+    from jaxplan.report.tables import layout_label
+    from jaxplan.sensitivity import for_rows
+
+    model_spec, gpu_specs, workload_spec, space_spec = _sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    result = _run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top)
+    if not result.shortlist:
+        raise PlanError(result.empty_explanation())
+    sens = for_rows(result, result.shortlist)
+    short = {"isl_tokens": "ISL", "osl_tokens": "OSL", "request_rate_per_s": "rate", "prefix_hit_rate": "hit +10pt", "concurrency": "conc"}
+    for m, metric in enumerate(sens.metrics):
+        table = Table(title=f"Elasticity of {metric} (d log {metric} / d log parameter; 0.5 = +1% parameter -> +0.5%)")
+        table.add_column("#", justify="right")
+        table.add_column("finalist")
+        table.add_column(f"{metric}", justify="right")
+        for p in sens.parameters:
+            table.add_column(short[p], justify="right")
+        for i, row in enumerate(result.shortlist):
+            cells = [f"{sens.elasticity[i, m, k]:+.2f}" for k in range(len(sens.parameters))]
+            table.add_row(str(i + 1), f"{row['gpu']} {layout_label(row)}", f"{sens.values[i, m]:.4g}", *cells)
+        out.print(table)
+    if json_path:
+        payload = {
+            "parameters": list(sens.parameters), "metrics": list(sens.metrics),
+            "finalists": [{k: v for k, v in r.items() if k != "digits"} for r in result.shortlist],
+            "values": sens.values.tolist(), "derivative": sens.derivative.tolist(), "elasticity": sens.elasticity.tolist(),
+        }
+        json_path.write_text(json.dumps(payload, indent=2, default=_json_default))
+        out.print(f"wrote {json_path}")
 
 
 class Method(str, enum.Enum):

@@ -17,9 +17,14 @@ def funnel_table(result) -> Table:
     table.add_column("admitted", justify="right")
     table.add_column("rejected", justify="right")
     table.add_column("main reasons")
+    table.add_column("time", justify="right")
     for s in result.stages:
         reasons = "; ".join(f"{name} ({n:,})" for name, n in list(s.reasons.items())[:2])
-        table.add_row(f"{s.stage} {s.name}", f"{s.admitted:,}", f"{s.rejected:,}", reasons)
+        if s.stage == 1:
+            when = f"{s.seconds:.2f} s (1-4 fused)"
+        else:
+            when = "" if s.seconds is None else f"{s.seconds:.2f} s"
+        table.add_row(f"{s.stage} {s.name}", f"{s.admitted:,}", f"{s.rejected:,}", reasons, when)
     table.caption = f"compile {result.compile_s:.1f} s, stages 1-4 streamed in {result.run_s:.2f} s ({result.grid.size / max(result.run_s, 1e-9):,.0f} candidates/s)"
     return table
 

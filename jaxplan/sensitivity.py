@@ -1,0 +1,87 @@
+"""Sensitivity of the stage-4 answer to the workload: derivatives and elasticities by forward-mode AD.
+
+For finalists (layouts [F]) and the workload's continuous parameters θ
+(mean ISL, mean OSL, arrival rate, prefix-cache hit rate, concurrency), computes
+d metric / d θ and the elasticity d log metric / d log θ for output throughput,
+mean TTFT, mean TPOT and cost per million output tokens.
+
+Where the physics has kinks the gradient is the one-sided gradient of the
+binding term (min/max select a branch; the prefill chunk count uses a
+straight-through ceil: exact value, gradient of the unrounded count; the KV
+footprint is not rounded to blocks) -- see physics/steady_state.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxplan.funnel.estimate import HOUR_S
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape
+from jaxplan.physics.steady_state import estimate
+from jaxplan.physics.traffic import WorkloadParams
+
+PARAMETERS = ("isl_tokens", "osl_tokens", "request_rate_per_s", "prefix_hit_rate", "concurrency")
+METRICS = ("output_tokens_per_s", "ttft_mean_s", "tpot_mean_s", "cost_per_million_usd")
+HIT_STEP = 0.1  # the hit rate's "elasticity" is per +10 percentage points
+
+
+class Sensitivity(NamedTuple):
+    """values [F, M]; derivative [F, M, P] (metric units per parameter unit); elasticity [F, M, P]
+    (d log metric / d log parameter; for the prefix hit rate: relative change per +0.1)."""
+
+    values: np.ndarray
+    derivative: np.ndarray
+    elasticity: np.ndarray
+    parameters: tuple[str, ...]
+    metrics: tuple[str, ...] = METRICS
+
+
+def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization) -> jnp.ndarray:
+    """[F, M] stage-4 metrics (SI units; cost in USD per million output tokens)."""
+    est = estimate(model, hw, layout, w, gpu_memory_utilization)
+    hourly = layout.num_gpus * hw.price_usd_per_hour
+    cost = hourly / (est.output_tokens_per_s * HOUR_S) * 1e6
+    return jnp.stack([est.output_tokens_per_s, est.ttft_mean_s, est.tpot_mean_s, cost], axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "parameters"))
+def _jacobian(model, hw, layout, w, gpu_memory_utilization, parameters):
+    theta = jnp.stack([getattr(w, p) for p in parameters])
+
+    def f(theta):
+        return metrics_of(model, hw, layout, w._replace(**dict(zip(parameters, theta))), gpu_memory_utilization)
+
+    return f(theta), jax.jacfwd(f)(theta), theta
+
+
+def sensitivities(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, parameters=None) -> Sensitivity:
+    """Derivatives and elasticities of METRICS for finalists [F] w.r.t. the workload parameters that
+    apply (the arrival rate only for Poisson traffic, concurrency only for closed loops and bursts)."""
+    if parameters is None:
+        poisson = float(w.arrival_code) == 0.0
+        parameters = tuple(p for p in PARAMETERS if p != ("concurrency" if poisson else "request_rate_per_s"))
+    values, jac, theta = jax.device_get(_jacobian(model, hw, layout, w, gpu_memory_utilization, tuple(parameters)))
+    # Prefix hit rate is a fraction that is often 0: report its semi-elasticity per +10 points
+    # (relative change of the metric when the hit rate rises by 0.1) instead of d log / d log.
+    scale = np.array([HIT_STEP if p == "prefix_hit_rate" else t for p, t in zip(parameters, theta)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        elasticity = jac * scale[None, None, :] / values[:, :, None]
+    elasticity = np.where(np.isfinite(elasticity), elasticity, 0.0)
+    return Sensitivity(values, jac, elasticity, tuple(parameters))
+
+
+def for_rows(result, rows: list[dict]) -> Sensitivity:
+    """Sensitivities of sweep rows (e.g. the shortlist) under the sweep's workload."""
+    from jaxplan.funnel.chunk import layout_of
+    from jaxplan.grid import candidates_from_digits
+    from jaxplan.physics.shapes import take
+
+    ctx = result.context
+    digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
+    c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(len(rows), bool))
+    return sensitivities(ctx.model, take(ctx.hardware, c.gpu_index), layout_of(c), ctx.workload, ctx.gpu_memory_utilization)

@@ -1,0 +1,69 @@
+"""Sensitivities: forward-mode derivatives agree with finite differences; signs the physics fixes.
+
+Every call passes all PARAMETERS so that one compilation per model serves every workload."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxplan.physics import efficiency_for, hardware_table, make_layout, model_shape, take, workload_params
+from jaxplan.sensitivity import METRICS, PARAMETERS, metrics_of as _metrics_of, sensitivities
+
+metrics_of = jax.jit(_metrics_of, static_argnames=("model",))
+from jaxplan.specs import load_gpu, load_model, load_workload
+
+
+def setup(model="llama-3.1-70b", tp=(2.0, 4.0, 8.0), dp=(4.0, 2.0, 1.0)):
+    gpus = (load_gpu("h100_sxm"),)
+    hw = take(hardware_table(gpus, efficiency_for(["h100_sxm"])), jnp.zeros(len(tp), jnp.int32))
+    layout = make_layout(tp=jnp.array(tp), dp=jnp.array(dp), weight_bytes=1, kv_bytes=1, max_num_seqs=256, max_num_batched_tokens=8192)
+    return model_shape(load_model(model)), hw, layout
+
+
+@pytest.mark.parametrize("workload", ["reasoning", "chat", "rl-rollout"])
+def test_derivatives_match_central_differences(workload):
+    model, hw, layout = setup()
+    w = workload_params(load_workload(workload))
+    sens = sensitivities(model, hw, layout, w, 0.9, PARAMETERS)
+    assert np.all(np.isfinite(sens.derivative))
+    for k, name in enumerate(sens.parameters):
+        base = float(getattr(w, name))
+        step = 1e-3 * max(abs(base), 1.0) if name != "prefix_hit_rate" else 1e-3
+        up = np.asarray(metrics_of(model, hw, layout, w._replace(**{name: jnp.float32(base + step)}), 0.9))
+        down = np.asarray(metrics_of(model, hw, layout, w._replace(**{name: jnp.float32(max(base - step, 0.0))}), 0.9))
+        fd = (up - down) / (base + step - max(base - step, 0.0))
+        # float32 metrics: central differences carry ~1e-4 relative noise; kinks (min/max/ceil)
+        # make one-sided gradients, so allow 5% relative or a small absolute slack.
+        scale = np.maximum(np.abs(sens.values), 1e-9)
+        np.testing.assert_allclose(sens.derivative[:, :, k] / scale, fd / scale, rtol=0.05, atol=2e-3 / max(abs(base), 1e-3) * 10)
+
+
+def test_tpot_rises_with_osl_when_kv_bound():
+    # Reasoning traffic: each request's KV grows to ISL + OSL, so longer outputs read more KV per step.
+    model, hw, layout = setup()
+    sens = sensitivities(model, hw, layout, workload_params(load_workload("reasoning")), 0.9, PARAMETERS)
+    tpot, osl = METRICS.index("tpot_mean_s"), sens.parameters.index("osl_tokens")
+    assert np.all(sens.derivative[:, tpot, osl] > 0)
+
+
+def test_throughput_rises_with_prefix_hits_when_prefill_bound():
+    # Offline coding traffic (8,000-token prompts, 300-token answers): prefill dominates, and cached
+    # prefix tokens need no compute, so a higher hit rate must raise throughput.
+    model, hw, layout = setup()
+    w = workload_params(load_workload("coding"), arrival_code=1.0, concurrency=2000.0, request_rate_per_s=0.0, ttft_slo_s=np.inf)
+    sens = sensitivities(model, hw, layout, w, 0.9, PARAMETERS)
+    thr, hit = METRICS.index("output_tokens_per_s"), sens.parameters.index("prefix_hit_rate")
+    assert np.all(sens.derivative[:, thr, hit] > 0)
+
+
+def test_gradients_finite_for_every_bundled_workload_and_model():
+    # One model of each attention/FFN kind: hybrid linear attention, sliding window, MoE + MLA.
+    for model_name in ("qwen3.5-27b", "gemma-3-27b", "deepseek-v3"):
+        model, hw, layout = setup(model_name, tp=(8.0,), dp=(1.0,))
+        for workload in ("coding", "chat", "reasoning", "rl-rollout"):
+            sens = sensitivities(model, hw, layout, workload_params(load_workload(workload)), 0.9, PARAMETERS)
+            finite_values = np.isfinite(sens.values)
+            assert np.all(np.isfinite(sens.derivative[finite_values])), (model_name, workload)

@@ -122,6 +122,9 @@ def sweep(
     price: Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")] = None,
     chunk_size: Annotated[int, typer.Option(min=1024, max=1 << 24, help="Candidates per streamed chunk.")] = 1 << 16,
     params: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")] = None,
+    replay: Annotated[bool, typer.Option(help="Stage 7: replay the finalists step by step and re-rank them.")] = True,
+    replay_requests: Annotated[int, typer.Option(min=10, max=1_000_000, help="Requests per replay (sampled from the workload, seeded).")] = 2000,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
 ) -> None:
     """Search the whole grid: funnel counts, the top configurations and a ready `vllm serve` command."""
@@ -131,10 +134,23 @@ def sweep(
     model_spec, gpu_specs, workload_spec, space_spec = _sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
     result = _run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size, params)
     out.print(funnel_table(result))
-    out.print("7 replay: not run (the step-by-step replay is not part of this build yet); ranking is stage 4's.", style="dim")
-    report = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command)
+    replayed = None
+    if replay and result.shortlist:
+        import time as _time
+
+        from jaxplan.funnel.replay_stage import replay_rows
+
+        t0 = _time.perf_counter()
+        with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
+            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed)
+        out.print(f"7 replay: {len(replayed)} finalists x {replayed[0]['replay_requests']:,} requests in {_time.perf_counter() - t0:.1f} s; re-ranked by replayed metrics", highlight=False)
+    elif not replay:
+        out.print("7 replay: skipped (--no-replay); ranking is stage 4's.", style="dim")
+    report = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
     if result.shortlist:
-        out.print(rows_table(result.shortlist, f"Top {len(result.shortlist)} configurations (one per GPU/TP/PP/DP layout)"))
+        final = replayed or result.shortlist
+        title = "re-ranked by the replay" if replayed else "ranked by stage 4"
+        out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}"))
         out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
     else:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False)
@@ -164,9 +180,10 @@ def _finite(value):
     return value
 
 
-def sweep_report(result, gpu_memory_utilization: float, command) -> dict:
+def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:
     clean = lambda row: {k: _finite(v) for k, v in row.items()}  # noqa: E731
-    winner = dict(clean(result.winner), vllm_serve=command(result.model, result.winner, gpu_memory_utilization)) if result.winner else None
+    best = replayed[0] if replayed else result.winner
+    winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization)) if best else None
     return {
         "model": dataclasses.asdict(result.model),
         "workload": dataclasses.asdict(result.workload),
@@ -174,7 +191,7 @@ def sweep_report(result, gpu_memory_utilization: float, command) -> dict:
         "gpus": [dataclasses.asdict(g) for g in result.grid.gpus],
         "grid_size": result.grid.size,
         "funnel": [dataclasses.asdict(s) for s in result.stages],
-        "replay": "not run: stage 7 is not part of this build yet",
+        "replay": [clean(r) for r in replayed] if replayed else None,
         "compile_s": result.compile_s,
         "run_s": result.run_s,
         "num_devices": result.num_devices,

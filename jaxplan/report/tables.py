@@ -8,6 +8,8 @@ from jaxplan.physics.steady_state import BOUND_NAMES
 
 
 def _ms(seconds: float) -> str:
+    if seconds != seconds:
+        return "-"
     return "inf" if seconds == float("inf") else f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:,.1f}"
 
 
@@ -41,10 +43,17 @@ def rows_table(rows: list[dict], title: str) -> Table:
         ("TPOT p99 ms", "right"), ("$/M tok", "right"), ("binds", "left"),
     ):
         table.add_column(name, justify=justify)
+    replayed = bool(rows) and "replay_output_tokens_per_s" in rows[0]
+    if replayed:
+        for name in ("replay tok/s", "replay TTFT p99 ms", "replay TPOT p99 ms", "SLO met"):
+            table.add_column(name, justify="right")
     for i, r in enumerate(rows, start=1):
-        table.add_row(
+        cells = [
             str(i), r["gpu"], layout_label(r), str(r["num_gpus"]), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
             f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}", f"{r['output_tokens_per_s_per_gpu']:,.0f}",
             _ms(r["ttft_p99_s"]), _ms(r["tpot_p99_s"]), f"{r['cost_per_million_output_tokens_usd']:.2f}", BOUND_NAMES[r["bound"]],
-        )
+        ]
+        if replayed:
+            cells += [f"{r['replay_output_tokens_per_s']:,.0f}", _ms(r["replay_ttft_p99_s"]), _ms(r["replay_tpot_p99_s"]), f"{r['replay_slo_attainment']:.0%}"]
+        table.add_row(*cells)
     return table

@@ -1,0 +1,61 @@
+"""ReplayConfig: the per-finalist scheduler capacities the replay needs.
+
+Every field but `block_size` is an int32 array of shape [F] (one entry per
+finalist); they are traced values inside the replay, so finalists that differ
+in any of them share one compiled program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxplan.errors import bad_value
+
+# Most allowed per field. Token and block sums stay below 2**24 so that the
+# replay's float32 prefix sums are exact; 4,096 running requests per replica.
+LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+    """vLLM scheduler capacities per finalist, each an int32 array [F].
+
+    max_num_seqs: most running requests per replica (vLLM `max_num_seqs`).
+    max_num_batched_tokens: token budget of one scheduler step per replica.
+    num_kv_blocks: KV-cache blocks per replica (from the physics' memory model).
+    data_parallel_size: replicas, each with its own scheduler and KV cache.
+    block_size: tokens per KV block (static, shared by all finalists).
+    """
+
+    max_num_seqs: np.ndarray
+    max_num_batched_tokens: np.ndarray
+    num_kv_blocks: np.ndarray
+    data_parallel_size: np.ndarray
+    block_size: int = dataclasses.field(default=16, metadata={"static": True})
+
+    @staticmethod
+    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16) -> ReplayConfig:
+        """Broadcast scalars / sequences to int32 arrays [F] and validate them (PlanError naming the field)."""
+        raw = (max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size)
+        try:
+            values = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in raw))
+        except (TypeError, ValueError) as err:
+            raise bad_value("ReplayConfig fields", [np.shape(v) for v in raw], f"must be numbers broadcasting to one [F] shape ({err})") from None
+        fields = {}
+        for (name, most), value in zip(LIMITS.items(), values):
+            if value.ndim != 1:
+                raise bad_value(name, value.shape, "must be a scalar or a 1-D array [F]", where="ReplayConfig")
+            if not np.all(np.isfinite(value)) or np.any(value != np.round(value)) or np.any(value < 1) or np.any(value > most):
+                raise bad_value(name, value.tolist()[:8], f"must be integers in 1..{most:,}", where="ReplayConfig")
+            fields[name] = value.astype(np.int32)
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or not 1 <= block_size <= 4096:
+            raise bad_value("block_size", block_size, "must be an integer in 1..4096 tokens", where="ReplayConfig")
+        return ReplayConfig(**fields, block_size=block_size)
+
+    @property
+    def num_finalists(self) -> int:
+        return int(np.shape(self.max_num_seqs)[0])

@@ -1,0 +1,305 @@
+"""Host driver: vmap the lane scheduler over every replica of every finalist.
+
+One `lax.while_loop` advances all lanes together (one lane per finalist, its
+replicas replayed one after the other) until every lane is done; a lane that
+is done stops changing. The loop runs at most `chunk` iterations per call; the
+host calls it again on the returned state (same shapes, same compiled program)
+until all lanes finish or `max_iterations` is spent, in which case the
+unfinished requests are reported.
+Slot rows (requests in flight per replica) are a fixed capacity too: a lane
+that needs more stops before that step, and the host widens every lane's
+tables (one more compile) and resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxplan.errors import bad_value
+from jaxplan.replay.config import ReplayConfig
+from jaxplan.replay.metrics import ReplayMetrics, summarize
+from jaxplan.replay.scheduler import LaneInput, lane_done
+from jaxplan.replay.state import (
+    NPRE,
+    STEP_FIRST,
+    T_ADMIT,
+    TTFT,
+    K,
+    LaneState,
+    empty_rows,
+    init_lane,
+)
+from jaxplan.replay.step import lane_step
+from jaxplan.replay.traffic import Requests, build_lanes, routing_dp
+from jaxplan.specs.workload import Arrival, Workload
+
+DEFAULT_WINDOW = 128
+INITIAL_SLOTS = 32  # slot rows per lane to start with
+
+
+class ReplayTrace(NamedTuple):
+    """Raw replay results. Per request [F, R]; per replica [F, D]; steps count per replica from 0."""
+
+    first_token_step: jnp.ndarray  # [F, R] int32 step (of its replica) whose end gave the first token; -1 none
+    finish_step: jnp.ndarray  # [F, R] int32 step that gave the last token; -1 unfinished
+    preemptions: jnp.ndarray  # [F, R] int32 times the request was preempted
+    arrival_s: jnp.ndarray  # [F, R] float32 s (inf: never submitted)
+    admit_s: jnp.ndarray  # [F, R] float32 s of the first admission (nan: never)
+    ttft_s: jnp.ndarray  # [F, R] float32 s arrival -> first token (nan: none)
+    e2e_s: jnp.ndarray  # [F, R] float32 s arrival -> last token (nan: unfinished)
+    replica: jnp.ndarray  # [F, R] int32 replica the request was routed to
+    prompt_tokens: jnp.ndarray  # [R] int32
+    output_tokens: jnp.ndarray  # [R] int32
+    replica_active: jnp.ndarray  # [F, D] bool (d < routed replicas)
+    replica_steps: jnp.ndarray  # [F, D] int32 steps executed
+    replica_iterations: jnp.ndarray  # [F, D] int32 loop iterations (a decode jump counts once)
+    replica_clock_s: jnp.ndarray  # [F, D] float32 s when its last step ended
+    replica_preemptions: jnp.ndarray  # [F, D] int32
+    replica_tokens_out: jnp.ndarray  # [F, D] int32 output tokens produced
+    replica_peak_kv_blocks: jnp.ndarray  # [F, D] int32 most KV blocks in use in one step
+    replica_stalled: jnp.ndarray  # [F, D] bool: a request could never fit; replica stopped
+    replica_done: jnp.ndarray  # [F, D] bool: finished (or stalled) within max_iterations
+    replica_overflow: jnp.ndarray  # [F, D] bool: ran out of slot rows (only if the caller fixed num_slots)
+    replica_batch_sum: jnp.ndarray  # [F, D] float32 sum over steps of scheduled requests
+    replica_kv_sum: jnp.ndarray  # [F, D] float32 sum over steps of KV blocks in use
+    num_kv_blocks: jnp.ndarray  # [F] int32
+    itl_hist: jnp.ndarray  # [F, ITL_BINS] int32 inter-token gaps (all replicas)
+
+
+@functools.partial(jax.jit, static_argnames=("num_slots", "max_dp"))
+def _start(requests: Requests, config: ReplayConfig, closed_concurrency, *, num_slots: int, max_dp: int):
+    lanes = build_lanes(requests, config, closed_concurrency, max_dp)
+    pad = jnp.zeros((lanes.stream.shape[0], 3, num_slots), jnp.int32)
+    inputs = LaneInput(
+        jnp.concatenate([pad, jnp.swapaxes(lanes.stream, 1, 2), pad], axis=2),
+        lanes.seg_start,
+        lanes.seg_count,
+        lanes.seg_initial,
+        lanes.num_replicas,
+        lanes.closed,
+        lanes.max_num_seqs,
+        lanes.budget,
+        lanes.num_kv_blocks,
+    )
+    state = jax.vmap(lambda arr, sub: init_lane(arr, sub, max_dp, num_slots))(lanes.arrival, lanes.seg_initial[:, 0])
+    return inputs, state, lanes.position
+
+
+@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size"), donate_argnames=("state",))
+def _advance(inputs: LaneInput, state: LaneState, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int):
+    """Up to `max_iterations` iterations of every lane; stops early when all are done,
+    or (if `grow`) as soon as a lane is out of slot rows (it is frozen before that step)."""
+    step = jax.vmap(functools.partial(lane_step, step_time_fn=step_time_fn, window=window, block_size=block_size), in_axes=(0, 0, 0, None))
+
+    def cond(carry):
+        st, it = carry
+        return (it < max_iterations) & ~jnp.all(lane_done(st, inputs)) & ~(grow & jnp.any(st.overflow))
+
+    def body(carry):
+        st, it = carry
+        return step(st, inputs, step_params, grow), it + 1
+
+    return jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
+
+
+@jax.jit
+def _demand(inputs: LaneInput, state: LaneState):
+    """Requests each lane wants in flight now: running, preempted, arrived and waiting. [F]."""
+    num_s = state.run_i.shape[-1]
+    num_r = state.rec_i.shape[-1]
+
+    def one(st: LaneState, lane: LaneInput):
+        hot = jnp.arange(st.rep_steps.shape[0]) == st.replica
+        seg_end = jnp.sum(jnp.where(hot, lane.seg_start + lane.seg_count, 0))
+        p = jnp.arange(num_r)
+        waiting = (p >= st.next_k) & (p < seg_end) & (st.arrival[num_s : num_s + num_r] <= st.clock_hi + st.clock_lo)
+        return st.n_run + st.n_pq + jnp.sum(waiting)
+
+    return jax.vmap(one)(state, inputs)
+
+
+@functools.partial(jax.jit, static_argnames=("num_slots",))
+def _grow(inputs: LaneInput, state: LaneState, *, num_slots: int):
+    """The same lanes with `num_slots` slot rows (more than before); resumes exactly."""
+    old = state.run_i.shape[-1]
+    extra = num_slots - old
+    e_i, e_f = jax.vmap(lambda _: empty_rows(extra))(state.n_run)
+    widen = lambda x, e: jnp.concatenate([x, e], axis=-1)
+    pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
+    pad_zero = jnp.zeros(inputs.stream.shape[:-1] + (extra,), jnp.int32)
+    state = state._replace(
+        run_i=widen(state.run_i, e_i),
+        run_f=widen(state.run_f, e_f),
+        pq_i=widen(state.pq_i, e_i),
+        pq_f=widen(state.pq_f, e_f),
+        arrival=jnp.concatenate([pad_inf, state.arrival, pad_inf], axis=-1),
+        overflow=jnp.zeros_like(state.overflow),
+    )
+    return inputs._replace(stream=jnp.concatenate([pad_zero, inputs.stream, pad_zero], axis=-1)), state
+
+
+@jax.jit
+def _finish(requests: Requests, inputs: LaneInput, state: LaneState, position) -> ReplayTrace:
+    num_r = requests.prompt_tokens.shape[0]
+    num_d = state.rep_steps.shape[1]
+
+    def flush(st: LaneState):  # records of requests still in flight
+        rec_i, rec_f = st.rec_i, st.rec_f
+        for ints, floats, count in ((st.run_i, st.run_f, st.n_run), (st.pq_i, st.pq_f, st.n_pq)):
+            live = jnp.arange(ints.shape[1]) < count
+            idx = jnp.where(live, ints[K], num_r)
+            rec_i = rec_i.at[:, idx].set(jnp.stack([ints[STEP_FIRST], jnp.full_like(ints[K], -1), ints[NPRE]]), mode="drop")
+            rec_f = rec_f.at[:, idx].set(jnp.stack([floats[TTFT], jnp.full_like(floats[TTFT], jnp.nan), floats[T_ADMIT]]), mode="drop")
+        return rec_i, rec_f
+
+    rec_i, rec_f = jax.vmap(flush)(state)
+    num_s = state.run_i.shape[2]
+    take = lambda x: jnp.take_along_axis(x, position, axis=1)
+    gi = jnp.stack([take(rec_i[:, c]) for c in range(3)], -1)  # [F, R, 3] by request
+    gf = jnp.stack([take(rec_f[:, c]) for c in range(3)], -1)
+    dp = inputs.num_replicas
+    replica = jnp.arange(num_r, dtype=jnp.int32)[None, :] % dp[:, None]
+    return ReplayTrace(
+        first_token_step=gi[..., 0],
+        finish_step=gi[..., 1],
+        preemptions=gi[..., 2],
+        arrival_s=take(state.arrival[:, num_s : num_s + num_r]),
+        admit_s=gf[..., 2],
+        ttft_s=gf[..., 0],
+        e2e_s=gf[..., 1],
+        replica=replica,
+        prompt_tokens=jnp.asarray(requests.prompt_tokens, jnp.int32),
+        output_tokens=jnp.asarray(requests.output_tokens, jnp.int32),
+        replica_active=jnp.arange(num_d)[None, :] < dp[:, None],
+        replica_steps=state.rep_steps,
+        replica_iterations=state.rep_iterations,
+        replica_clock_s=state.rep_clock,
+        replica_preemptions=state.rep_preemptions,
+        replica_tokens_out=state.rep_tokens_out,
+        replica_peak_kv_blocks=state.rep_peak_kv,
+        replica_stalled=state.rep_stalled,
+        replica_done=jax.vmap(lane_done)(state, inputs)[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None]),
+        replica_overflow=state.overflow[:, None] & (jnp.arange(num_d)[None, :] < dp[:, None]),
+        replica_batch_sum=state.rep_batch.sum(-1),
+        replica_kv_sum=state.rep_kv.sum(-1),
+        num_kv_blocks=inputs.num_kv_blocks,
+        itl_hist=state.itl_hist,
+    )
+
+
+def _checked(requests: Requests, closed: int) -> Requests:
+    """Requests as device arrays, after host-side checks of what the replay assumes."""
+    prompt, osl, hit, arrival = (np.asarray(x) for x in requests)
+    if not (prompt.ndim == 1 and prompt.shape == osl.shape == hit.shape == arrival.shape and prompt.size >= 1):
+        raise bad_value("requests", [x.shape for x in (prompt, osl, hit, arrival)], "need four 1-D arrays of one length R >= 1")
+    if prompt.min() < 1 or osl.min() < 1 or hit.min() < 0 or max(prompt.max(), osl.max()) > 2**26:
+        raise bad_value("requests", (int(prompt.min()), int(osl.min()), int(hit.min())), "prompt and output tokens must be in 1..2**26, prefix hits >= 0")
+    if not closed and (not np.all(np.isfinite(arrival)) or arrival.min() < 0 or np.any(np.diff(arrival) < 0)):
+        raise bad_value("requests.arrival_s", arrival[:4].tolist(), "must be finite, >= 0 seconds and nondecreasing")
+    return Requests(jnp.asarray(prompt, jnp.int32), jnp.asarray(osl, jnp.int32), jnp.asarray(hit, jnp.int32), jnp.asarray(arrival, jnp.float32))
+
+
+def _bucket(value: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, value))))
+
+
+def _closed_concurrency(workload: Workload) -> int:
+    return int(workload.concurrency) if workload.arrival == Arrival.CLOSED else 0
+
+
+def simulate_trace(
+    configs: ReplayConfig,
+    requests: Requests,
+    workload: Workload,
+    step_time_fn: Callable,
+    step_params,
+    *,
+    window: int = DEFAULT_WINDOW,
+    max_iterations: int = 50_000_000,
+    chunk: int = 1 << 20,
+    num_slots: int | None = None,
+    max_replicas: int | None = None,
+) -> ReplayTrace:
+    """Replay `requests` on every finalist; raw per-request and per-replica results.
+
+    configs: ReplayConfig with arrays [F]. requests: one Requests set [R] for all.
+    workload: its arrival kind (closed loop uses `concurrency`).
+    step_time_fn(params, StepBatch) -> seconds (float32 scalar), with params one
+        finalist's slice of `step_params`; it must be a hashable, reused function
+        (it is a static argument: a new lambda per call recompiles).
+    step_params: PyTree of arrays with leading axis [F].
+    window: most steps one decode jump may cover (1 = step by step).
+    max_iterations: loop iterations before giving up (unfinished requests are reported).
+    num_slots: rows for requests in flight per replica (static). Default: start at
+        min(32, max_num_seqs) and, when a replica needs more, resume with enough for
+        every request then in flight or waiting (at least twice as many).
+        A fixed value is never exceeded: replicas that would need more are flagged
+        in `replica_overflow` (their results are then not exact).
+    max_replicas: padded replica count (static); default max(data_parallel_size)
+        rounded up to a power of two, so that nearby configs share one program.
+    """
+    if not isinstance(configs, ReplayConfig):
+        raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
+    if not isinstance(window, int) or window < 1:
+        raise bad_value("window", window, "must be an integer >= 1 steps")
+    num_f = configs.num_finalists
+    leaves = jax.tree.leaves(step_params)
+    if any(np.shape(x)[:1] != (num_f,) for x in leaves):
+        raise bad_value("step_params", [np.shape(x) for x in leaves][:4], f"every leaf needs a leading finalist axis of {num_f}")
+    closed = _closed_concurrency(workload)
+    max_seqs = int(np.max(configs.max_num_seqs))
+    dp_routed = np.asarray(routing_dp(configs.data_parallel_size, closed))
+    max_dp = _bucket(int(dp_routed.max())) if max_replicas is None else max_replicas
+    if max_dp < int(dp_routed.max()):
+        raise bad_value("max_replicas", max_replicas, f"must cover data_parallel_size {int(dp_routed.max())}")
+    if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
+        raise bad_value("num_slots", num_slots, "must be an integer >= 1")
+    slots = num_slots if num_slots is not None else min(_bucket(max_seqs), INITIAL_SLOTS)
+    reqs = _checked(requests, closed)
+    inputs, state, position = _start(reqs, configs, jnp.asarray(closed, jnp.int32), num_slots=slots, max_dp=max_dp)
+    used = 0
+    while used < max_iterations:
+        grow = num_slots is None and slots < max_seqs
+        budget = min(chunk, max_iterations - used)
+        state, ran = _advance(
+            inputs,
+            state,
+            step_params,
+            jnp.asarray(budget, jnp.int32),
+            jnp.asarray(grow),
+            step_time_fn=step_time_fn,
+            window=window,
+            block_size=configs.block_size,
+        )
+        used += int(ran)
+        if bool(jnp.all(jax.vmap(lane_done)(state, inputs))):
+            break
+        if grow and bool(jnp.any(state.overflow)):
+            # more requests in flight than rows: resume where it stopped, with more rows
+            slots = min(max(2 * slots, _bucket(int(jnp.max(_demand(inputs, state))))), _bucket(max_seqs))
+            inputs, state = _grow(inputs, state, num_slots=slots)
+    return _finish(reqs, inputs, state, position)
+
+
+def simulate(
+    configs: ReplayConfig,
+    requests: Requests,
+    workload: Workload,
+    step_time_fn: Callable,
+    step_params,
+    *,
+    window: int = DEFAULT_WINDOW,
+    max_iterations: int = 50_000_000,
+    series_points: int = 64,
+    **kwargs,
+) -> ReplayMetrics:
+    """Replay and summarise: ReplayMetrics with leading axis [F] (see simulate_trace for arguments)."""
+    trace = simulate_trace(configs, requests, workload, step_time_fn, step_params, window=window, max_iterations=max_iterations, **kwargs)
+    return summarize(trace, workload, series_points=series_points)

@@ -1,0 +1,209 @@
+"""A plain-Python reference of the replay's scheduler, written for clarity, not speed.
+
+It implements the same vLLM-V1-style semantics as `jaxplan.replay.scheduler`
+(see that module's docstring) with ordinary lists and loops, one replica at a
+time, one step at a time. The JAX replay must match it exactly (step counts,
+the step of each request's first token and finish, preemptions) whenever the
+arithmetic on times is exact (e.g. dyadic step times and arrivals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxplan.replay.traffic import Requests
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+@dataclasses.dataclass
+class RefRequest:
+    rid: int
+    prompt: int
+    osl: int
+    hit: int  # prefix-cache hit tokens, whole blocks, <= prompt - 1
+    arrival: float | None  # None: not submitted yet (closed loop)
+    computed: int = 0  # tokens in KV (vLLM num_computed_tokens)
+    out: int = 0  # output tokens produced so far
+    preemptions: int = 0
+    admit_time: float | None = None
+    first_token_step: int = -1
+    first_token_time: float | None = None
+    finish_step: int = -1
+    finish_time: float | None = None
+
+
+@dataclasses.dataclass
+class RefReplica:
+    steps: int = 0
+    clock: float = 0.0  # the scheduler's clock, seconds
+    last_step_end: float = 0.0  # when its last step ended, seconds
+    preemptions: int = 0
+    peak_kv_blocks: int = 0
+    stalled: bool = False
+    tokens_out: int = 0
+
+
+@dataclasses.dataclass
+class RefResult:
+    requests: list[RefRequest]  # indexed by global request id
+    replicas: list[RefReplica]
+
+
+def run_replica(
+    stream: list[RefRequest],
+    *,
+    max_num_seqs: int,
+    budget: int,
+    num_kv_blocks: int,
+    block_size: int,
+    step_time: Callable[[dict], float],
+    closed: bool,
+    max_steps: int = 10**7,
+) -> RefReplica:
+    """Replay one replica's request stream (in routing order) step by step."""
+    bs = block_size
+    rep = RefReplica()
+    pending = deque(stream)  # not yet arrived, in stream order
+    waiting: deque[RefRequest] = deque()  # FCFS; preempted requests go to the front
+    running: list[RefRequest] = []  # in order of (re)admission
+    while rep.steps < max_steps:
+        while pending and pending[0].arrival is not None and pending[0].arrival <= rep.clock:
+            waiting.append(pending.popleft())
+        if not running and not waiting:
+            if not pending or pending[0].arrival is None:
+                break
+            rep.clock = pending[0].arrival  # idle until the next arrival
+            continue
+
+        # A request that cannot fit even alone can never finish: stop the replica.
+        head = running[0] if running else waiting[0]
+        head_kv = head.computed if running else head.hit
+        head_new = min(head.prompt + head.out - head_kv, budget)
+        if _blocks(head_kv + head_new, bs) > num_kv_blocks:
+            rep.stalled = True
+            break
+
+        token_budget = budget
+        free = num_kv_blocks - sum(_blocks(r.computed, bs) for r in running)
+        scheduled: list[tuple[RefRequest, int, int]] = []  # (request, new tokens, tokens in KV before)
+        preempted_any = False
+        i = 0
+        # 1. Running requests, in order: the next prefill chunk, or one decode token.
+        while i < len(running) and token_budget > 0:
+            req = running[i]
+            new = min(req.prompt + req.out - req.computed, token_budget)
+            need = _blocks(req.computed + new, bs) - _blocks(req.computed, bs)
+            self_preempted = False
+            while need > free:  # preempt the most recently admitted running request
+                victim = running.pop()
+                free += _blocks(victim.computed, bs)
+                victim.computed = 0
+                victim.preemptions += 1
+                rep.preemptions += 1
+                waiting.appendleft(victim)
+                preempted_any = True
+                if victim is req:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            free -= need
+            token_budget -= new
+            scheduled.append((req, new, req.computed))
+            i += 1
+        # 2. Waiting requests, FCFS, only in a step without preemption.
+        if not preempted_any:
+            while waiting and token_budget > 0 and len(running) < max_num_seqs:
+                req = waiting[0]
+                new = min(req.prompt + req.out - req.hit, token_budget)
+                need = _blocks(req.hit + new, bs)
+                if need > free:
+                    break
+                waiting.popleft()
+                running.append(req)
+                req.computed = req.hit
+                if req.admit_time is None:
+                    req.admit_time = rep.clock
+                free -= need
+                token_budget -= new
+                scheduled.append((req, new, req.hit))
+        assert scheduled, "the oldest request always gets a token once it fits alone"
+        rep.peak_kv_blocks = max(rep.peak_kv_blocks, num_kv_blocks - free)
+
+        # 3. Execute the step.
+        batch = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "decode_context_tokens": 0.0, "prefill_attention_pairs": 0.0, "prefill_seqs": 0.0}
+        for req, new, before in scheduled:
+            if req.out >= 1 and before == req.prompt + req.out - 1:
+                batch["decode_tokens"] += 1
+                batch["decode_context_tokens"] += before + 1
+            else:
+                batch["prefill_tokens"] += new
+                batch["prefill_attention_pairs"] += new * (before + new / 2)
+                batch["prefill_seqs"] += 1
+        end = rep.clock + step_time(batch)
+        for req, new, before in scheduled:
+            req.computed = before + new
+            if req.computed == req.prompt + req.out:  # the step samples a token for it
+                req.out += 1
+                rep.tokens_out += 1
+                if req.out == 1:
+                    req.first_token_step, req.first_token_time = rep.steps, end
+                if req.out >= req.osl:
+                    req.finish_step, req.finish_time = rep.steps, end
+                    running.remove(req)
+                    if closed:  # the client sends its next request
+                        nxt = next((p for p in pending if p.arrival is None), None)
+                        if nxt is not None:
+                            nxt.arrival = end
+        rep.clock = rep.last_step_end = end
+        rep.steps += 1
+    return rep
+
+
+def reference_replay(
+    requests: Requests,
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    num_kv_blocks: int,
+    data_parallel_size: int = 1,
+    block_size: int = 16,
+    step_time: Callable[[dict], float],
+    closed_concurrency: int = 0,
+) -> RefResult:
+    """Replay one finalist: round-robin routing, one independent scheduler per replica.
+
+    step_time(batch) -> seconds, where batch is a dict with the StepBatch field names.
+    closed_concurrency: 0 for open loop; else N requests in flight, split over
+    min(dp, N) replicas round-robin, each replica's client sending its next
+    request when one of its requests finishes.
+    """
+    num_r = len(requests.prompt_tokens)
+    dp = data_parallel_size if closed_concurrency <= 0 else min(data_parallel_size, closed_concurrency)
+    reqs = []
+    for i in range(num_r):
+        prompt = int(requests.prompt_tokens[i])
+        hit = (max(0, min(int(requests.prefix_hit_tokens[i]), prompt - 1)) // block_size) * block_size
+        arrival = float(np.float32(requests.arrival_s[i])) if closed_concurrency <= 0 else (0.0 if i < closed_concurrency else None)
+        reqs.append(RefRequest(i, prompt, int(requests.output_tokens[i]), hit, arrival))
+    replicas = []
+    for d in range(dp):
+        replicas.append(
+            run_replica(
+                reqs[d::dp],
+                max_num_seqs=max_num_seqs,
+                budget=max_num_batched_tokens,
+                num_kv_blocks=num_kv_blocks,
+                block_size=block_size,
+                step_time=step_time,
+                closed=closed_concurrency > 0,
+            )
+        )
+    return RefResult(reqs, replicas)

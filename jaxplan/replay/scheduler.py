@@ -1,0 +1,202 @@
+"""Which tokens each request gets in one step of one replica: vLLM V1's scheduler, vectorised.
+
+Each step of a replica (clock t, token budget B = max_num_batched_tokens):
+
+1. Requests with arrival <= t join the back of the waiting queue (FCFS).
+   With nothing running and nothing waiting, the clock jumps to the next arrival.
+2. Running requests, in order of (re)admission, take min(tokens left to
+   compute, budget left) tokens: one decode token, or the next prompt chunk
+   (chunked prefill). Once the budget is spent the rest wait for the next step.
+   A request needs ceil((KV tokens + new tokens) / block_size) KV blocks; when
+   the free blocks do not suffice, the most recently admitted running request
+   is preempted (KV freed, back to the front of the waiting queue, recomputed
+   from scratch later) until they do, or until the request itself was the one
+   preempted, which ends this phase.
+3. Only if nothing was preempted in this step: waiting requests are admitted
+   in FCFS order while budget > 0, running < max_num_seqs and free blocks
+   cover their first chunk; the first that does not fit stops admission. A
+   prefix-cache hit (whole blocks, at most prompt - 1 tokens) is counted as
+   KV the request holds (its blocks are not shared) but is not computed. A
+   preempted request recomputes prompt + outputs so far (minus the same hit).
+4. The step takes step_time_fn(params, StepBatch) seconds (see execute.py).
+
+A replica whose oldest request cannot fit in its KV cache even alone stops
+(stalled): that request could never finish.
+
+Vectorised form: every "in order, until the first that does not fit" loop of
+vLLM is a prefix of the ordered table, found with cumulative sums; e.g. the
+running requests that survive preemption are those whose cumulative new
+blocks fit in the free blocks plus the blocks of every request after them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxplan.replay.ops import F32, I32, cdiv, cumsum, materialize
+from jaxplan.replay.state import COMP, HIT, OUT, PROMPT, LaneState
+
+
+class LaneInput(NamedTuple):
+    """One lane's (finalist's) static inputs: request stream, replica segments, capacities."""
+
+    stream: jnp.ndarray  # [3, S + R + S] int32 (prompt, osl, hit) at offset S
+    seg_start: jnp.ndarray  # [D] int32 first stream position of each replica
+    seg_count: jnp.ndarray  # [D] int32 requests of each replica
+    seg_initial: jnp.ndarray  # [D] int32 requests submitted at t = 0 (closed loop; else all)
+    num_replicas: jnp.ndarray  # int32
+    closed: jnp.ndarray  # bool: closed loop
+    max_num_seqs: jnp.ndarray  # int32
+    budget: jnp.ndarray  # int32 max_num_batched_tokens
+    num_kv_blocks: jnp.ndarray  # int32
+
+
+def lane_done(st: LaneState, lane: LaneInput):
+    """Every replica of the lane is done (or stalled). Scalar bool."""
+    return st.finished & (st.replica + 1 >= lane.num_replicas)
+
+
+class Replica(NamedTuple):
+    """The replica this iteration works on (the next one if the last finished). Scalars."""
+
+    switch: jnp.ndarray  # bool: starting a new replica now
+    index: jnp.ndarray  # int32 replica number
+    hot: jnp.ndarray  # [D] bool one-hot of `index`
+    seg_end: jnp.ndarray  # int32 end of its stream segment
+    n_run: jnp.ndarray
+    n_pq: jnp.ndarray
+    next_k: jnp.ndarray
+    submitted: jnp.ndarray
+    clock_hi: jnp.ndarray
+    clock_lo: jnp.ndarray
+    steps: jnp.ndarray
+    active: jnp.ndarray  # bool: not done
+
+
+def current_replica(st: LaneState, lane: LaneInput) -> Replica:
+    """Replicas run one after the other: start the next one when the current is done."""
+    switch = st.finished & (st.replica + 1 < lane.num_replicas)
+    index = st.replica + switch.astype(I32)
+    hot = jnp.arange(st.rep_steps.shape[0], dtype=I32) == index
+    pick = lambda per_replica: jnp.sum(jnp.where(hot, per_replica, 0))
+    seg_start = pick(lane.seg_start)
+    restart = lambda fresh, old: jnp.where(switch, fresh, old)
+    return Replica(
+        switch=switch,
+        index=index,
+        hot=hot,
+        seg_end=seg_start + pick(lane.seg_count),
+        n_run=restart(0, st.n_run),
+        n_pq=restart(0, st.n_pq),
+        next_k=restart(seg_start, st.next_k),
+        submitted=restart(seg_start + pick(lane.seg_initial), st.submitted),
+        clock_hi=restart(0.0, st.clock_hi).astype(F32),
+        clock_lo=restart(0.0, st.clock_lo).astype(F32),
+        steps=restart(0, st.steps),
+        active=~st.finished | switch,
+    )
+
+
+class Queue(NamedTuple):
+    """The waiting queue's first S requests (preempted ones first) and the step's clock."""
+
+    cand_i: jnp.ndarray  # [NI, S] int32 fields of each candidate
+    cand_f: jnp.ndarray  # [NF, S] float32 fields
+    valid: jnp.ndarray  # [S] bool: a request that has arrived and waits
+    n_wait: jnp.ndarray  # int32 (capped at S)
+    t_next: jnp.ndarray  # float32 s: next arrival not yet waiting (inf: none)
+    clock_hi: jnp.ndarray  # float32 s: step start (after sleeping until an arrival)
+    clock_lo: jnp.ndarray
+    nothing_left: jnp.ndarray  # bool: idle, and no request will ever arrive
+
+
+def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica) -> Queue:
+    """Preempted rows first, then the stream from next_k (a window of S); sleep if idle."""
+    num_s = st.run_i.shape[1]
+    pos = jnp.arange(num_s, dtype=I32)
+    base = num_s + rep.next_k - rep.n_pq
+    w_i = jax.lax.dynamic_slice_in_dim(lane.stream, base, num_s, axis=1)  # [3, S]
+    w_pos = rep.next_k + pos - rep.n_pq
+    from_pq = pos < rep.n_pq
+    w_arr = jnp.where(from_pq | (w_pos >= rep.seg_end), jnp.inf, jax.lax.dynamic_slice_in_dim(st.arrival, base, num_s))
+    t_first = jnp.min(w_arr)
+    idle = (rep.n_run == 0) & (rep.n_pq == 0) & (t_first > rep.clock_hi + rep.clock_lo)
+    wake = idle & jnp.isfinite(t_first)  # sleep until the next arrival
+    hi = jnp.where(wake, t_first, rep.clock_hi)
+    lo = jnp.where(wake, 0.0, rep.clock_lo).astype(F32)
+    arrived = w_arr <= hi + lo
+    valid = from_pq | arrived
+    zero = jnp.zeros(num_s, I32)
+    nan = jnp.full(num_s, jnp.nan, F32)
+    fresh_i = jnp.stack([w_pos, w_i[0], w_i[1], w_i[2], zero, zero, zero - 1, zero])
+    fresh_f = jnp.stack([w_arr, jnp.zeros(num_s, F32), nan, nan])
+    cand_i, cand_f = materialize(jnp.where(from_pq[None, :], st.pq_i, fresh_i), jnp.where(from_pq[None, :], st.pq_f, fresh_f))
+    return Queue(cand_i, cand_f, valid, jnp.sum(valid).astype(I32), jnp.min(jnp.where(arrived, jnp.inf, w_arr)), hi, lo, idle & ~wake)
+
+
+class Plan(NamedTuple):
+    """Who runs this step with how many tokens. Vectors [S] over the running list / the queue."""
+
+    grant: jnp.ndarray  # [S] int32 tokens for each kept running request (0 for the rest)
+    kept: jnp.ndarray  # int32 m: running requests not preempted (a prefix)
+    c_grant: jnp.ndarray  # [S] int32 tokens for each admitted candidate (0 for the rest)
+    admitted: jnp.ndarray  # int32 a: candidates admitted (a prefix)
+    used0: jnp.ndarray  # int32 KV blocks in use before the step
+    used_step: jnp.ndarray  # int32 KV blocks in use during the step
+    free0: jnp.ndarray  # int32 free KV blocks before the step
+    overflow: jnp.ndarray  # bool: admission stopped only because the S rows were full
+    stall: jnp.ndarray  # bool: the oldest request can never fit
+
+
+def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_size: int) -> Plan:
+    """vLLM's running loop (grants, preemption from the tail) and admission, as prefix sums."""
+    num_s = st.run_i.shape[1]
+    bs, budget, n = block_size, lane.budget, rep.n_run
+    pos = jnp.arange(num_s, dtype=I32)
+    r_i, c_i = st.run_i, queue.cand_i
+    valid = pos < n
+    comp = r_i[COMP]
+    want = jnp.where(valid, r_i[PROMPT] + r_i[OUT] - comp, 0)
+    alloc = jnp.where(valid, cdiv(comp, bs), 0)
+    c_hit = c_i[HIT]
+    c_want = jnp.where(queue.valid, c_i[PROMPT] + c_i[OUT] - c_hit, 0)
+    clipped = jnp.minimum(jnp.stack([want, c_want]), budget)
+    sums = cumsum(jnp.stack([clipped[0], alloc, clipped[1]]))
+    grant = jnp.clip(budget - (sums[0] - clipped[0]), 0, want)
+    need = cdiv(comp + grant, bs) - alloc
+    used0 = jnp.sum(alloc)
+    free0 = lane.num_kv_blocks - used0
+    c_room = budget - jnp.sum(grant) - (sums[2] - clipped[1])  # budget left before each candidate
+    c_grant = jnp.clip(c_room, 0, c_want)
+    c_blocks = cdiv(c_hit + c_grant, bs)
+    sums2 = cumsum(jnp.stack([need, c_blocks]))
+    # request i keeps running iff its blocks and all before it fit once every
+    # request after it is preempted; that set is a prefix of the running list.
+    ok = valid & (sums2[0] <= free0 + (used0 - sums[1]))
+    m = jnp.sum(ok).astype(I32)
+    preempt = m < n
+    need_kept = jnp.sum(jnp.where(ok, need, 0))
+    victim_alloc = jnp.sum(jnp.where(ok, 0, alloc))
+    free1 = free0 + victim_alloc - need_kept
+    seats = jnp.minimum(lane.max_num_seqs, num_s)
+    c_ok = queue.valid & (c_room > 0) & (n + pos < seats) & (sums2[1] <= free1) & ~preempt
+    a = jnp.sum(c_ok).astype(I32)
+    # Out of rows: the real scheduler might have admitted more than S requests.
+    room_next = jnp.sum(jnp.where(pos == jnp.minimum(a, num_s - 1), c_room, 0))
+    more_waiting = (queue.n_wait > a) | (queue.n_wait == num_s)
+    overflow = (n + a == num_s) & (num_s < lane.max_num_seqs) & more_waiting & (room_next > 0)
+    stall = (preempt & (m == 0)) | ((n == 0) & (queue.n_wait > 0) & (a == 0))
+    return Plan(
+        grant=jnp.where(ok, grant, 0),
+        kept=m,
+        c_grant=jnp.where(c_ok, c_grant, 0),
+        admitted=a,
+        used0=used0,
+        used_step=used0 - victim_alloc + need_kept + jnp.sum(jnp.where(c_ok, c_blocks, 0)),
+        free0=free0,
+        overflow=overflow,
+        stall=stall,
+    )

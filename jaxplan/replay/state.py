@@ -1,0 +1,147 @@
+"""Replay state: fixed-size arrays for one lane (one finalist), vmapped over finalists.
+
+A lane replays its finalist's replicas one after the other (they are
+independent schedulers); scalars describe the current replica, `rep_*`
+arrays [D] keep each replica's totals.
+
+Requests in flight live in two ordered slot tables of S columns: `run` (the
+running list, in order of admission) and `pq` (requests preempted and waiting
+for recompute, front of the waiting queue first). New requests are admitted
+only when `pq` is empty, so running + preempted never exceeds max_num_seqs.
+S may be smaller than max_num_seqs (columns are a capacity, not a limit): a
+lane that would need more raises its `overflow` flag and the host widens the
+tables (see driver.py). Never-admitted requests are not copied anywhere: they
+are the lane's stream from `next_k` on.
+
+A table is two matrices, int32 [NI, S] and float32 [NF, S] (a field per row,
+a request per column): reading or writing a field is contiguous, and moving
+requests between tables is one scatter per matrix. Times are float32
+seconds; the clock is a compensated (hi, lo) pair so that long replays (1e5+
+steps) do not lose the step times' low bits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# int32 columns of a slot table
+K, PROMPT, OSL, HIT, COMP, OUT, STEP_FIRST, NPRE = range(8)
+NI = 8  # K: index in the lane's stream; COMP: tokens in KV (vLLM num_computed_tokens, 0 when preempted);
+# OUT: output tokens so far; STEP_FIRST: step of the first token (-1 before); NPRE: times preempted
+# float32 columns
+ARRIVAL, SINCE, T_ADMIT, TTFT = range(4)
+NF = 4  # SINCE: s since the request's last token; T_ADMIT: first admission (nan before); TTFT (nan before)
+
+# Inter-token-latency histogram: bins read straight off float32 bits (exponent and
+# ITL_SUB_BITS mantissa bits), i.e. log-spaced with 2**ITL_SUB_BITS bins per octave
+# (~1.1% wide), from 2**ITL_MIN_EXP s (~15 us) up; bigger gaps land in the last bin.
+ITL_SUB_BITS = 6
+ITL_MIN_EXP = -16
+ITL_BINS = 32 << ITL_SUB_BITS  # 32 octaves: up to ~65,000 s
+
+
+class LaneState(NamedTuple):
+    """One finalist's replicas, replayed one after the other. Scalars unless noted; vmapped to [F, ...].
+
+    Scalars describe the current replica; `rep_*` arrays [D] accumulate per replica.
+    """
+
+    run_i: jnp.ndarray  # [NI, S] running list, columns (requests) < n_run valid
+    run_f: jnp.ndarray  # [NF, S]
+    n_run: jnp.ndarray
+    pq_i: jnp.ndarray  # [NI, S] preempted queue, columns < n_pq valid
+    pq_f: jnp.ndarray  # [NF, S]
+    n_pq: jnp.ndarray
+    replica: jnp.ndarray  # int32 current replica
+    finished: jnp.ndarray  # bool: the current replica is done (or stalled)
+    next_k: jnp.ndarray  # stream position of the first never-admitted request
+    submitted: jnp.ndarray  # closed loop: stream position of the next unsubmitted request
+    arrival: jnp.ndarray  # [S + R + S] float32 s, stream arrival times at offset S (inf = none / not submitted)
+    rec_i: jnp.ndarray  # [3, R] int32 by stream position: first-token step, finish step, preemptions
+    rec_f: jnp.ndarray  # [3, R] float32 s by stream position: TTFT, end-to-end latency, first admission time
+    clock_hi: jnp.ndarray  # float32 s, current replica
+    clock_lo: jnp.ndarray  # float32 s, compensation term
+    steps: jnp.ndarray  # int32 steps executed by the current replica
+    overflow: jnp.ndarray  # bool: more than S requests in flight were needed; results invalid
+    itl_hist: jnp.ndarray  # [ITL_BINS] int32 inter-token gaps
+    rep_steps: jnp.ndarray  # [D] int32
+    rep_iterations: jnp.ndarray  # [D] int32 loop iterations (a decode jump is one)
+    rep_clock: jnp.ndarray  # [D] float32 s when the replica's last step ended
+    rep_preemptions: jnp.ndarray  # [D] int32
+    rep_tokens_out: jnp.ndarray  # [D] int32 output tokens produced
+    rep_peak_kv: jnp.ndarray  # [D] int32 most KV blocks in use in one step
+    rep_stalled: jnp.ndarray  # [D] bool: a request can never fit in KV; the replica stopped
+    rep_batch: jnp.ndarray  # [D, 2] float32 compensated sum over steps of scheduled requests
+    rep_kv: jnp.ndarray  # [D, 2] float32 compensated sum over steps of KV blocks in use
+
+
+def empty_rows(num_slots: int):
+    ints = jnp.zeros((NI, num_slots), jnp.int32).at[K].set(-1).at[STEP_FIRST].set(-1)
+    floats = jnp.full((NF, num_slots), jnp.nan, jnp.float32).at[SINCE].set(0.0)
+    return ints, floats
+
+
+def init_lane(arrival, submitted, max_dp: int, num_slots: int) -> LaneState:
+    """Empty state for one lane: stream arrival times [R] (inf = not submitted), first unsubmitted position."""
+    num_r = arrival.shape[0]
+    pad = jnp.full(num_slots, jnp.inf, jnp.float32)
+    z = jnp.zeros((), jnp.int32)
+    zf = jnp.zeros((), jnp.float32)
+    zd = jnp.zeros(max_dp, jnp.int32)
+    ri, rf = empty_rows(num_slots)
+    return LaneState(
+        run_i=ri,
+        run_f=rf,
+        n_run=z,
+        pq_i=ri,
+        pq_f=rf,
+        n_pq=z,
+        replica=z,
+        finished=jnp.zeros((), bool),
+        next_k=z,
+        submitted=jnp.asarray(submitted, jnp.int32),
+        arrival=jnp.concatenate([pad, arrival.astype(jnp.float32), pad]),
+        rec_i=jnp.full((3, num_r), -1, jnp.int32).at[2].set(0),
+        rec_f=jnp.full((3, num_r), jnp.nan, jnp.float32),
+        clock_hi=zf,
+        clock_lo=zf,
+        steps=z,
+        overflow=jnp.zeros((), bool),
+        itl_hist=jnp.zeros(ITL_BINS, jnp.int32),
+        rep_steps=zd,
+        rep_iterations=zd,
+        rep_clock=jnp.zeros(max_dp, jnp.float32),
+        rep_preemptions=zd,
+        rep_tokens_out=zd,
+        rep_peak_kv=zd,
+        rep_stalled=jnp.zeros(max_dp, bool),
+        rep_batch=jnp.zeros((max_dp, 2), jnp.float32),
+        rep_kv=jnp.zeros((max_dp, 2), jnp.float32),
+    )
+
+
+def two_sum_add(hi, lo, x):
+    """(hi, lo) + x as a renormalised compensated pair (Knuth's TwoSum)."""
+    s = hi + x
+    bp = s - hi
+    err = (hi - (s - bp)) + (x - bp)
+    lo = lo + err
+    new_hi = s + lo
+    return new_hi, lo - (new_hi - s)
+
+
+def itl_bin(gap_s):
+    """Histogram bin of an inter-token gap, seconds (clipped to the ends)."""
+    bits = jax.lax.bitcast_convert_type(jnp.maximum(gap_s, 0.0).astype(jnp.float32), jnp.int32)
+    base = (127 + ITL_MIN_EXP) << ITL_SUB_BITS
+    return jnp.clip((bits >> (23 - ITL_SUB_BITS)) - base, 0, ITL_BINS - 1)
+
+
+def itl_bin_value(index):
+    """Geometric centre (almost) of ITL bin `index`, seconds."""
+    base = (127 + ITL_MIN_EXP) << ITL_SUB_BITS
+    bits = ((jnp.asarray(index, jnp.int32) + base) << (23 - ITL_SUB_BITS)) | (1 << (22 - ITL_SUB_BITS))
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)

@@ -1,0 +1,149 @@
+"""Traffic: sample requests from a workload, and route them to replicas.
+
+Requests are routed round-robin: request `i` goes to replica `i % dp`, as the
+`k = i // dp`-th request of that replica's stream. Replicas are independent
+schedulers, so a finalist's *lane* replays its replicas one after the other.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxplan.errors import bad_value
+from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
+
+INF = float("inf")
+
+
+class Requests(NamedTuple):
+    """One request set, shared by every finalist of a replay call. Shapes [R].
+
+    prompt_tokens: prompt length (ISL), tokens, >= 1.
+    output_tokens: output length (OSL), tokens, >= 1 (the request stops after that many).
+    prefix_hit_tokens: prompt tokens already in the prefix cache (rounded down to
+        whole KV blocks and capped at prompt - 1 by the scheduler).
+    arrival_s: arrival time, seconds, nondecreasing; all 0 for burst and closed loop
+        (closed-loop arrivals are decided during the replay).
+    """
+
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_hit_tokens: np.ndarray
+    arrival_s: np.ndarray
+
+    @property
+    def num_requests(self) -> int:
+        return int(np.shape(self.prompt_tokens)[0])
+
+
+def _lengths(rng: np.random.Generator, dist: LengthDistribution, mean: float, spread: float, n: int) -> np.ndarray:
+    if dist == LengthDistribution.FIXED or spread == 0:
+        values = np.full(n, mean)
+    elif dist == LengthDistribution.UNIFORM:
+        values = rng.uniform(mean * (1 - spread), mean * (1 + spread), n)
+    elif dist == LengthDistribution.LOGNORMAL:
+        sigma2 = np.log1p(spread**2)
+        values = rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2), n)
+    else:  # pragma: no cover - enum is closed
+        raise bad_value("length distribution", dist, "must be fixed, uniform or lognormal")
+    return np.clip(np.rint(values), 1, 2**26).astype(np.int32)
+
+
+def sample_requests(workload: Workload, num_requests: int | None = None, seed: int = 0) -> Requests:
+    """Sample `num_requests` (default `workload.num_requests`) requests with numpy seed `seed`.
+
+    ISL/OSL follow the workload's distributions; prefix hits are
+    `floor(prefix_hit_rate * ISL)` tokens; Poisson arrivals start at t = 0 with
+    exponential gaps of mean 1 / request_rate_per_s seconds.
+    """
+    n = workload.num_requests if num_requests is None else num_requests
+    if not isinstance(n, (int, np.integer)) or not 1 <= n <= 10_000_000:
+        raise bad_value("num_requests", n, "must be an integer in 1..10,000,000", where="sample_requests")
+    rng = np.random.default_rng(seed)
+    prompt = _lengths(rng, workload.isl_distribution, workload.isl_mean_tokens, workload.isl_spread, n)
+    output = _lengths(rng, workload.osl_distribution, workload.osl_mean_tokens, workload.osl_spread, n)
+    hit = np.floor(workload.prefix_hit_rate * prompt).astype(np.int32)
+    if workload.arrival == Arrival.POISSON:
+        gaps = rng.exponential(1.0 / workload.request_rate_per_s, n)
+        gaps[0] = 0.0
+        arrival = np.cumsum(gaps).astype(np.float32)
+    else:
+        arrival = np.zeros(n, np.float32)
+    return Requests(prompt, output, hit, arrival)
+
+
+class Lanes(NamedTuple):
+    """One lane per finalist: its replicas' request streams back to back. Leading axis [F].
+
+    Round-robin routing sends request i to replica d = i % dp as that replica's
+    k = i // dp-th request; the lane's stream holds replica 0's requests, then
+    replica 1's, ...: request i sits at position seg_start[d] + k.
+    """
+
+    ids: jnp.ndarray  # [F, R] int32 request at each stream position
+    stream: jnp.ndarray  # [F, R, 3] int32 (prompt, osl, prefix hit in whole blocks <= prompt - 1)
+    arrival: jnp.ndarray  # [F, R] float32 s; inf = not (yet) submitted
+    position: jnp.ndarray  # [F, R] int32 stream position of each request
+    seg_start: jnp.ndarray  # [F, D] int32 first stream position of each replica
+    seg_count: jnp.ndarray  # [F, D] int32 requests of each replica (0 past dp)
+    seg_initial: jnp.ndarray  # [F, D] int32 closed loop: requests submitted at t = 0
+    num_replicas: jnp.ndarray  # [F] int32 replicas that receive requests
+    closed: jnp.ndarray  # [F] bool: closed loop (a finish submits the replica's next request)
+    max_num_seqs: jnp.ndarray  # [F] int32
+    budget: jnp.ndarray  # [F] int32 max_num_batched_tokens
+    num_kv_blocks: jnp.ndarray  # [F] int32
+
+
+def routing_dp(data_parallel_size, closed_concurrency):
+    """Replicas that receive requests: dp, or min(dp, concurrency) in closed loop. [F]."""
+    dp = jnp.asarray(data_parallel_size, jnp.int32)
+    conc = jnp.asarray(closed_concurrency, jnp.int32)
+    return jnp.where(conc > 0, jnp.minimum(dp, jnp.maximum(conc, 1)), dp)
+
+
+def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> Lanes:
+    """Round-robin split of `requests` over each finalist's replicas (traceable).
+
+    closed_concurrency: 0 for open loop (arrival_s used), else the client's
+    concurrency N: replica d of a finalist with dp' routed replicas starts with
+    the ceil((N - d) / dp') requests j < N, j = d mod dp', at t = 0, and each
+    finish submits that replica's next request.
+    """
+    num_r = requests.prompt_tokens.shape[0]
+    bs = config.block_size
+    dp = routing_dp(config.data_parallel_size, closed_concurrency)[:, None]  # [F, 1]
+    d = jnp.arange(max_dp, dtype=jnp.int32)[None, :]  # [1, D]
+    count = jnp.where(d < dp, (num_r - d + dp - 1) // dp, 0)  # [F, D]
+    start = jnp.cumsum(count, axis=1) - count
+    p = jnp.arange(num_r, dtype=jnp.int32)[None, :]  # stream positions
+    rep = jnp.sum(start[:, None, 1:] <= p[:, :, None], axis=-1) if max_dp > 1 else jnp.zeros_like(p)  # [F, R]
+    k = p - jnp.take_along_axis(start, rep, axis=1)
+    ids = rep + k * dp
+    prompt = jnp.asarray(requests.prompt_tokens, jnp.int32)[ids]
+    hit_raw = jnp.asarray(requests.prefix_hit_tokens, jnp.int32)[ids]
+    hit = (jnp.clip(jnp.minimum(hit_raw, prompt - 1), 0) // bs) * bs
+    conc = jnp.asarray(closed_concurrency, jnp.int32)
+    closed = conc > 0
+    initial = jnp.minimum(count, jnp.where(d < dp, (jnp.maximum(conc - d, 0) + dp - 1) // dp, 0))
+    closed_arrival = jnp.where(k < jnp.take_along_axis(initial, rep, axis=1), 0.0, INF)
+    arrival = jnp.where(closed, closed_arrival, jnp.asarray(requests.arrival_s, jnp.float32)[ids])
+    i = jnp.arange(num_r, dtype=jnp.int32)[None, :]
+    position = jnp.take_along_axis(start, i % dp, axis=1) + i // dp
+    num_f = dp.shape[0]
+    return Lanes(
+        ids=ids,
+        stream=jnp.stack([prompt, jnp.asarray(requests.output_tokens, jnp.int32)[ids], hit], -1),
+        arrival=arrival.astype(jnp.float32),
+        position=position,
+        seg_start=start,
+        seg_count=count,
+        seg_initial=jnp.where(closed, initial, count),
+        num_replicas=dp[:, 0],
+        closed=jnp.broadcast_to(closed, (num_f,)),
+        max_num_seqs=jnp.asarray(config.max_num_seqs, jnp.int32),
+        budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32),
+        num_kv_blocks=jnp.asarray(config.num_kv_blocks, jnp.int32),
+    )

@@ -171,3 +171,54 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
             )
     return results
 
+
+
+def _row_workload(batch: RowBatch, k: int, num_requests: int | None):
+    """The replay's Workload for row k of a batch (fixed lengths, the row's arrival process)."""
+    from jaxplan.specs.workload import Arrival, Workload
+
+    w = jax.device_get(batch.workload)
+    code = int(w.arrival_code[k])
+    arrival = {0: Arrival.POISSON, 1: Arrival.BURST, 2: Arrival.CLOSED}[code]
+    count = num_requests or (int(w.concurrency[k]) if code == 1 else DEFAULT_NUM_PROMPTS)
+    return Workload(
+        name=f"row {int(batch.row_ids[k]) + 1}",
+        isl_mean_tokens=float(w.isl_tokens[k]), osl_mean_tokens=float(w.osl_tokens[k]), arrival=arrival,
+        request_rate_per_s=float(w.request_rate_per_s[k]) if code == 0 else math.inf,
+        concurrency=int(w.concurrency[k]) if code == 2 else 0,
+        num_requests=max(count, int(w.concurrency[k]) if code == 2 else 1),
+        prefix_hit_rate=float(w.prefix_hit_rate[k]),
+    )
+
+
+def replay_predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", num_requests: int | None = None, seed: int = 0) -> list[dict]:
+    """Like `predict_rows`, but each row is replayed step by step (one replay per row's workload)."""
+    from jaxplan.funnel.replay_stage import physics_step_fn
+    from jaxplan.physics.memory import kv_blocks_per_replica
+    from jaxplan.replay import ReplayConfig, sample_requests, simulate
+
+    results = [dict(row) for row in rows]
+    for batch in row_batches(rows, source):
+        names = [g.name for g in batch.gpus]
+        hw_all = take(hardware_table(batch.gpus, efficiency_for(names, params_path)), jnp.asarray(batch.gpu_index))
+        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION))
+        for k, i in enumerate(batch.row_ids):
+            if blocks[k] < 1:
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, status="does not fit: no KV cache left next to the weights; raise TP/PP or use FP8")
+                continue
+            workload = _row_workload(batch, k, num_requests)
+            pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
+            hw, layout = pick(hw_all), pick(batch.layout)
+            config = ReplayConfig.create(layout.max_num_seqs, layout.max_num_batched_tokens, blocks[k : k + 1], layout.data_parallel_size)
+            m = jax.device_get(simulate(config, sample_requests(workload, None, seed), workload, physics_step_fn(batch.model), (hw, layout)))
+            overhead_s = float(hw.request_overhead_s[0])
+            results[i].update(
+                ttft_ms_mean=(float(m.ttft.mean_s[0]) + overhead_s) * 1e3,
+                ttft_ms_p99=(float(m.ttft.p99_s[0]) + overhead_s) * 1e3,
+                tpot_ms_mean=float(m.tpot.mean_s[0]) * 1e3,
+                tpot_ms_p99=float(m.tpot.p99_s[0]) * 1e3,
+                output_tok_s=float(m.output_tokens_per_s[0]),
+                request_s=float(m.request_throughput_per_s[0]),
+                status="ok" if int(m.unfinished[0]) == 0 else f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)",
+            )
+    return results

@@ -21,7 +21,7 @@ def test_replay_tpot_matches_stage_four_without_queueing(chat_sweep):
     rows = replay_rows(chat_sweep, chat_sweep.shortlist, num_requests=400)
     assert len(rows) == len(chat_sweep.shortlist)
     for row in rows:
-        assert row["utilization"] < 0.5
+        assert row["utilization"] < 0.8  # many slots per replica: Erlang queueing is negligible below ~0.8
         assert row["replay_unfinished"] == 0
         np.testing.assert_allclose(row["replay_tpot_mean_s"], row["tpot_mean_s"], rtol=0.05)
     scores = [r["replay_score"] for r in rows]
@@ -35,3 +35,23 @@ def test_replay_is_deterministic_and_reuses_one_step_function(chat_sweep):
     # One function object per model: the replay's jit sees the same static argument and does not recompile.
     model = chat_sweep.context.model
     assert physics_step_fn(model) is physics_step_fn(model)
+
+
+def test_predict_replay_agrees_with_analytical_at_light_load_and_flags_misfits():
+    from jaxplan.predict import predict_rows, replay_predict_rows
+
+    rows = [
+        # Llama-3.1-8B on one A100 at 2 req/s of 1,000/100 tokens: lightly loaded, no queueing.
+        {"model": "llama-3.1-8b", "gpu": "a100_sxm", "tensor_parallel_size": 1, "weight_dtype": "bf16", "isl": 1000, "osl": 100, "request_rate": 2.0},
+        # Llama-3.1-70B in BF16 on one 80 GB GPU: 141 GB of weights cannot fit.
+        {"model": "llama-3.1-70b", "gpu": "h100_sxm", "tensor_parallel_size": 1, "weight_dtype": "bf16", "isl": 1000, "osl": 100, "concurrency": 8},
+    ]
+    analytical = predict_rows(rows)
+    replayed = replay_predict_rows(rows, num_requests=200)
+    assert analytical[0]["status"] == replayed[0]["status"] == "ok"
+    # Same physics, no queueing: mean TPOT within 5%, mean TTFT within 15% (Poisson arrivals
+    # occasionally share a step in the replay; the estimate averages that away).
+    np.testing.assert_allclose(replayed[0]["tpot_ms_mean"], analytical[0]["tpot_ms_mean"], rtol=0.05)
+    np.testing.assert_allclose(replayed[0]["ttft_ms_mean"], analytical[0]["ttft_ms_mean"], rtol=0.15)
+    for result in (analytical[1], replayed[1]):
+        assert result["status"].startswith("does not fit") and result["tpot_ms_mean"] is None

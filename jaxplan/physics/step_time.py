@@ -32,13 +32,14 @@ ACTIVATION_BYTES = 2.0
 
 
 def roofline(compute_s, memory_s):
-    """Smooth max(c, m) = (c + m + sqrt((c - m)^2 + (0.2 (c + m))^2)) / 2 for c, m >= 0.
+    """Smooth max(c, m) = (c + m + sqrt((c - m)^2 + (0.1 (c + m))^2)) / 2 for c, m >= 0.
 
-    Equals max(c, m) + 10% of it where c = m, tends to max(c, m) where one dominates."""
+    Equals max(c, m) + 10% of it where c = m (there the root is 0.1 x 2c), tends to max(c, m)
+    where one dominates."""
     total = compute_s + memory_s
     gap = compute_s - memory_s
     # The 1e-24 s^2 floor keeps the gradient finite where both terms are 0 (an absent operator).
-    return 0.5 * (total + jnp.sqrt(gap * gap + (2.0 * ROOFLINE_SOFTNESS * total) ** 2 + 1e-24))
+    return 0.5 * (total + jnp.sqrt(gap * gap + (ROOFLINE_SOFTNESS * total) ** 2 + 1e-24))
 
 
 class StepCost(NamedTuple):

@@ -143,7 +143,14 @@ def sweep(
         t0 = _time.perf_counter()
         with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
             replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed)
-        out.print(f"7 replay: {len(replayed)} finalists x {replayed[0]['replay_requests']:,} requests in {_time.perf_counter() - t0:.1f} s; re-ranked by replayed metrics", highlight=False)
+        from jaxplan.funnel.replay_stage import rank_agreement
+
+        agreement = rank_agreement(replayed)
+        out.print(
+            f"7 replay: {len(replayed)} finalists x {replayed[0]['replay_requests']:,} requests in {_time.perf_counter() - t0:.1f} s; "
+            f"re-ranked by replayed metrics (Spearman rank correlation with stage 4: {agreement:.2f})",
+            highlight=False,
+        )
     elif not replay:
         out.print("7 replay: skipped (--no-replay); ranking is stage 4's.", style="dim")
     report = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
@@ -153,7 +160,7 @@ def sweep(
         out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}"))
         out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
     else:
-        err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False)
+        err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
     if json_path:
         json_path.write_text(json.dumps(report, indent=2, default=_json_default))
         out.print(f"wrote {json_path}")
@@ -181,6 +188,8 @@ def _finite(value):
 
 
 def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:
+    from jaxplan.funnel.replay_stage import rank_agreement
+
     clean = lambda row: {k: _finite(v) for k, v in row.items()}  # noqa: E731
     best = replayed[0] if replayed else result.winner
     winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization)) if best else None
@@ -192,6 +201,7 @@ def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) 
         "grid_size": result.grid.size,
         "funnel": [dataclasses.asdict(s) for s in result.stages],
         "replay": [clean(r) for r in replayed] if replayed else None,
+        "replay_rank_correlation_with_stage4": _finite(rank_agreement(replayed)) if replayed else None,
         "compile_s": result.compile_s,
         "run_s": result.run_s,
         "num_devices": result.num_devices,

@@ -55,3 +55,12 @@ def test_predict_replay_agrees_with_analytical_at_light_load_and_flags_misfits()
     np.testing.assert_allclose(replayed[0]["ttft_ms_mean"], analytical[0]["ttft_ms_mean"], rtol=0.15)
     for result in (analytical[1], replayed[1]):
         assert result["status"].startswith("does not fit") and result["tpot_ms_mean"] is None
+
+
+def test_rank_agreement_is_spearman_of_the_two_scores():
+    from jaxplan.funnel.replay_stage import rank_agreement
+
+    rows = [{"score": s, "replay_score": r} for s, r in ((3.0, 30.0), (2.0, 10.0), (1.0, 20.0))]
+    # Ranks (1, 2, 3) vs (1, 3, 2): d^2 = 0 + 1 + 1 -> rho = 1 - 6 * 2 / (3 * 8) = 0.5.
+    assert rank_agreement(rows) == 0.5
+    assert rank_agreement(rows[:2]) != rank_agreement(rows[:2])  # NaN below three rows

@@ -90,6 +90,15 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     return sorted(out, key=lambda r: -r["replay_score"])
 
 
+def rank_agreement(rows: list[dict]) -> float:
+    """Spearman rank correlation between stage 4's score and the replay's over the replayed rows."""
+    from jaxplan.calibrate.metrics import spearman
+
+    if len(rows) < 3:
+        return float("nan")
+    return float(spearman([r["score"] for r in rows], [r["replay_score"] for r in rows]))
+
+
 def replay_score(row: dict, workload) -> float:
     """The funnel's objective on replayed numbers; failing candidates score below every passing one."""
     thr = max(row["replay_output_tokens_per_s"], 1e-9)

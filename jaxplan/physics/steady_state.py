@@ -38,7 +38,7 @@ from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.physics.traffic import P99_Z, WorkloadParams
 
-SECANT_ITERATIONS = 2
+SECANT_ITERATIONS = 8  # Illinois steps: slot_time(b) has kinks (prefill saturation, MoE expert coverage)
 LN_100 = 4.605  # p99 of an exponential = mean x ln(100)
 
 BOUND_MAX_NUM_SEQS, BOUND_KV_CACHE, BOUND_TOKEN_BUDGET, BOUND_DEMAND = 0, 1, 2, 3
@@ -140,23 +140,34 @@ def prepare(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, 
 
 
 def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
-    """Solve Little's law b = rate x slot_time(b) on [b_lo, b_max] by regula falsi.
+    """Solve Little's law b = rate x slot_time(b) on [b_lo, b_max] by the Illinois method.
 
-    slot_time(b) is close to affine in b (weights amortised, KV reads linear), so two
-    steps from the bracket (b_lo, b_max) land within a few percent of b.
+    slot_time(b) is piecewise close to affine, but it has kinks (where prefill chunks fill every
+    step, where a MoE batch starts touching every expert), and plain regula falsi then keeps one
+    end of the bracket fixed and crawls: two steps left b up to 40% short of the root. Illinois
+    halves the stale end's value whenever the same end is kept twice, which restores superlinear
+    convergence; SECANT_ITERATIONS steps land within a couple of percent of the root.
     """
     b_max = prep.b_max
     b_lo = prep.low_b
     g_lo = rate * prep.low_slot_s - b_lo
     b_hi, g_hi = b_max, rate * prep.full_slot_s - b_max
     saturated = g_hi >= 0
-    b = b_hi
-    for _ in range(SECANT_ITERATIONS):  # regula falsi: keep the root bracketed
+
+    def step(_, carry):  # regula falsi: keep the root bracketed
+        b_lo, g_lo, b_hi, g_hi, kept, b = carry
         b = jnp.clip(b_lo - g_lo * (b_hi - b_lo) / jnp.where(g_hi == g_lo, -1e-9, g_hi - g_lo), b_lo, b_hi)
         g = rate * slot_time_s(_steps(model, hw, layout, w, b), w) - b
         above = g >= 0
         b_lo, g_lo = jnp.where(above, b, b_lo), jnp.where(above, g, g_lo)
         b_hi, g_hi = jnp.where(above, b_hi, b), jnp.where(above, g_hi, g)
+        g_hi = jnp.where(above & (kept > 0), 0.5 * g_hi, g_hi)  # Illinois: the same end kept twice
+        g_lo = jnp.where(~above & (kept < 0), 0.5 * g_lo, g_lo)
+        return b_lo, g_lo, b_hi, g_hi, jnp.where(above, 1, -1), b
+
+    # A loop, not unrolled: 8 unrolled steps made XLA compile the gradient for minutes.
+    start = (b_lo, g_lo, b_hi, g_hi, jnp.zeros(jnp.shape(b_hi), jnp.int32), b_hi)
+    *_, b = jax.lax.fori_loop(0, SECANT_ITERATIONS, step, start)
     return jnp.where(saturated, b_max, b)
 
 
@@ -212,7 +223,9 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     ttft_mean = jnp.where(overloaded, jnp.inf, ttft_mean)
     ttft_p99 = jnp.where(overloaded, jnp.inf, ttft_p99)
 
-    spread = (steps.chunk_s - steps.decode_s) * jnp.sqrt(steps.chunk_fraction * (1.0 - steps.chunk_fraction) / w.osl_tokens)
+    # The floor keeps the gradient finite where f is clipped to 0 or 1 (sqrt'(0) = inf times 0 is NaN).
+    variance = jnp.maximum(steps.chunk_fraction * (1.0 - steps.chunk_fraction) / w.osl_tokens, 1e-12)
+    spread = (steps.chunk_s - steps.decode_s) * jnp.sqrt(variance)
     # In a lock-step wave the prompts are prefilled before the decodes start: those steps count
     # towards TTFT, and the decode steps carry no prefill.
     tpot_mean = sync * steps.decode_s + (1.0 - sync) * steps.mean_s

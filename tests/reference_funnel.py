@@ -1,0 +1,283 @@
+"""A plain-Python reference of funnel stages 1-3 (and a per-candidate stage 4 tally).
+
+Written for the tests, independently of `jaxplan.physics` and `jaxplan.funnel`: every candidate of
+the grid is visited in a Python loop (grid index order: GPU type outermost, KV dtype innermost), and
+the structure, memory and capacity sieves are re-derived here in float64 from the raw architecture
+fields of the ModelSpec (head counts, dims, layer kinds), not from `ModelSpec`'s derived counts nor
+from `ModelShape`. Stage 4 (the steady-state estimate) is too long to re-derive, so `stage4_counts`
+calls `jaxplan.funnel.estimate.estimate_stage` on the stage-3 survivors; what it checks there is the
+funnel's plumbing (paging, compaction, padding, histogramming), not the estimate's physics.
+
+The memory model being re-derived (jaxplan's documented assumptions):
+  * weights of the heaviest pipeline stage on one GPU: transformer-layer weights split evenly over
+    PP stages and over TP ranks, except GQA's K/V projections, split at most `num_kv_heads` ways
+    (replicated past that) and MoE routers (replicated); embedding and LM head are BF16 and split by
+    TP, both on the single stage when PP = 1, one each on the first/last stage when PP > 1;
+  * activations at the token budget: T x (6 hidden + 3 widest-FFN / TP) BF16 values, plus fp32
+    logits of max_num_seqs x vocab / TP;
+  * a runtime reserve of 1 GiB, plus 0.4 GiB when the replica has more than one GPU;
+  * KV: per softmax layer and token 2 x kv_heads x head_dim elements (GQA; split by min(TP, kv
+    heads)) or kv_lora_rank + rope dim (MLA; not split); sliding layers hold at most the window;
+    linear-attention layers a constant recurrent + conv state per request, split by TP;
+  * stage 2: reject when gpu_memory_utilization x HBM - weights - activations - reserve <= 0, or
+    when it is below one longest (p99) request's KV, rounded up to whole blocks;
+  * stage 3: slots = min(max_num_seqs, KV free / KV of a request at the mean live context ISL + OSL/2
+    (no block rounding), PP x token budget x OSL / (OSL + uncached ISL)); reject when < 1.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import numpy as np
+
+from jaxplan.funnel.reasons import Reason
+from jaxplan.specs.space import DTYPE_BYTES
+
+GIB = 1024.0**3
+P99_Z = 2.326
+
+
+# ---- architecture, from the raw config fields ------------------------------------------------------
+def softmax_attention_params(m) -> tuple[float, float]:
+    """(all projection weights of one softmax-attention layer, the K/V-projection part of them)."""
+    h = m.hidden_size
+    if m.kv_lora_rank:  # MLA: q (optionally low-rank), joint KV down-projection, per-head up-projection, o
+        q_dim = m.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        q = h * m.q_lora_rank + m.q_lora_rank * q_dim if m.q_lora_rank else h * q_dim
+        kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim)
+        kv_up = m.kv_lora_rank * m.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)
+        o = m.num_attention_heads * m.v_head_dim * h
+        return float(q + kv_down + kv_up + o), 0.0
+    q = h * m.num_attention_heads * m.head_dim * (2 if m.attn_output_gate else 1)  # gated: q and its gate
+    k = v = h * m.num_kv_heads * m.head_dim
+    o = m.num_attention_heads * m.head_dim * h
+    return float(q + k + v + o), float(k + v)
+
+
+def linear_attention_params(m) -> float:
+    """Gated DeltaNet layer: q/k/v/z and b/a input projections, a causal conv over q, k, v, out proj."""
+    if not m.linear_attention_layers:
+        return 0.0
+    qk = m.linear_num_key_heads * m.linear_key_head_dim
+    vv = m.linear_num_value_heads * m.linear_value_head_dim
+    return float(m.hidden_size * (qk + qk + vv + vv) + m.hidden_size * 2 * m.linear_num_value_heads + m.linear_conv_kernel * (qk + qk + vv) + vv * m.hidden_size)
+
+
+def linear_state_bytes(m) -> float:
+    """Per request and linear layer: fp32-ish (dk x dv) state per value head plus the conv tail (BF16)."""
+    if not m.linear_attention_layers:
+        return 0.0
+    qk = m.linear_num_key_heads * m.linear_key_head_dim
+    vv = m.linear_num_value_heads * m.linear_value_head_dim
+    recurrent = m.linear_num_value_heads * m.linear_key_head_dim * m.linear_value_head_dim * m.linear_state_bytes_per_element
+    conv = max(m.linear_conv_kernel - 1, 0) * (qk + qk + vv) * 2
+    return float(recurrent + conv)
+
+
+def layer_counts(m) -> dict[str, int]:
+    moe = m.num_layers - m.first_dense_layers if m.num_experts else 0
+    return {
+        "full": m.full_attention_layers,
+        "sliding": m.sliding_window_layers,
+        "linear": m.linear_attention_layers,
+        "moe": moe,
+        "dense": m.num_layers - moe,
+    }
+
+
+def kv_elements_per_token_per_layer(m) -> float:
+    if m.kv_lora_rank:
+        return float(m.kv_lora_rank + m.qk_rope_head_dim)
+    return float(2 * m.num_kv_heads * m.head_dim)
+
+
+def kv_fraction_per_gpu(m, tp: int) -> float:
+    """Share of one layer's KV a TP rank holds: GQA heads split at most kv_heads ways; MLA replicated."""
+    if m.kv_lora_rank:
+        return 1.0
+    return 1.0 / min(tp, m.num_kv_heads)
+
+
+# ---- memory per GPU ----------------------------------------------------------------------------------
+def weight_bytes_per_gpu(m, tp: int, pp: int, weight_bytes: float) -> float:
+    n = layer_counts(m)
+    h = m.hidden_size
+    attn_all, attn_kv = softmax_attention_params(m)
+    softmax = (n["full"] + n["sliding"]) * ((attn_all - attn_kv) / tp + attn_kv / min(tp, m.num_kv_heads))
+    linear = n["linear"] * linear_attention_params(m) / tp
+    dense = n["dense"] * 3 * h * m.intermediate_size / tp
+    expert = 3 * h * m.moe_intermediate_size
+    moe = n["moe"] * ((m.num_experts + m.num_shared_experts) * expert / tp + h * m.num_experts)
+    per_stage = (softmax + linear + dense + moe) / pp * weight_bytes
+    embed = m.vocab_size * h / tp * 2.0
+    head = 0.0 if m.tie_word_embeddings else m.vocab_size * h / tp * 2.0
+    return per_stage + (embed + head if pp == 1 else max(embed, head))
+
+
+def activation_bytes_per_gpu(m, tp: int, max_num_seqs: int, max_num_batched_tokens: int) -> float:
+    dense_ffn = m.intermediate_size if layer_counts(m)["dense"] else 0
+    moe_ffn = (m.experts_per_token + m.num_shared_experts) * m.moe_intermediate_size
+    widest = max(dense_ffn, moe_ffn)
+    per_token = (6.0 * m.hidden_size + 3.0 * widest / tp) * 2.0
+    return max_num_batched_tokens * per_token + max_num_seqs * m.vocab_size / tp * 4.0
+
+
+def reserve_bytes(tp: int, pp: int) -> float:
+    return GIB + (0.4 * GIB if tp * pp > 1 else 0.0)
+
+
+def free_kv_bytes_per_gpu(m, gpu, space, tp, pp, weight_bytes, max_num_seqs, max_num_batched_tokens) -> float:
+    usable = space.gpu_memory_utilization * gpu.hbm_bytes
+    return usable - weight_bytes_per_gpu(m, tp, pp, weight_bytes) - activation_bytes_per_gpu(m, tp, max_num_seqs, max_num_batched_tokens) - reserve_bytes(tp, pp)
+
+
+def request_kv_bytes_per_gpu(m, tp: int, pp: int, kv_bytes: float, tokens: float, block: int | None) -> float:
+    """KV + state one request of `tokens` holds on one GPU; `block` rounds tokens up (None: exact)."""
+    per_layer_token = kv_elements_per_token_per_layer(m) * kv_fraction_per_gpu(m, tp) * kv_bytes
+    if block:
+        tokens = math.ceil(tokens / block) * block
+        window = math.ceil(m.sliding_window_tokens / block) * block
+    else:
+        window = m.sliding_window_tokens
+    total = m.full_attention_layers * per_layer_token * tokens
+    total += m.sliding_window_layers * per_layer_token * min(tokens, window)
+    total += m.linear_attention_layers * linear_state_bytes(m) / tp
+    return total / pp
+
+
+# ---- the workload's lengths ---------------------------------------------------------------------------
+def p99_over_mean(distribution: str, spread: float) -> float:
+    """p99 / mean of a length distribution (uniform on mean x [1 - s, 1 + s]; lognormal with CV s)."""
+    if distribution == "uniform":
+        low, high = 1.0 - spread, 1.0 + spread
+        return low + 0.99 * (high - low)
+    if distribution == "lognormal" and spread > 0:
+        sigma = math.sqrt(math.log(1.0 + spread * spread))
+        return math.exp(-0.5 * sigma * sigma + P99_Z * sigma)  # mean = 1 -> mu = -sigma^2 / 2
+    return 1.0
+
+
+def longest_request_tokens(w) -> float:
+    isl = w.isl_mean_tokens * p99_over_mean(w.isl_distribution.value, w.isl_spread)
+    osl = w.osl_mean_tokens * p99_over_mean(w.osl_distribution.value, w.osl_spread)
+    return isl + osl
+
+
+# ---- the sieves, one candidate at a time ----------------------------------------------------------------
+def structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, weight_bytes) -> Reason:
+    if m.num_attention_heads % tp or m.hidden_size % tp:
+        return Reason.TP_HEADS
+    if m.num_layers % pp:
+        return Reason.PP_LAYERS
+    if tp * pp > gpu.gpus_per_node and not space.allow_multi_node:
+        return Reason.NODE_FIT
+    if tp * pp * dp > space.gpu_budget:
+        return Reason.GPU_BUDGET
+    if weight_bytes == 1 and gpu.fp8_flops_per_s <= 0:
+        return Reason.FP8_UNSUPPORTED
+    if budget_tokens < seqs:
+        return Reason.BUDGET_BELOW_SEQS
+    return Reason.ADMITTED
+
+
+def memory_reason(m, gpu, space, w, tp, pp, seqs, budget_tokens, weight_bytes, kv_bytes) -> Reason:
+    free = free_kv_bytes_per_gpu(m, gpu, space, tp, pp, weight_bytes, seqs, budget_tokens)
+    if free <= 0:
+        return Reason.WEIGHTS_DONT_FIT
+    if free < request_kv_bytes_per_gpu(m, tp, pp, kv_bytes, longest_request_tokens(w), space.block_size_tokens):
+        return Reason.NO_KV_FOR_LONGEST_REQUEST
+    return Reason.ADMITTED
+
+
+def slots(m, gpu, space, w, tp, pp, seqs, budget_tokens, weight_bytes, kv_bytes) -> float:
+    free = max(free_kv_bytes_per_gpu(m, gpu, space, tp, pp, weight_bytes, seqs, budget_tokens), 0.0)
+    live = w.isl_mean_tokens + 0.5 * w.osl_mean_tokens
+    by_kv = free / request_kv_bytes_per_gpu(m, tp, pp, kv_bytes, live, None)
+    uncached = w.isl_mean_tokens * (1.0 - w.prefix_hit_rate)
+    by_budget = pp * budget_tokens * w.osl_mean_tokens / (w.osl_mean_tokens + uncached)
+    return min(seqs, by_kv, by_budget)
+
+
+def candidates(gpus, space):
+    """(index, digits, {axis name: value}) of every candidate, in grid-index order (the axis order is
+    the grid's definition, `jaxplan.grid.AXES`, outermost first)."""
+    from jaxplan.grid import AXES
+
+    values = {"gpu": list(gpus), **{name: list(v) for name, v in space.axis_values().items()}}
+    axes = [values[name] for name in AXES]
+    for index, digits in enumerate(itertools.product(*(range(len(a)) for a in axes))):
+        yield index, digits, {name: axis[d] for name, axis, d in zip(AXES, axes, digits)}
+
+
+def stages_1_to_3(m, gpus, w, space):
+    """(Counter of reasons of stages 1-3, digits of the candidates that pass stage 3)."""
+    counts: Counter = Counter()
+    survivors = []
+    for _, digits, c in candidates(gpus, space):
+        gpu, tp, pp, dp = c["gpu"], c["tensor_parallel_size"], c["pipeline_parallel_size"], c["data_parallel_size"]
+        seqs, budget_tokens = c["max_num_seqs"], c["max_num_batched_tokens"]
+        wb, kvb = DTYPE_BYTES[c["weight_dtype"]], DTYPE_BYTES[c["kv_cache_dtype"]]
+        reason = structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, wb)
+        if reason == Reason.ADMITTED:
+            reason = memory_reason(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb)
+        if reason == Reason.ADMITTED and slots(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb) < 1.0:
+            reason = Reason.NO_CONCURRENCY
+        if reason == Reason.ADMITTED:
+            survivors.append(digits)
+        else:
+            counts[reason] += 1
+    return counts, np.array(survivors, np.int32).reshape(len(survivors), -1)
+
+
+PAD = 4096  # stage-4 inputs are padded to this many candidates: one compilation for every test
+
+
+def stage4_counts(ctx, survivor_digits: np.ndarray) -> Counter:
+    """Stage-4 reasons of the stage-3 survivors: one jaxplan estimate over all of them at once (no
+    chunks, no pages, no DP factorisation; padded to PAD rows, the padding is dropped)."""
+    import jax
+    import jax.numpy as jnp
+
+    counts: Counter = Counter()
+    n = len(survivor_digits)
+    if n == 0:
+        return counts
+    assert n <= PAD
+    padded = np.concatenate([survivor_digits, np.repeat(survivor_digits[:1], PAD - n, axis=0)])
+    model = jax.tree.map(jnp.float32, ctx.model)  # traced: the same compilation serves every model
+    reason = np.asarray(_stage4_reason(ctx._replace(model=model), jnp.asarray(padded)))[:n]
+    for r in reason:
+        counts[Reason(int(r))] += 1
+    return counts
+
+
+def _stage4_reason_impl(ctx, digits):
+    from jaxplan.funnel.estimate import estimate_stage
+    from jaxplan.grid import AXES
+    from jaxplan.physics.shapes import Layout, take
+    from jaxplan.physics.steady_state import max_concurrency
+
+    value = {name: ctx.axis_values[a][digits[:, a]] for a, name in enumerate(AXES)}
+    hw = take(ctx.hardware, digits[:, AXES.index("gpu")])
+    layout = Layout(
+        value["tensor_parallel_size"], value["pipeline_parallel_size"], value["data_parallel_size"],
+        value["weight_dtype"], value["kv_cache_dtype"], value["max_num_seqs"], value["max_num_batched_tokens"],
+    )
+    capacity = max_concurrency(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization)
+    reason, *_ = estimate_stage(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, capacity)
+    return reason
+
+
+def _stage4_reason(ctx, digits):
+    import jax
+
+    global _STAGE4_JIT
+    if _STAGE4_JIT is None:
+        _STAGE4_JIT = jax.jit(_stage4_reason_impl)
+    return _STAGE4_JIT(ctx, digits)
+
+
+_STAGE4_JIT = None

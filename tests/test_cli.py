@@ -1,0 +1,94 @@
+"""The `jaxplan` command line through typer's CliRunner (in process, like a user's shell)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from jaxplan.cli import app
+from jaxplan.funnel.reasons import RELAX, Reason
+from jaxplan.specs import known
+
+# --no-replay: stage 7 (the step-by-step replay) has its own tests; these cover the funnel's CLI.
+SMALL = ["sweep", "--space", "small", "--no-replay"]
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def small_sweep(runner, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "sweep.json"
+    result = runner.invoke(app, [*SMALL, "--json", str(path)])
+    return result, path
+
+
+def test_sweep_prints_funnel_top_rows_and_vllm_command(small_sweep):
+    result, _ = small_sweep
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "Funnel over 1,536 candidates" in out  # small space: 768 per GPU type x (h100, h200)
+    for stage in ("1 structure", "2 memory", "3 capacity", "4 estimate", "5 frontier", "6 shortlist"):
+        assert stage in out
+    assert "Top " in out and "configurations" in out
+    winner = [line for line in out.splitlines() if line.startswith("Winner:")]
+    assert len(winner) == 1
+    assert "vllm serve meta-llama/Llama-3.1-70B" in winner[0] and "--tensor-parallel-size" in winner[0]
+    assert "Traceback" not in result.output
+
+
+def test_sweep_json_is_complete(small_sweep):
+    result, path = small_sweep
+    assert result.exit_code == 0
+    report = json.loads(path.read_text())
+    assert report["grid_size"] == 1536
+    assert [s["stage"] for s in report["funnel"]] == [1, 2, 3, 4, 5, 6]
+    assert report["shortlist"] and report["winner"]
+    # The winner is the first of the shortlist (or of the replay's re-ranking, when one ran).
+    assert report["winner"]["digits"] == report["shortlist"][0]["digits"]
+    serve = report["winner"]["vllm_serve"]
+    assert serve.startswith("vllm serve ") and f"--tensor-parallel-size {report['winner']['tensor_parallel_size']}" in serve
+    # Funnel counts add up: every candidate is admitted or rejected by exactly one of stages 1-4.
+    stages = {s["stage"]: s for s in report["funnel"]}
+    assert sum(stages[k]["rejected"] for k in (1, 2, 3, 4)) + stages[4]["admitted"] == report["grid_size"]
+    assert report["empty_explanation"] is None
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "closest"),
+    [("--model", "llama-3.1-7b", "llama-3.1-70b"), ("--gpus", "h100_sx", "h100_sxm"), ("--workload", "codin", "coding"), ("--space", "smal", "small")],
+)
+def test_unknown_names_exit_1_with_one_line(runner, option, value, closest):
+    result = runner.invoke(app, [*SMALL, option, value])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # exited cleanly, not raised
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error:") and value in lines[0]
+    assert f"Did you mean '{closest}'?" in lines[0]
+    assert result.stdout == ""  # nothing was swept
+
+
+def test_empty_result_exits_nonzero_and_explains(runner):
+    result = runner.invoke(app, ["sweep", "--model", "deepseek-v3", "--space", "small", "--budget", "1", "--workload", "chat", "--no-replay"])
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    explanation = [line for line in result.stderr.splitlines() if line.startswith("no configuration survived")]
+    assert len(explanation) == 1, result.stderr
+    assert "stage 2 (memory)" in explanation[0]
+    assert RELAX[Reason.WEIGHTS_DONT_FIT] in explanation[0]
+    assert "Winner:" not in result.stdout
+
+
+def test_list_names_every_bundled_spec(runner):
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    for kind, prefix in (("models", "model"), ("gpus", "gpu"), ("workloads", "workload"), ("spaces", "space")):
+        for name in known(kind):
+            assert any(line.startswith(prefix) and name in line for line in result.stdout.splitlines()), name
+    assert "small: 768 candidates per GPU type" in result.stdout

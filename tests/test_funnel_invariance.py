@@ -1,0 +1,149 @@
+"""The funnel's answer does not depend on how the grid is streamed: chunk size, device count, rerun.
+And when nothing survives, the result says which sieve removed the last candidates and what to relax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxplan.funnel import run_sweep
+from jaxplan.funnel.reasons import RELAX, Reason
+from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL, GPUS, WORKLOAD = "llama-3.1-70b", "h100_sxm,h200_sxm,a100_sxm", "chat"
+# Scores come out of differently shaped (differently fused) kernels when chunks/pages/devices
+# change, so float32 metrics may differ in their last bits: 1e-5 relative. Counts and the chosen
+# candidates (their grid digits) must be identical.
+METRIC_REL = 1e-5
+
+SUMMARY = """
+import json, sys
+import jax
+from jaxplan.funnel import run_sweep
+from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+model, gpus, workload, chunk = sys.argv[1:5]
+result = run_sweep(load_model(model), parse_gpu_list(gpus), load_workload(workload), load_space("small"), chunk_size=int(chunk))
+print(json.dumps({
+    "devices": len(jax.local_devices()),
+    "num_devices": result.num_devices,
+    "counts": {r.name: n for r, n in result.reason_counts.items()},
+    "shortlist": [dict(digits=r["digits"], score=r["score"], tps=r["output_tokens_per_s"], tpot=r["tpot_p99_s"]) for r in result.shortlist],
+    "frontier": [dict(digits=r["digits"], score=r["score"], tps=r["output_tokens_per_s"], tpot=r["tpot_p99_s"]) for r in result.frontier],
+}))
+"""
+
+
+def summary(result) -> dict:
+    rows = lambda rs: [{"digits": r["digits"], "score": r["score"], "tps": r["output_tokens_per_s"], "tpot": r["tpot_p99_s"]} for r in rs]
+    return {
+        "counts": {r.name: n for r, n in result.reason_counts.items()},
+        "shortlist": rows(result.shortlist),
+        "frontier": rows(result.frontier),
+    }
+
+
+def assert_same(a: dict, b: dict, what: str) -> None:
+    assert a["counts"] == b["counts"], f"{what}: per-reason counts differ"
+    for key in ("shortlist", "frontier"):
+        assert [r["digits"] for r in a[key]] == [r["digits"] for r in b[key]], f"{what}: {key} candidates differ"
+        for ra, rb in zip(a[key], b[key]):
+            for metric in ("score", "tps", "tpot"):
+                assert ra[metric] == pytest.approx(rb[metric], rel=METRIC_REL), f"{what}: {key} {metric}"
+
+
+def sweep(chunk_size: int):
+    return run_sweep(load_model(MODEL), parse_gpu_list(GPUS), load_workload(WORKLOAD), load_space("small"), top_k=20, chunk_size=chunk_size)
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    # 3 GPU types x 768 = 2,304 candidates in one chunk.
+    result = sweep(65536)
+    assert result.grid.size == 2304 and result.shortlist and result.frontier
+    return result
+
+
+def test_chunk_size_does_not_change_the_answer(baseline):
+    # 1,000 -> rounded up to whole DP runs per device: several chunks, the last one padded.
+    small = sweep(1000)
+    assert small.chunk_size < baseline.grid.size
+    assert_same(summary(small), summary(baseline), "chunks of ~1,000 vs one chunk")
+    # Every candidate is counted exactly once (PADDING is not a candidate).
+    assert sum(small.reason_counts.values()) == baseline.grid.size
+
+
+def test_rerun_gives_the_same_answer(baseline):
+    again = sweep(65536)
+    a, b = summary(again), summary(baseline)
+    assert a == b  # same shapes, same kernel: bit-for-bit
+
+
+def test_device_count_does_not_change_the_answer(baseline):
+    """4 simulated host devices (XLA's forced host-platform device count) in a subprocess, chunks of
+    1,024 so the shards, pages and merges all differ from the in-process baseline (1 device, unless
+    the caller forced 4 already: then the subprocess uses 2)."""
+    devices = 4 if baseline.num_devices != 4 else 2
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, "-c", SUMMARY, MODEL, GPUS, WORKLOAD, "1024"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    other = json.loads(out.stdout.strip().splitlines()[-1])
+    assert other["devices"] == devices and other["num_devices"] == devices != baseline.num_devices
+    assert_same(other, summary(baseline), f"{devices} devices vs {baseline.num_devices}")
+
+
+def test_shortlist_is_one_per_layout_best_first(baseline):
+    rows = baseline.shortlist
+    layouts = [(r["gpu"], r["tensor_parallel_size"], r["pipeline_parallel_size"], r["data_parallel_size"]) for r in rows]
+    assert len(set(layouts)) == len(layouts)
+    scores = [r["score"] for r in rows]
+    assert scores == sorted(scores, reverse=True)
+    assert all(r["reason"] == Reason.ADMITTED for r in rows)
+    assert baseline.winner == rows[0]
+
+
+def test_frontier_is_pareto_optimal(baseline):
+    front = baseline.frontier
+    for a in front:
+        for b in front:
+            dominates = (
+                b["output_tokens_per_s_per_gpu"] >= a["output_tokens_per_s_per_gpu"]
+                and b["tpot_p99_s"] <= a["tpot_p99_s"]
+                and b["num_gpus"] <= a["num_gpus"]
+                and (b["output_tokens_per_s_per_gpu"] > a["output_tokens_per_s_per_gpu"] or b["tpot_p99_s"] < a["tpot_p99_s"] or b["num_gpus"] < a["num_gpus"])
+            )
+            assert not dominates, f"{b['digits']} dominates {a['digits']} on the frontier"
+
+
+def test_stage_table_adds_up(baseline):
+    admitted = baseline.grid.size
+    for stage in baseline.stages[:4]:
+        admitted -= stage.rejected
+        assert stage.admitted == admitted
+        assert sum(stage.reasons.values()) == stage.rejected
+    assert baseline.stages[3].admitted == baseline.reason_counts[Reason.ADMITTED]
+
+
+def test_empty_result_names_the_memory_sieve():
+    """DeepSeek-V3 (671B parameters) on a budget of 1 GPU: stage 1 leaves only TP=PP=DP=1 candidates
+    (and PP=2 never divides 61 layers), and no single 80-141 GB GPU holds 671 GB of FP8 weights, so
+    stage 2 removes the rest."""
+    space = load_space("small").replace(gpu_budget=1)
+    result = run_sweep(load_model("deepseek-v3"), parse_gpu_list("h100_sxm,h200_sxm"), load_workload("chat"), space)
+    assert result.shortlist == [] and result.winner is None and result.frontier == []
+    # small space at TP=PP=DP=1: 3 seqs x 2 budgets x 2 x 2 = 24 per GPU type reach stage 2.
+    assert result.stages[0].admitted == 48
+    assert result.reason_counts[Reason.WEIGHTS_DONT_FIT] == 48
+    text = result.empty_explanation()
+    assert "stage 2 (memory)" in text and "removed the last 48 candidates" in text
+    assert RELAX[Reason.WEIGHTS_DONT_FIT] in text
+    assert "\n" not in text

@@ -1,0 +1,169 @@
+"""Memory per GPU against numbers worked out by hand from the architectures' config values.
+
+Constants the hand numbers use (jaxplan's documented memory model, jaxplan/physics/memory.py):
+BF16 = 2 bytes, FP8 = 1 byte; embeddings and LM head stay BF16; activations at the token budget
+T x (6 hidden + 3 FFN / TP) x 2 bytes plus fp32 logits max_num_seqs x vocab / TP x 4 bytes;
+runtime reserve 1 GiB (+ 0.4 GiB when a replica has more than one GPU); vLLM's
+gpu_memory_utilization (0.9) of HBM is usable. Tolerances: all numbers here are exact in float64;
+the code computes in float32 (24-bit mantissa, relative rounding ~6e-8 per operation), so
+`rel=1e-5` is "equal up to float32 rounding" unless a test says otherwise.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from jaxplan.physics import (
+    hardware_table,
+    kv_blocks_per_replica,
+    kv_budget_bytes_per_gpu,
+    kv_bytes_per_token_per_gpu,
+    make_layout,
+    model_shape,
+    request_kv_bytes_per_gpu,
+    take,
+    weight_bytes_per_gpu,
+    workload_params,
+)
+from jaxplan.physics.params import efficiency_for
+from jaxplan.physics.steady_state import BOUND_KV_CACHE, max_concurrency
+from jaxplan.specs import load_gpu, load_model, load_workload
+
+F32 = 1e-5  # float32 rounding of sums/products of a few terms (see the module docstring)
+GIB = 1024**3
+
+# ---- Llama-3.1-70B by hand ------------------------------------------------------------------------
+# hidden 8192, 64 heads, 8 KV heads, head_dim 128, FFN 28672, 80 layers, vocab 128256, untied.
+#   attention/layer: q 8192*64*128 = 67,108,864; k+v 2*8192*8*128 = 16,777,216; o 67,108,864
+#                    -> 150,994,944
+#   MLP/layer:       3 * 8192 * 28672 = 704,643,072
+#   80 layers:       80 * 855,638,016 = 68,451,041,280
+#   embedding = LM head = 128256 * 8192 = 1,050,673,152
+#   total: 70,552,387,584 params (the "70B")
+LLAMA_LAYER_PARAMS = 80 * (150_994_944 + 704_643_072)
+LLAMA_EMBED_PARAMS = 128_256 * 8192
+H100_HBM = 85_899_345_920  # 80 GiB
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return model_shape(load_model("llama-3.1-70b"))
+
+
+def hw_of(name: str):
+    return take(hardware_table((load_gpu(name),), efficiency_for([name])), jnp.int32(0))
+
+
+def f(x) -> float:
+    return float(jnp.asarray(x))
+
+
+def test_llama_param_count_by_hand():
+    assert LLAMA_LAYER_PARAMS == 68_451_041_280
+    assert load_model("llama-3.1-70b").total_params == LLAMA_LAYER_PARAMS + 2 * LLAMA_EMBED_PARAMS == 70_552_387_584
+
+
+def test_llama_bf16_does_not_fit_tp1_on_80gb(llama):
+    # TP=1, BF16: 70,552,387,584 x 2 = 141,104,775,168 bytes (~141 GB) > 0.9 x 80 GiB = 77,309,411,328.
+    weights = f(weight_bytes_per_gpu(llama, make_layout(tp=1, weight_bytes=2)))
+    assert weights == pytest.approx(141_104_775_168, rel=F32)
+    assert f(kv_budget_bytes_per_gpu(llama, hw_of("h100_sxm"), make_layout(tp=1), 0.9)) < 0
+
+
+def test_llama_bf16_fits_tp2_and_holds_hand_computed_requests(llama):
+    """TP=2, BF16 weights and KV, max_num_seqs 256, max_num_batched_tokens 8192, on an H100:
+      weights/GPU   = 68,451,041,280 / 2 x 2 B (K/V split 2 ways <= 8 KV heads)
+                      + 2 x 1,050,673,152 / 2 x 2 B (embedding + head)          = 70,552,387,584
+      activations   = 8192 x (6 x 8192 + 3 x 28672 / 2) x 2 B = 8192 x 184,320  =  1,509,949,440
+                      + logits 256 x 128256 / 2 x 4 B                            =     65,667,072
+      reserve       = 1.4 GiB                                                    =  1,503,238,553.6
+      usable        = 0.9 x 85,899,345,920                                       = 77,309,411,328
+      free          = 77,309,411,328 - 70,552,387,584 - 1,509,949,440 - 65,667,072 - 1,503,238,553.6
+                    = 3,678,168,678.4 bytes
+      KV/token/GPU  = 80 layers x 2 x 8 x 128 x 2 B / 2 = 327,680 / 2 = 163,840
+      at a mean live context of ISL + OSL/2 = 2000 + 1000/2 = 2,500 tokens: 409,600,000 B/request
+      requests held = 3,678,168,678.4 / 409,600,000 = 8.98
+      KV blocks     = floor(3,678,168,678.4 / (16 x 163,840)) = floor(1403.1) = 1403
+    """
+    hw = hw_of("h100_sxm")
+    layout = make_layout(tp=2, weight_bytes=2, kv_bytes=2, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert f(weight_bytes_per_gpu(llama, layout)) == pytest.approx(70_552_387_584, rel=F32)
+    free_by_hand = 0.9 * H100_HBM - 70_552_387_584 - 1_509_949_440 - 65_667_072 - 1.4 * GIB
+    assert free_by_hand == pytest.approx(3_678_168_678.4)
+    # Free memory is a difference of ~7.7e10-sized terms: float32 ulps there are 8,192 bytes, i.e.
+    # ~3e-6 of the 3.7e9 result per term, hence 1e-4 rather than F32.
+    assert f(kv_budget_bytes_per_gpu(llama, hw, layout, 0.9)) == pytest.approx(free_by_hand, rel=1e-4)
+    assert f(kv_bytes_per_token_per_gpu(llama, layout)) == pytest.approx(163_840, rel=F32)
+
+    w = workload_params(load_workload("coding"), isl_tokens=2000.0, osl_tokens=1000.0, prefix_hit_rate=0.0)
+    slots, bound = max_concurrency(llama, hw, layout, w, 0.9)
+    hand = free_by_hand / (2500 * 163_840)
+    assert hand == pytest.approx(8.98, abs=0.005)
+    # The brief's tolerance: 1% of the hand number (the code's float32 is far tighter than that).
+    assert f(slots) == pytest.approx(hand, rel=0.01)
+    assert int(bound) == BOUND_KV_CACHE  # 8.98 < max_num_seqs 256 < token budget 8192 x 1000 / 3000
+    assert f(kv_blocks_per_replica(llama, hw, layout, 0.9, 16.0)) == 1403
+
+
+def test_kv_per_gpu_stops_shrinking_past_the_kv_heads(llama):
+    # Llama-3.1-70B: 327,680 B/token over 80 layers at TP=1; split min(TP, 8 KV heads) ways.
+    per_tp = {tp: f(kv_bytes_per_token_per_gpu(llama, make_layout(tp=tp))) for tp in (1, 2, 4, 8, 16)}
+    assert per_tp[1] == pytest.approx(327_680, rel=F32)
+    assert per_tp[2] == pytest.approx(163_840, rel=F32)
+    assert per_tp[4] == pytest.approx(81_920, rel=F32)
+    assert per_tp[8] == pytest.approx(40_960, rel=F32)
+    assert per_tp[16] == per_tp[8]  # 16 ranks, 8 KV heads: each rank holds one (replicated) head
+    # FP8 KV halves it; PP=2 holds half the layers.
+    assert f(kv_bytes_per_token_per_gpu(llama, make_layout(tp=8, kv_bytes=1))) == pytest.approx(20_480, rel=F32)
+    assert f(kv_bytes_per_token_per_gpu(llama, make_layout(tp=8, pp=2))) == pytest.approx(20_480, rel=F32)
+
+
+def test_kv_projection_weights_replicate_past_the_kv_heads(llama):
+    # TP=16: attention non-KV part 134,217,728 / 16, K/V 16,777,216 / 8 (only 8 heads to split),
+    # MLP 704,643,072 / 16, per layer x 80; embeddings 2 x 1,050,673,152 / 16; all x 2 bytes.
+    layer = (150_994_944 - 16_777_216) / 16 + 16_777_216 / 8 + 704_643_072 / 16
+    hand = (80 * layer + 2 * LLAMA_EMBED_PARAMS / 16) * 2
+    assert f(weight_bytes_per_gpu(llama, make_layout(tp=16))) == pytest.approx(hand, rel=F32)
+    # PP=2: half the layers; the first stage holds the embedding, the last the head (max of the two).
+    hand_pp = (LLAMA_LAYER_PARAMS / 2 + LLAMA_EMBED_PARAMS) * 2
+    assert f(weight_bytes_per_gpu(llama, make_layout(pp=2))) == pytest.approx(hand_pp, rel=F32)
+    # FP8 weights: layers at 1 byte, embeddings still BF16.
+    hand_fp8 = LLAMA_LAYER_PARAMS * 1 + 2 * LLAMA_EMBED_PARAMS * 2
+    assert f(weight_bytes_per_gpu(llama, make_layout(weight_bytes=1))) == pytest.approx(hand_fp8, rel=F32)
+
+
+def test_qwen35_keeps_kv_in_16_of_64_layers():
+    """Qwen3.5-27B: 16 full-attention layers (4 KV heads x head_dim 256) + 48 Gated DeltaNet layers.
+      KV/token at TP=1, BF16: 16 x 2 x 4 x 256 x 2 B = 65,536 (not 64 layers' 262,144)
+      linear state/request/layer: 48 value heads x 128 x 128 x 4 B = 3,145,728
+                                  + conv (4 - 1) x (2 x 16 x 128 + 48 x 128) x 2 B = 61,440
+                                  = 3,207,168; x 48 layers = 153,944,064
+      one 1,024-token request: 65,536 x 1,024 + 153,944,064 = 221,052,928 bytes
+    """
+    qwen = model_shape(load_model("qwen3.5-27b"))
+    assert f(kv_bytes_per_token_per_gpu(qwen, make_layout(tp=1))) == pytest.approx(65_536, rel=F32)
+    assert f(request_kv_bytes_per_gpu(qwen, make_layout(tp=1), 1024.0, 16.0)) == pytest.approx(221_052_928, rel=F32)
+    # TP=4: 4 KV heads -> one per rank; the DeltaNet state splits 4 ways too.
+    assert f(request_kv_bytes_per_gpu(qwen, make_layout(tp=4), 1024.0, 16.0)) == pytest.approx(221_052_928 / 4, rel=F32)
+
+
+def test_mla_kv_is_not_split_by_tp():
+    """DeepSeek-V3: 61 MLA layers cache kv_lora_rank 512 + rope 64 = 576 elements per token, the same
+    latent on every TP rank: 61 x 576 x 2 B = 70,272 B/token/GPU at any TP (35,136 in FP8)."""
+    ds = model_shape(load_model("deepseek-v3"))
+    for tp in (1, 8, 16):
+        assert f(kv_bytes_per_token_per_gpu(ds, make_layout(tp=tp))) == pytest.approx(70_272, rel=F32)
+    assert f(kv_bytes_per_token_per_gpu(ds, make_layout(tp=8, kv_bytes=1))) == pytest.approx(35_136, rel=F32)
+
+
+def test_sliding_window_layers_cap_at_the_window():
+    """Gemma-3-27B: 10 global + 52 sliding (1,024-token) layers, 16 KV heads x 128: 8,192 B/token/layer.
+      512 tokens:  62 x 8,192 x 512                          = 260,046,848
+      4,096 tokens: 10 x 8,192 x 4,096 + 52 x 8,192 x 1,024  = 335,544,320 + 436,207,616 = 771,751,936
+    """
+    gemma = model_shape(load_model("gemma-3-27b"))
+    assert f(request_kv_bytes_per_gpu(gemma, make_layout(), 512.0, 16.0)) == pytest.approx(260_046_848, rel=F32)
+    assert f(request_kv_bytes_per_gpu(gemma, make_layout(), 4096.0, 16.0)) == pytest.approx(771_751_936, rel=F32)
+    # 1,000 tokens round up to 63 blocks = 1,008 tokens: 62 x 8,192 x 1,008 = 511,967,232.
+    assert f(request_kv_bytes_per_gpu(gemma, make_layout(), 1000.0, 16.0)) == pytest.approx(511_967_232, rel=F32)

@@ -268,16 +268,3 @@ class ModelSpec:
             f"{self.num_layers} layers ({', '.join(kinds)}), {ffn}"
         )
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def check_positive_int(value: object, field: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise bad_value(field, value, "must be a positive integer", where=where)
-    return value
-
-
-def is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0  # exact; math.log2 rounds 2**60 + 1 to 60.0

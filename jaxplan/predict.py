@@ -193,9 +193,9 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None):
 
 def replay_predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", num_requests: int | None = None, seed: int = 0) -> list[dict]:
     """Like `predict_rows`, but each row is replayed step by step (one replay per row's workload)."""
-    from jaxplan.funnel.replay_stage import physics_step_fn
+    from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
-    from jaxplan.replay import ReplayConfig, sample_requests, simulate
+    from jaxplan.replay import sample_requests, simulate
 
     results = [dict(row) for row in rows]
     for batch in row_batches(rows, source):
@@ -209,7 +209,7 @@ def replay_predict_rows(rows: list[dict], params_path: str | None = None, source
             workload = _row_workload(batch, k, num_requests)
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
-            config = ReplayConfig.create(layout.max_num_seqs, layout.max_num_batched_tokens, blocks[k : k + 1], layout.data_parallel_size)
+            config = replay_config(layout, blocks[k : k + 1])
             m = jax.device_get(simulate(config, sample_requests(workload, None, seed), workload, physics_step_fn(batch.model), (hw, layout)))
             overhead_s = float(hw.request_overhead_s[0])
             results[i].update(

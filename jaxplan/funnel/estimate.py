@@ -34,9 +34,16 @@ def estimate_stage(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadP
 
 
 def score(est: Estimate, hourly_usd, w: WorkloadParams):
+    """The funnel's objective for stage-4 estimates (see `objective`)."""
+    return objective(est.output_tokens_per_s, est.tpot_p99_s, hourly_usd, w.target_output_tokens_per_s)
+
+
+def objective(output_tokens_per_s, tpot_p99_s, hourly_usd, target_output_tokens_per_s):
     """Higher is better. With a throughput target: the cheapest deployment that meets it (ties: more
     throughput). Without: output tokens per dollar (ties: lower p99 TPOT). For Poisson traffic every
-    stable candidate delivers the same throughput, so this is again the cheapest deployment."""
-    with_target = -jnp.log(hourly_usd) + TIE_BREAK * jnp.log(jnp.maximum(est.output_tokens_per_s, 1e-9))
-    per_dollar = jnp.log(jnp.maximum(est.output_tokens_per_s, 1e-9) / hourly_usd) - TIE_BREAK * jnp.log(jnp.maximum(est.tpot_p99_s, 1e-9))
-    return jnp.where(w.target_output_tokens_per_s > 0, with_target, per_dollar)
+    stable candidate delivers the same throughput, so this is again the cheapest deployment.
+    Stage 4 and the replay (stage 7) both rank by it."""
+    throughput = jnp.maximum(output_tokens_per_s, 1e-9)
+    with_target = -jnp.log(hourly_usd) + TIE_BREAK * jnp.log(throughput)
+    per_dollar = jnp.log(throughput / hourly_usd) - TIE_BREAK * jnp.log(jnp.maximum(tpot_p99_s, 1e-9))
+    return jnp.where(target_output_tokens_per_s > 0, with_target, per_dollar)

@@ -10,13 +10,13 @@ requests unfinished, or (with a target) fall short of it go to the end.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.funnel.chunk import layout_of
+from jaxplan.funnel.estimate import objective
 from jaxplan.grid import candidates_from_digits
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.shapes import take
@@ -45,14 +45,18 @@ def finalist_inputs(result, rows: list[dict]):
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(len(rows), bool))
     hw, layout = take(ctx.hardware, c.gpu_index), layout_of(c)
     blocks = np.asarray(kv_blocks_per_replica(ctx.model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens))
-    configs = ReplayConfig.create(
+    return replay_config(layout, blocks, int(result.grid.space.block_size_tokens)), (hw, layout)
+
+
+def replay_config(layout, kv_blocks, block_size: int = 16) -> ReplayConfig:
+    """The scheduler capacities of layouts [F] with `kv_blocks` [F] per replica (at least one block)."""
+    return ReplayConfig.create(
         max_num_seqs=np.asarray(layout.max_num_seqs),
         max_num_batched_tokens=np.asarray(layout.max_num_batched_tokens),
-        num_kv_blocks=np.clip(blocks, 1, None),
+        num_kv_blocks=np.clip(kv_blocks, 1, None),
         data_parallel_size=np.asarray(layout.data_parallel_size),
-        block_size=int(result.grid.space.block_size_tokens),
+        block_size=block_size,
     )
-    return configs, (hw, layout)
 
 
 def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0) -> list[dict]:
@@ -109,8 +113,5 @@ def replay_score(row: dict, workload) -> float:
         and row["replay_tpot_p99_s"] <= workload.tpot_slo_s
         and thr >= workload.target_output_tokens_per_s
     )
-    if workload.target_output_tokens_per_s > 0:
-        score = -math.log(hourly) + 0.01 * math.log(thr)
-    else:
-        score = math.log(thr / hourly) - 0.01 * math.log(max(row["replay_tpot_p99_s"], 1e-9))
+    score = float(objective(thr, row["replay_tpot_p99_s"], hourly, workload.target_output_tokens_per_s))
     return score if meets else score - 1e3

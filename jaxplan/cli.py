@@ -23,6 +23,18 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
+# Options shared by several commands (one definition each).
+ModelOption = Annotated[str, typer.Option(help="Bundled name, Hugging Face id (Qwen/Qwen3-32B) or a config.json path.")]
+GpusOption = Annotated[str, typer.Option(help="Comma-separated GPU types: h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x.")]
+WorkloadOption = Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")]
+SpaceOption = Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")]
+BudgetOption = Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")]
+TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
+RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]
+PriceOption = Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")]
+ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")]
+
+
 def clean_errors(command):
     """Turn PlanError (and a few OS errors) into one stderr line and exit code 1."""
 
@@ -111,17 +123,17 @@ def _run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size
 @app.command()
 @clean_errors
 def sweep(
-    model: Annotated[str, typer.Option(help="Bundled name, Hugging Face id (Qwen/Qwen3-32B) or a config.json path.")] = "llama-3.1-70b",
-    gpus: Annotated[str, typer.Option(help="Comma-separated GPU types: h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x.")] = "h100_sxm,h200_sxm",
-    workload: Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")] = "coding",
-    space: Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")] = "default",
-    budget: Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")] = None,
-    target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")] = None,
-    rate: Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")] = None,
+    model: ModelOption = "llama-3.1-70b",
+    gpus: GpusOption = "h100_sxm,h200_sxm",
+    workload: WorkloadOption = "coding",
+    space: SpaceOption = "default",
+    budget: BudgetOption = None,
+    target_throughput: TargetOption = None,
+    rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
-    price: Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")] = None,
+    price: PriceOption = None,
     chunk_size: Annotated[int, typer.Option(min=1024, max=1 << 24, help="Candidates per streamed chunk.")] = 1 << 16,
-    params: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")] = None,
+    params: ParamsOption = None,
     replay: Annotated[bool, typer.Option(help="Stage 7: replay the finalists step by step and re-rank them.")] = True,
     replay_requests: Annotated[int, typer.Option(min=10, max=1_000_000, help="Requests per replay (sampled from the workload, seeded).")] = 2000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
@@ -215,15 +227,15 @@ def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) 
 @app.command()
 @clean_errors
 def sensitivity(
-    model: Annotated[str, typer.Option(help="Bundled name, Hugging Face id or a config.json path.")] = "llama-3.1-70b",
-    gpus: Annotated[str, typer.Option(help="Comma-separated GPU types.")] = "h100_sxm,h200_sxm",
-    workload: Annotated[str, typer.Option(help="Bundled workload or a .toml path.")] = "coding",
-    space: Annotated[str, typer.Option(help="Bundled search space or a .toml path.")] = "default",
-    budget: Annotated[Optional[int], typer.Option(min=1, help="GPU budget.")] = None,
-    target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s.")] = None,
-    rate: Annotated[Optional[float], typer.Option(min=0.0, help="Override the Poisson request rate (requests/s).")] = None,
+    model: ModelOption = "llama-3.1-70b",
+    gpus: GpusOption = "h100_sxm,h200_sxm",
+    workload: WorkloadOption = "coding",
+    space: SpaceOption = "default",
+    budget: BudgetOption = None,
+    target_throughput: TargetOption = None,
+    rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=200, help="Finalists to analyse.")] = 10,
-    price: Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5.")] = None,
+    price: PriceOption = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write the sensitivities here.")] = None,
 ) -> None:
     """How fragile is the answer? Elasticities (d log metric / d log parameter) of each finalist's
@@ -272,7 +284,7 @@ def predict(
     output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False, help="Where to write the rows with predictions.")],
     method: Annotated[Method, typer.Option(help="replay: step-by-step scheduler replay per row; analytical: stage 4's steady-state model (instant).")] = Method.REPLAY,
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,
-    params: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")] = None,
+    params: ParamsOption = None,
 ) -> None:
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
@@ -298,7 +310,7 @@ def simulate(
     output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Also write the rows with replayed metrics here.")] = None,
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Requests per row (default: num_prompts, or 1000).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the sampled requests.")] = 0,
-    params: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")] = None,
+    params: ParamsOption = None,
 ) -> None:
     """Replay explicit configurations step by step (the vLLM-style scheduler) and print their metrics."""
     from rich.table import Table

@@ -1,0 +1,19 @@
+"""The `jaxplan` command line (typer). Bad input: one line on stderr, exit code 1, no traceback.
+
+One module per command; importing them registers the commands on `app`.
+"""
+
+# Importing a command module registers its command; the order here is the order in --help.
+from jaxplan.cli import sweep  # noqa: F401,I001
+from jaxplan.cli import sensitivity  # noqa: F401
+from jaxplan.cli import predict  # noqa: F401
+from jaxplan.cli import calibrate  # noqa: F401
+from jaxplan.cli import listing  # noqa: F401
+from jaxplan.cli.common import app
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

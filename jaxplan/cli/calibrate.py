@@ -1,0 +1,45 @@
+"""`jaxplan calibrate`: fit the efficiency parameters to measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from jaxplan.cli.common import app, clean_errors, err, out
+from jaxplan.errors import bad_value
+
+
+@app.command()
+@clean_errors
+def calibrate(
+    measurements: Annotated[Optional[list[Path]], typer.Option("--measurements", exists=True, dir_okay=False, help="Your own data: predict-format CSV with measured_* columns, or `vllm bench serve --save-result` JSON (repeatable).")] = None,
+    shared_data: Annotated[bool, typer.Option(help="Also use the measurements in ../shared/data (or $JAXPLAN_SHARED_DATA) when present.")] = True,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Where to write the parameters (default: the bundled file).")] = None,
+    report_path: Annotated[Optional[Path], typer.Option("--report", dir_okay=False, help="Write the accuracy report as JSON here.")] = None,
+    steps: Annotated[int, typer.Option(min=1, max=100000, help="Adam steps per fit.")] = 400,
+) -> None:
+    """Fit the efficiency parameters: kernel tables first, then end-to-end serving rows (optax)."""
+    from jaxplan.calibrate._data import data_root_exists
+    from jaxplan.calibrate.rows import read_predict_csv
+    from jaxplan.calibrate.run import calibrate as run_calibration, default_output, provenance, write_params
+    from jaxplan.calibrate.serving import load_serving_rows, read_vllm_bench_json
+
+    rows, sources = [], []
+    if shared_data and data_root_exists():
+        rows += load_serving_rows()
+        sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp; kernels_aiconfigurator")
+    for path in measurements or []:
+        rows += read_vllm_bench_json(path) if path.suffix == ".json" else read_predict_csv(path)
+        sources.append(str(path))
+    if not rows:
+        raise bad_value("--measurements", None, "no measurements found: pass --measurements FILE or provide ../shared/data")
+    params, report = run_calibration(rows, log=lambda line: err.print(line, highlight=False))
+    target = output or default_output()
+    write_params(params, target, provenance(rows, report, sources))
+    out.print(json.dumps(report, indent=2, default=str))
+    if report_path:
+        report_path.write_text(json.dumps(report, indent=2, default=str))
+    out.print(f"wrote {target}")

@@ -1,0 +1,133 @@
+"""What every command shares: the typer app, consoles, option types, error handling, loading a sweep's inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from jaxplan.errors import PlanError, bad_value
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan LLM serving deployments on a CPU: how many GPUs, arranged how, for what traffic.")
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+# Options shared by several commands (one definition each).
+ModelOption = Annotated[str, typer.Option(help="Bundled name, Hugging Face id (Qwen/Qwen3-32B) or a config.json path.")]
+GpusOption = Annotated[str, typer.Option(help="Comma-separated GPU types: h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x.")]
+WorkloadOption = Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")]
+SpaceOption = Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")]
+BudgetOption = Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")]
+TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
+RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]
+PriceOption = Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")]
+ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")]
+
+
+def clean_errors(command):
+    """Turn PlanError (and a few OS errors) into one stderr line and exit code 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except PlanError as error:
+            err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
+        except (OSError, UnicodeDecodeError) as error:
+            err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as error:  # a bug: one line, and the traceback on request
+            if os.environ.get("JAXPLAN_DEBUG"):
+                raise
+            err.print(f"[bold red]internal error[/] (a bug in jaxplan, please report it): {type(error).__name__}: {error}. Rerun with JAXPLAN_DEBUG=1 for the traceback.", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=3) from None
+
+    return wrapper
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """'h100_sxm=2.5,h200_sxm=3.1' -> {name: USD per GPU-hour}."""
+    prices = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, _, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            raise bad_value("--price", item, "use GPU=USD_PER_HOUR, e.g. h100_sxm=2.5") from None
+        if not math.isfinite(price) or price <= 0:
+            raise bad_value("--price", item, "the price must be a positive number of USD per GPU-hour")
+        prices[name.strip()] = price
+    return prices
+
+
+def progress_bar():
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
+
+
+def sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price):
+    """Load and validate the inputs shared by sweep and sensitivity."""
+    from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+    from jaxplan.specs.workload import Arrival
+
+    model_spec = load_model(model)
+    gpu_specs = parse_gpu_list(gpus)
+    prices = parse_prices(price)
+    unknown = set(prices) - {g.name for g in gpu_specs}
+    if unknown:
+        raise bad_value("--price", sorted(unknown)[0], f"not among --gpus ({gpus})")
+    gpu_specs = tuple(g.with_price(prices[g.name]) if g.name in prices else g for g in gpu_specs)
+    workload_spec = load_workload(workload)
+    changes = {}
+    if target_throughput is not None:
+        changes["target_output_tokens_per_s"] = target_throughput
+    if rate is not None:
+        changes.update(arrival=Arrival.POISSON, request_rate_per_s=rate)
+    if changes:
+        workload_spec = dataclasses.replace(workload_spec, **changes)
+    space_spec = load_space(space)
+    if budget is not None:
+        space_spec = space_spec.replace(gpu_budget=budget)
+    return model_spec, gpu_specs, workload_spec, space_spec
+
+
+def run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=1 << 16, params=None):
+    from jaxplan.funnel.sweep import run_sweep
+
+    out.print(f"[bold]{model_spec.describe()}[/]", highlight=False)
+    out.print(workload_spec.describe(), highlight=False)
+    with progress_bar() as progress:
+        task = progress.add_task("sweeping", total=space_spec.size(len(gpu_specs)))
+        return run_sweep(
+            model_spec, gpu_specs, workload_spec, space_spec, top_k=top, chunk_size=chunk_size,
+            params_path=str(params) if params else None,
+            progress=lambda done, total: progress.update(task, completed=done),
+        )
+
+
+def json_default(value):
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if hasattr(value, "value"):
+        return value.value
+    return str(value)
+
+
+def finite(value):
+    """JSON has no inf: write null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

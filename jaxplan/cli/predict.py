@@ -1,0 +1,78 @@
+"""`jaxplan predict` and `jaxplan simulate`: explicit configurations from a CSV."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from jaxplan.cli.common import ParamsOption, app, clean_errors, err, out
+from jaxplan.errors import bad_value
+
+
+class Method(str, enum.Enum):
+    ANALYTICAL = "analytical"
+    REPLAY = "replay"
+
+
+@app.command()
+@clean_errors
+def predict(
+    input_csv: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="One row per configuration (see README for columns).")],
+    output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False, help="Where to write the rows with predictions.")],
+    method: Annotated[Method, typer.Option(help="replay: step-by-step scheduler replay per row; analytical: stage 4's steady-state model (instant).")] = Method.REPLAY,
+    requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,
+    params: ParamsOption = None,
+) -> None:
+    """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
+    from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
+    from jaxplan.predict import OUTPUT_COLUMNS, predict_rows, replay_predict_rows
+
+    rows = read_predict_csv(input_csv)
+    if not rows:
+        raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
+    params_path = str(params) if params else None
+    with err.status(f"predicting {len(rows)} rows ({method.value})"):
+        if method == Method.REPLAY:
+            predicted = replay_predict_rows(rows, params_path=params_path, source=str(input_csv), num_requests=requests)
+        else:
+            predicted = predict_rows(rows, params_path=params_path, source=str(input_csv))
+    write_predict_csv(predicted, output, extra_columns=OUTPUT_COLUMNS)
+    out.print(f"wrote {len(predicted)} rows to {output}")
+
+
+@app.command()
+@clean_errors
+def simulate(
+    input_csv: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Configurations to replay, in the predict CSV format.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Also write the rows with replayed metrics here.")] = None,
+    requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Requests per row (default: num_prompts, or 1000).")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the sampled requests.")] = 0,
+    params: ParamsOption = None,
+) -> None:
+    """Replay explicit configurations step by step (the vLLM-style scheduler) and print their metrics."""
+    from rich.table import Table
+
+    from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
+    from jaxplan.predict import OUTPUT_COLUMNS, replay_predict_rows
+
+    rows = read_predict_csv(input_csv)
+    if not rows:
+        raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
+    with err.status(f"replaying {len(rows)} configurations"):
+        replayed = replay_predict_rows(rows, params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed)
+    table = Table(title=f"Replayed {len(rows)} configurations")
+    for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "status"):
+        table.add_column(name)
+    fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
+    for r in replayed:
+        table.add_row(
+            str(r["model"]), str(r["gpu"]), f"{r['tensor_parallel_size']}x{r.get('pipeline_parallel_size') or 1}x{r.get('data_parallel_size') or 1}",
+            f"{r['isl']:g}/{r['osl']:g}", fmt(r["ttft_ms_mean"]), fmt(r["ttft_ms_p99"]), fmt(r["tpot_ms_mean"]), fmt(r["tpot_ms_p99"]), fmt(r["output_tok_s"]), r["status"],
+        )
+    out.print(table)
+    if output:
+        write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS)
+        out.print(f"wrote {output}")

@@ -1,0 +1,115 @@
+"""`jaxplan sweep`: the whole funnel over the grid, then the replay of the finalists."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from jaxplan.cli.common import (
+    BudgetOption,
+    GpusOption,
+    ModelOption,
+    ParamsOption,
+    PriceOption,
+    RateOption,
+    SpaceOption,
+    TargetOption,
+    WorkloadOption,
+    app,
+    clean_errors,
+    err,
+    finite,
+    json_default,
+    out,
+    run_sweep,
+    sweep_options,
+)
+
+
+@app.command()
+@clean_errors
+def sweep(
+    model: ModelOption = "llama-3.1-70b",
+    gpus: GpusOption = "h100_sxm,h200_sxm",
+    workload: WorkloadOption = "coding",
+    space: SpaceOption = "default",
+    budget: BudgetOption = None,
+    target_throughput: TargetOption = None,
+    rate: RateOption = None,
+    top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
+    price: PriceOption = None,
+    chunk_size: Annotated[int, typer.Option(min=1024, max=1 << 24, help="Candidates per streamed chunk.")] = 1 << 16,
+    params: ParamsOption = None,
+    replay: Annotated[bool, typer.Option(help="Stage 7: replay the finalists step by step and re-rank them.")] = True,
+    replay_requests: Annotated[int, typer.Option(min=10, max=1_000_000, help="Requests per replay (sampled from the workload, seeded).")] = 2000,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
+    json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
+) -> None:
+    """Search the whole grid: funnel counts, the top configurations and a ready `vllm serve` command."""
+    from jaxplan.report.tables import funnel_table, rows_table
+    from jaxplan.report.vllm_command import vllm_serve_command
+
+    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size, params)
+    out.print(funnel_table(result))
+    replayed = None
+    if replay and result.shortlist:
+        import time as _time
+
+        from jaxplan.funnel.replay_stage import replay_rows
+
+        t0 = _time.perf_counter()
+        with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
+            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed)
+        from jaxplan.funnel.replay_stage import rank_agreement
+
+        agreement = rank_agreement(replayed)
+        out.print(
+            f"7 replay: {len(replayed)} finalists x {replayed[0]['replay_requests']:,} requests in {_time.perf_counter() - t0:.1f} s; "
+            f"re-ranked by replayed metrics (Spearman rank correlation with stage 4: {agreement:.2f})",
+            highlight=False,
+        )
+    elif not replay:
+        out.print("7 replay: skipped (--no-replay); ranking is stage 4's.", style="dim")
+    report = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
+    if result.shortlist:
+        final = replayed or result.shortlist
+        title = "re-ranked by the replay" if replayed else "ranked by stage 4"
+        out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}"))
+        out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
+    else:
+        err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2, default=json_default))
+        out.print(f"wrote {json_path}")
+    if not result.shortlist:
+        raise typer.Exit(code=2)
+
+
+def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:
+    from jaxplan.funnel.replay_stage import rank_agreement
+
+    clean = lambda row: {k: finite(v) for k, v in row.items()}  # noqa: E731
+    best = replayed[0] if replayed else result.winner
+    winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization)) if best else None
+    return {
+        "model": dataclasses.asdict(result.model),
+        "workload": dataclasses.asdict(result.workload),
+        "space": dataclasses.asdict(result.grid.space),
+        "gpus": [dataclasses.asdict(g) for g in result.grid.gpus],
+        "grid_size": result.grid.size,
+        "funnel": [dataclasses.asdict(s) for s in result.stages],
+        "replay": [clean(r) for r in replayed] if replayed else None,
+        "replay_rank_correlation_with_stage4": finite(rank_agreement(replayed)) if replayed else None,
+        "compile_s": result.compile_s,
+        "run_s": result.run_s,
+        "num_devices": result.num_devices,
+        "shortlist": [clean(r) for r in result.shortlist],
+        "frontier": [clean(r) for r in result.frontier],
+        "winner": winner,
+        "empty_explanation": None if result.shortlist else result.empty_explanation(),
+    }

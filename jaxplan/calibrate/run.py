@@ -15,15 +15,19 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.calibrate import fit
 from jaxplan.calibrate.metrics import mape, spearman
+from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_PATH
-from jaxplan.predict import predict_rows
+from jaxplan.physics.shapes import hardware_table, take
+from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, predict_rows, row_batches
 from jaxplan.specs import known
 
 FIT_BACKEND = "vllm"
+KV_BLOCK_TOKENS = 16  # vLLM's default block size
 
 
 def _usable(rows: list[dict]) -> list[dict]:
@@ -35,11 +39,37 @@ def _usable(rows: list[dict]) -> list[dict]:
     ]
 
 
+def kv_holds_concurrency(rows: list[dict], efficiency: dict[str, dict[str, float]]) -> list[bool]:
+    """Per row: can each replica's KV cache hold its share of the clients' full contexts
+    (concurrency / dp x (ISL + OSL) tokens)? Where it cannot, vLLM admits on prompt blocks
+    and preempts later, and the measured TTFT depends on how long the benchmark ran
+    (`num_prompts`), which the shared data does not state."""
+    fits = [True] * len(rows)
+    for batch in row_batches(rows, source="measurements"):
+        hw = take(hardware_table(batch.gpus, {g.name: efficiency[g.name] for g in batch.gpus}), jnp.asarray(batch.gpu_index))
+        tokens = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION)) * KV_BLOCK_TOKENS
+        w = batch.workload
+        demand = np.asarray(w.concurrency) / np.asarray(batch.layout.data_parallel_size) * (np.asarray(w.isl_tokens) + np.asarray(w.osl_tokens))
+        closed = np.asarray(w.arrival_code) == 2
+        for k, i in enumerate(batch.row_ids):
+            fits[i] = bool(not closed[k] or tokens[k] >= demand[k])
+    return fits
+
+
 def accuracy(rows: list[dict], params: dict[str, dict[str, float]]) -> dict:
-    """MAPE of TTFT and TPOT, Spearman of output throughput, for rows predicted with `params`."""
+    """MAPE of TTFT and TPOT, Spearman of output throughput, for rows predicted with `params`;
+    the same again under "kv_fits" for the rows whose KV cache holds the clients' contexts."""
     if not rows:
         return {"rows": 0}
     complete = {g: {**DEFAULTS, **values} for g, values in params.items()}
+    out = _accuracy(rows, complete)
+    fits = kv_holds_concurrency(rows, complete)
+    if 0 < sum(fits) < len(rows):
+        out["kv_fits"] = _accuracy([r for r, f in zip(rows, fits) if f], complete)
+    return out
+
+
+def _accuracy(rows: list[dict], complete: dict[str, dict[str, float]]) -> dict:
     predicted = predict_rows(rows, source="measurements", efficiency=complete)
     out = {"rows": len(rows)}
     for key, measured_key in (("ttft", "measured_ttft_ms_mean"), ("tpot", "measured_tpot_ms_mean")):

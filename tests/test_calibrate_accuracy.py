@@ -1,0 +1,23 @@
+"""Which measured rows the accuracy report keeps under "kv_fits" (hand-computed capacity)."""
+
+from jaxplan.calibrate.run import kv_holds_concurrency
+from jaxplan.physics.params import DEFAULTS
+
+# Llama-3.1-70B BF16 at TP=2 on H100-80GB holds 8.98 requests of 2,500 tokens (test_funnel_sieves).
+BASE = dict(model="llama-3.1-70b", gpu="h100_sxm", tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=1,
+            weight_dtype="bf16", kv_cache_dtype="auto", isl=1500, osl=1000)
+
+
+def test_closed_loop_rows_fit_up_to_the_hand_computed_capacity():
+    rows = [dict(BASE, concurrency=c) for c in (1, 8, 9, 64)]
+    assert kv_holds_concurrency(rows, {"h100_sxm": DEFAULTS}) == [True, True, False, False]
+
+
+def test_replicas_split_the_clients():
+    rows = [dict(BASE, concurrency=16, data_parallel_size=2), dict(BASE, concurrency=18, data_parallel_size=2)]
+    assert kv_holds_concurrency(rows, {"h100_sxm": DEFAULTS}) == [True, False]
+
+
+def test_open_loop_rows_are_always_kept():
+    rows = [dict(BASE, request_rate=50.0, num_prompts=1000), dict(BASE, request_rate="inf", num_prompts=1000)]
+    assert kv_holds_concurrency(rows, {"h100_sxm": DEFAULTS}) == [True, True]

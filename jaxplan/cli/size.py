@@ -1,0 +1,62 @@
+"""`jaxplan size`: the smallest and the cheapest deployment per GPU type for a throughput target, and a batch job's wall time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from jaxplan.cli.common import (
+    BudgetOption,
+    GpusOption,
+    ModelOption,
+    ParamsOption,
+    PriceOption,
+    RateOption,
+    SpaceOption,
+    TargetOption,
+    WorkloadOption,
+    app,
+    clean_errors,
+    err,
+    json_default,
+    out,
+    run_sweep,
+    sweep_options,
+)
+
+
+@app.command()
+@clean_errors
+def size(
+    model: ModelOption = "llama-3.1-70b",
+    gpus: GpusOption = "h100_sxm,h200_sxm",
+    workload: WorkloadOption = "rl-rollout",
+    space: SpaceOption = "default",
+    budget: BudgetOption = None,
+    target_throughput: TargetOption = None,
+    rate: RateOption = None,
+    price: PriceOption = None,
+    params: ParamsOption = None,
+    rollout_prompts: Annotated[int | None, typer.Option(min=1, help="Batch job (RL rollouts): prompts to generate; prints its wall time and cost at each pick's throughput.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", dir_okay=False, help="Write the sizing here.")] = None,
+) -> None:
+    """How many GPUs for X output tokens/s? Per GPU type, the fewest GPUs and the cheapest per token
+    that meet the target (--target-throughput, or the workload's own) and the SLOs."""
+    from jaxplan.errors import PlanError
+    from jaxplan.sizing import size_deployments, sizing_table
+
+    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    if workload_spec.target_output_tokens_per_s <= 0:
+        raise PlanError(f"workload {workload_spec.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
+    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, 1, params=params)
+    sizing = size_deployments(result, rollout_prompts=rollout_prompts)
+    out.print(sizing_table(sizing))
+    if json_path:
+        json_path.write_text(json.dumps(sizing.to_json(), indent=2, default=json_default))
+        out.print(f"wrote {json_path}")
+    if not sizing.per_gpu:
+        err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2)

@@ -1,0 +1,84 @@
+"""Sizing: the fewest GPUs and the cheapest per token per GPU type, and a batch job's wall time."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from jaxplan.errors import PlanError
+from jaxplan.funnel.sweep import run_sweep
+from jaxplan.sizing import rollout_seconds, size_deployments
+from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+
+MODEL = load_model("qwen3.5-27b")
+GPUS = parse_gpu_list("h100_sxm,h200_sxm")
+WORKLOAD = dataclasses.replace(load_workload("rl-rollout"), target_output_tokens_per_s=12_000.0)
+
+
+@pytest.fixture(scope="module")
+def sized():
+    result = run_sweep(MODEL, GPUS, WORKLOAD, load_space("small"), top_k=1)
+    return result, size_deployments(result, rollout_prompts=4096)
+
+
+def test_smallest_is_the_fewest_gpus_that_meet_the_target(sized):
+    _, sizing = sized
+    assert [c.gpu for c in sizing.per_gpu] == ["h100_sxm", "h200_sxm"]
+    for choice in sizing.per_gpu:
+        r = choice.smallest
+        assert r["gpu"] == choice.gpu and r["output_tokens_per_s"] >= WORKLOAD.target_output_tokens_per_s
+        # Independently: a sweep of that GPU type alone with one GPU less of budget finds nothing,
+        # and with exactly that budget finds a deployment of that size.
+        gpu = parse_gpu_list(choice.gpu)
+        space = load_space("small")
+        if r["num_gpus"] > 1:
+            assert run_sweep(MODEL, gpu, WORKLOAD, space.replace(gpu_budget=r["num_gpus"] - 1), top_k=1).shortlist == []
+        at_budget = run_sweep(MODEL, gpu, WORKLOAD, space.replace(gpu_budget=r["num_gpus"]), top_k=1).shortlist
+        assert at_budget and at_budget[0]["num_gpus"] == r["num_gpus"]
+        c = choice.cheapest_per_token
+        assert c["cost_per_million_output_tokens_usd"] <= r["cost_per_million_output_tokens_usd"] * (1 + 1e-3)
+        assert choice.feasible_layouts >= 1
+
+
+def test_rollout_time_is_inverse_to_throughput(sized):
+    _, sizing = sized
+    at_target = sizing.rollout_s(12_000.0)
+    assert at_target == pytest.approx(4096 * WORKLOAD.osl_mean_tokens / 12_000.0)
+    assert sizing.rollout_s(6_000.0) == pytest.approx(2 * at_target)  # half the throughput, twice the time
+    assert rollout_seconds(10, 100.0, 0.0) == float("inf")
+    payload = sizing.to_json()
+    json.dumps(payload)
+    assert payload["rollout"]["at_half_target_s"] == pytest.approx(2 * payload["rollout"]["at_target_s"])
+    for entry in payload["per_gpu"]:
+        r = entry["smallest"]
+        assert r["rollout_s"] == pytest.approx(4096 * WORKLOAD.osl_mean_tokens / r["output_tokens_per_s"])
+        assert r["rollout_usd"] == pytest.approx(r["rollout_s"] / 3600 * r["hourly_usd"])
+
+
+def test_sizing_needs_a_target(sized):
+    result, _ = sized
+    no_target = dataclasses.replace(result, workload=dataclasses.replace(WORKLOAD, target_output_tokens_per_s=0.0))
+    with pytest.raises(PlanError, match="target"):
+        size_deployments(no_target)
+
+
+def test_cli_size_and_sweep_with_target(tmp_path):
+    from jaxplan.cli import app
+
+    runner = CliRunner()
+    path = tmp_path / "size.json"
+    args = ["--model", "qwen3.5-27b", "--workload", "rl-rollout", "--space", "small", "--target-throughput", "12000"]
+    result = runner.invoke(app, ["size", *args, "--rollout-prompts", "4096", "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())  # rich wraps to the terminal's width
+    assert "Sizing for >= 12,000 output tokens/s" in text and "at half this throughput it takes 2x longer" in text
+    payload = json.loads(path.read_text())
+    assert {e["gpu"] for e in payload["per_gpu"]} == {"h100_sxm", "h200_sxm"}
+    sweep = runner.invoke(app, ["sweep", *args, "--no-replay"])
+    assert sweep.exit_code == 0, sweep.output
+    assert "Sizing for >= 12,000 output tokens/s" in " ".join(sweep.stdout.split())
+    bad = runner.invoke(app, ["size", "--workload", "coding", "--space", "small"])
+    assert bad.exit_code == 1 and "no throughput target" in bad.output

@@ -1,0 +1,143 @@
+"""Winner map: stages 1-4 over workload scenarios in one pass.
+
+Checked against independent sweeps (each scenario's winner and runner-up are the sweep's stage-4
+shortlist rows 1 and 2 for that workload) and against a hand-built two-candidate case whose
+winner must flip where the cheaper candidate stops keeping up."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from jaxplan.errors import PlanError
+from jaxplan.funnel.chunk import evaluate_digits
+from jaxplan.funnel.reasons import Reason
+from jaxplan.funnel.sweep import build_context, run_sweep
+from jaxplan.grid import Grid
+from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+from jaxplan.winner_map import parse_axes, winner_map
+
+MODEL = load_model("llama-3.1-70b")
+GPUS = parse_gpu_list("h100_sxm,h200_sxm")
+CODING = load_workload("coding")  # ISL 8,000, Poisson 8 req/s
+AXES = "isl=4000,8000,rate=4,8"  # the current workload is the cell (isl 8,000, rate 8)
+
+
+@pytest.fixture(scope="module")
+def small_map():
+    return winner_map(MODEL, GPUS, CODING, load_space("small"), AXES)
+
+
+def test_parse_axes_ranges_lists_and_errors():
+    isl, hit = parse_axes("isl=2000:32000:5,hit=0:0.5:3")
+    assert isl.name == "isl" and isl.values == (2000, 4000, 8000, 16000, 32000)  # log-spaced
+    assert hit.values == (0.0, 0.25, 0.5)  # linear
+    (rate,) = parse_axes("request_rate_per_s=4,1,2")
+    assert rate.name == "rate" and rate.values == (1, 2, 4)  # aliases; sorted
+    for bad in ("speed=1:2:3", "isl=1:2", "isl=10:5:3", "hit=0.5,1.0", "rate=0", "isl=1,osl=1,rate=1,hit=0", "4000", "isl=1,isl=2", ""):
+        with pytest.raises(PlanError):
+            parse_axes(bad)
+
+
+def test_scenario_errors_are_plan_errors():
+    with pytest.raises(PlanError, match="not Poisson"):
+        winner_map(MODEL, GPUS, load_workload("rl-rollout"), load_space("small"), "rate=1,2")
+    with pytest.raises(PlanError, match="max_position_embeddings"):
+        winner_map(MODEL, GPUS, CODING, load_space("small"), "isl=200000")
+
+
+def test_every_cell_is_the_sweeps_own_answer(small_map):
+    space = load_space("small")
+    assert small_map.shape == (1, 2, 2)
+    # The extra scenario (the current workload) and the cell at the same values both equal the sweep's top 2.
+    sweep = run_sweep(MODEL, GPUS, CODING, space, top_k=2)
+    first, second = sweep.shortlist
+    assert small_map.current_winner["digits"] == first["digits"] and small_map.current_runner_up["digits"] == second["digits"]
+    assert small_map.current_objective == pytest.approx(first["score"], abs=1e-6)
+    cz, cy, cx = small_map.current_cell()
+    assert (cy, cx) == (1, 1)
+    assert small_map.winner[cz][cy][cx]["digits"] == first["digits"]
+    # A cell away from the current workload equals an independent sweep of that workload.
+    other = dataclasses.replace(CODING, isl_mean_tokens=4000.0, request_rate_per_s=4.0)
+    sweep = run_sweep(MODEL, GPUS, other, space, top_k=2)
+    assert small_map.winner[0][0][0]["digits"] == sweep.shortlist[0]["digits"]
+    assert small_map.runner_up[0][0][0]["digits"] == sweep.shortlist[1]["digits"]
+    expected_margin = math.expm1(sweep.shortlist[0]["score"] - sweep.shortlist[1]["score"])
+    assert small_map.margins[0, 0, 0] == pytest.approx(expected_margin, rel=1e-3, abs=1e-6)
+    # Feasible counts equal the sweep's stage-4 admissions.
+    assert small_map.feasible[0, 0, 0] == sweep.stages[3].admitted
+
+
+def test_plane_is_the_heat_map_interface(small_map):
+    plane = small_map.plane()
+    assert plane.x_name == "isl" and plane.y_name == "rate"
+    assert list(plane.x_values) == [4000, 8000] and list(plane.y_values) == [4, 8]
+    assert plane.winner_labels.shape == (2, 2) and plane.margin.shape == (2, 2)
+    assert all(label.split()[0] in ("H100", "H200") and "TP" in label for label in plane.winner_labels.ravel())
+    assert plane.current == (8000.0, 8.0)
+    assert np.all((plane.margin >= 0) | np.isnan(plane.margin))
+    payload = small_map.to_json()
+    json.dumps(payload)  # no NaN/inf objects that break strict readers... (json allows NaN; we write null)
+    assert len(payload["cells"]) == 4 and payload["current"]["winner"]["digits"] == small_map.current_winner["digits"]
+
+
+def two_candidate_space():
+    """One H100 layout, TP4 x PP1, at DP 1 or 2 (everything else fixed): two candidates."""
+    return load_space("small").replace(
+        tensor_parallel_size=(4,), pipeline_parallel_size=(1,), data_parallel_size=(1, 2), max_num_seqs=(256,),
+        max_num_batched_tokens=(8192,), weight_dtype=("fp8",), kv_cache_dtype=("fp8",),
+    )
+
+
+def test_winner_flips_where_the_cheaper_candidate_stops_keeping_up():
+    # Poisson traffic: while both keep up within the SLOs they deliver the same tokens/s, so the one
+    # replica (half the GPUs, half the price) wins by ~2x tokens per dollar; past the rate where it
+    # overloads or misses an SLO, only the two-replica layout is left.
+    gpus = parse_gpu_list("h100_sxm")
+    space = two_candidate_space()
+    rates = tuple(float(r) for r in np.geomspace(1.0, 64.0, 13))
+    wmap = winner_map(MODEL, gpus, CODING, space, "rate=" + ",".join(f"{r:.6g}" for r in rates))
+    labels = wmap.labels[0, 0, :]  # a one-axis map is [1, 1, nx]
+    # Independently: stage 4 of each candidate at each rate (explicit digits, no streaming tables).
+    grid = Grid(gpus, space)
+    ok = {}
+    for dp_digit in (0, 1):
+        digits = np.zeros((1, 8), np.int32)
+        digits[0, -1] = dp_digit
+        feasible = []
+        for r in wmap.axes[0].values:
+            ctx = build_context(grid, MODEL, dataclasses.replace(CODING, request_rate_per_s=r))
+            ev = evaluate_digits(ctx, jnp.asarray(digits))
+            feasible.append(int(ev.reason[0]) == Reason.ADMITTED)
+        ok[dp_digit + 1] = np.array(feasible)
+    assert ok[1].any() and not ok[1].all(), "the rate range must straddle where one replica stops keeping up"
+    assert not np.any(ok[1] & ~ok[2]), "two replicas keep up wherever one does"
+    expected = np.where(ok[1], "H100 TP4xPP1xDP1", np.where(ok[2], "H100 TP4xPP1xDP2", ""))
+    np.testing.assert_array_equal(labels, expected)
+    both = ok[1] & ok[2]
+    assert both.any()
+    # Same throughput, half the price: margin ~ +100% (minus the 1% TPOT tie-break weight).
+    np.testing.assert_allclose(wmap.margins[0, 0, both], 1.0, atol=0.05)
+    assert np.all(np.isnan(wmap.margins[0, 0, ~ok[1]]))  # one candidate (or none) left: no runner-up
+    flips = [b for b in wmap.boundaries() if b["from_winner"] == "H100 TP4xPP1xDP1"]
+    assert len(flips) == 1 and flips[0]["to_winner"] == "H100 TP4xPP1xDP2"
+
+
+def test_cli_winner_map_table_and_json(tmp_path):
+    from jaxplan.cli import app
+
+    path = tmp_path / "map.json"
+    result = CliRunner().invoke(app, ["sensitivity", "--space", "small", "--winner-map", AXES, "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "Winning layout by mean ISL (tokens) x request rate" in result.stdout
+    assert "current workload (isl = 8,000, rate = 8)" in result.stdout
+    payload = json.loads(path.read_text())
+    assert [a["name"] for a in payload["axes"]] == ["isl", "rate"] and len(payload["cells"]) == 4
+    bad = CliRunner().invoke(app, ["sensitivity", "--space", "small", "--winner-map", "speed=1:2:3"])
+    assert bad.exit_code == 1 and "scenario axes are" in bad.output and "Traceback" not in bad.output

@@ -20,6 +20,7 @@ import statistics
 import time
 
 import jax
+from machine import print_end, print_start
 
 from jaxplan.funnel.sweep import run_sweep
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
@@ -64,6 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     model, gpus, workload = load_model(args.model), parse_gpu_list(args.gpus), load_workload(args.workload)
     space = load_space(args.space)
+    print_start()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, JAX {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}")
     print(f"model {model.name}, GPUs {args.gpus}, workload {workload.name}, space {args.space}; medians of {args.repeat}")
     print("| run | candidates | compile s | run s | wall s | candidates/s | peak RSS GiB | admitted after stage 4 |")
@@ -83,6 +85,7 @@ def main() -> None:
             row(f"chunk {chunk}", *one(model, gpus, workload, space, chunk, args.repeat))
     else:
         row("headline", *one(model, gpus, workload, space, args.chunk, args.repeat))
+    print_end()
 
 
 if __name__ == "__main__":

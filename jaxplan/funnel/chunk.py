@@ -186,9 +186,9 @@ def evaluate_survivors(ctx: SweepContext, c: Candidates, prepared) -> Evaluated:
     return Evaluated(reason, score, layout, est, per_million, hourly, jnp.zeros_like(score), est.bound)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "mesh", "page_size"))
+@functools.partial(jax.jit, static_argnames=("model", "mesh", "page_size"), donate_argnames=("state",))
 def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, *, model: ModelShape, mesh, page_size: int):
-    """Per-device (state, reason histogram) after the chunk at base + offsets.
+    """Per-device (state, reason histogram) after the chunk at base + offsets. `state` is donated.
 
     `ctx.model` is ignored (pass None); the static `model` is folded into the kernel.
     `state` and the result carry a leading device axis [D, ...]; offsets [D * chunk/D] are split

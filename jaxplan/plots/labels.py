@@ -1,0 +1,22 @@
+"""Short labels for figures: GPU names and (GPU, TP, PP, DP) layouts."""
+
+from __future__ import annotations
+
+
+def gpu_label(name: str) -> str:
+    """'h200_sxm' -> 'H200'."""
+    return name.split("_")[0].upper()
+
+
+def split_label(row: dict) -> str:
+    """'TP4xPP1xDP2' for a row with tensor/pipeline/data_parallel_size."""
+    return f"TP{row['tensor_parallel_size']}xPP{row['pipeline_parallel_size']}xDP{row['data_parallel_size']}"
+
+
+def layout_label(row: dict) -> str:
+    """'H200 TP4xPP1xDP2'."""
+    return f"{gpu_label(row['gpu'])} {split_label(row)}"
+
+
+def gpus_label(names) -> str:
+    return ", ".join(gpu_label(n) for n in names)

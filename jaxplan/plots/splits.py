@@ -1,0 +1,128 @@
+"""The same GPUs arranged differently: the best candidate of each (TP, PP, DP) split at one GPU count.
+
+`best_per_split` re-evaluates (stages 1-4, the sweep's own kernel) every candidate of those splits --
+all batching knobs and dtypes of each -- and keeps the best by the sweep's objective;
+`splits_figure` draws throughput per GPU, p99 TPOT and p99 TTFT per split.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from jaxplan.plots.labels import gpu_label, split_label
+from jaxplan.plots.style import GREY, OKABE_ITO, figure, log_axis, styled
+
+KNOB_AXES = ("max_num_seqs", "max_num_batched_tokens", "weight_dtype", "kv_cache_dtype")
+
+
+def split_digits(grid, num_gpus: int, gpus: tuple[str, ...] | None = None) -> dict[tuple, np.ndarray]:
+    """{(gpu, tp, pp, dp): digits [K, A] of all its candidates} for splits with TP x PP x DP == num_gpus."""
+    from jaxplan.grid import AXES
+
+    labels = grid.labels
+    knob_digits = np.array(list(itertools.product(*(range(len(labels[a])) for a in KNOB_AXES))), np.int32)
+    out = {}
+    for g, gpu in enumerate(labels["gpu"]):
+        if gpus is not None and gpu not in gpus:
+            continue
+        for (t, tp), (p, pp), (d, dp) in itertools.product(*(enumerate(labels[a]) for a in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))):
+            if tp * pp * dp != num_gpus:
+                continue
+            digits = np.zeros((len(knob_digits), len(AXES)), np.int32)
+            digits[:, AXES.index("gpu")], digits[:, AXES.index("tensor_parallel_size")] = g, t
+            digits[:, AXES.index("pipeline_parallel_size")], digits[:, AXES.index("data_parallel_size")] = p, d
+            for k, axis in enumerate(KNOB_AXES):
+                digits[:, AXES.index(axis)] = knob_digits[:, k]
+            out[(gpu, tp, pp, dp)] = digits
+    return out
+
+
+def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -> list[dict]:
+    """One row per split (GPU type, TP, PP, DP) with TP x PP x DP == num_gpus: the sweep's row of its best
+    candidate (`passes` True), or, when none passes stages 1-4, `passes` False and `why` (the most
+    common reason at the furthest stage its candidates reached). Best first by the sweep's score."""
+    import jax
+
+    from jaxplan.funnel.chunk import evaluate_digits
+    from jaxplan.funnel.reasons import DESCRIPTION, STAGE_OF, Reason
+    from jaxplan.funnel.sweep import REPORT_ROWS, rows_for
+
+    splits = split_digits(result.grid, num_gpus, gpus)
+    if not splits:
+        return []
+    keys = list(splits)
+    sizes = [len(splits[k]) for k in keys]
+    flat = np.concatenate([splits[k] for k in keys])
+    padded = np.zeros((-(-len(flat) // REPORT_ROWS) * REPORT_ROWS, flat.shape[1]), np.int32)
+    padded[: len(flat)] = flat
+    # blocks of REPORT_ROWS: the shape the sweep's rows_for already compiled
+    blocks = [jax.device_get(evaluate_digits(result.context, block)) for block in np.split(padded, len(padded) // REPORT_ROWS)]
+    score = np.concatenate([b.score for b in blocks])[: len(flat)]
+    reason = np.concatenate([b.reason for b in blocks])[: len(flat)]
+    rows, start = [], 0
+    for key, size in zip(keys, sizes):
+        part = slice(start, start + size)
+        start += size
+        best = int(np.argmax(score[part]))  # first of equals: the lowest grid index
+        if np.isfinite(score[part][best]):
+            rows.append(dict(rows_for(result.grid, result.context, flat[part][best : best + 1])[0], passes=True, why=""))
+            continue
+        codes = [Reason(int(r)) for r in reason[part] if int(r) not in (Reason.ADMITTED, Reason.PADDING)]
+        furthest = max((STAGE_OF[c] for c in codes), default=0)
+        common = max({c for c in codes if STAGE_OF[c] == furthest}, key=lambda c: (codes.count(c), -c), default=None)
+        gpu, tp, pp, dp = key
+        why = DESCRIPTION[common] if common is not None else "no finite estimate"
+        rows.append({"gpu": gpu, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": dp,
+                     "num_gpus": num_gpus, "passes": False, "why": why, "score": float("-inf")})
+    return sorted(rows, key=lambda r: -r["score"])
+
+
+def splits_figure(rows: list[dict], workload=None, *, highlight: dict | None = None, title: str | None = None):
+    """Three panels (throughput/GPU, p99 TPOT, p99 TTFT), one bar per split, best on top; splits where
+    nothing passes stages 1-4 are listed with the reason. `highlight`: a row (e.g. the winner) to colour."""
+    rows = rows[::-1]  # barh draws bottom-up
+    names = [f"{gpu_label(r['gpu'])} {split_label(r)}" for r in rows]
+    chosen = [highlight is not None and all(r[k] == highlight[k] for k in ("gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")) for r in rows]
+    colours = [OKABE_ITO["orange"] if c else OKABE_ITO["blue"] for c in chosen]
+    num_gpus = rows[0]["num_gpus"] if rows else 0
+    height = max(4.5, 1.6 + 0.42 * len(rows))
+    with styled():
+        fig, axes = figure(1, 3, sharey=True, size_in=(12.0, min(height, 13.5)), gridspec_kw={"width_ratios": [1.6, 1, 1]})
+        panels = (
+            ("output_tokens_per_s_per_gpu", 1.0, "output tokens/s per GPU", None, False),
+            ("tpot_p99_s", 1e3, "p99 TPOT (ms, log scale)", getattr(workload, "tpot_slo_s", None), True),
+            ("ttft_p99_s", 1e3, "p99 TTFT (ms, log scale)", getattr(workload, "ttft_slo_s", None), True),
+        )
+        for ax, (key, scale, label, slo, log) in zip(axes[0], panels):
+            values = [r[key] * scale if r["passes"] else np.nan for r in rows]
+            ax.barh(range(len(rows)), np.nan_to_num(values, nan=0.0), color=colours, height=0.65, log=False)
+            if log:
+                ax.set_xscale("log")
+                finite = [v for v in values if np.isfinite(v) and v > 0]
+                if finite:
+                    ax.set_xlim(min(finite) / 1.5, max(finite + ([slo * scale] if slo and np.isfinite(slo) else [])) * 1.5)
+                log_axis(ax, "x")
+            if slo is not None and np.isfinite(slo):
+                ax.axvline(slo * scale, color=OKABE_ITO["vermillion"], ls="--", lw=2)
+            ax.set_xlabel(label)
+            ax.grid(axis="y", visible=False)
+        first = axes[0][0]
+        for i, r in enumerate(rows):
+            if not r["passes"]:
+                first.text(0.01, i, f"none passes: {_short(r['why'])}", transform=first.get_yaxis_transform(), va="center", fontsize=11, color=GREY)
+        first.set_yticks(range(len(rows)), names)
+        for tick, r in zip(first.get_yticklabels(), rows):
+            tick.set_color("black" if r["passes"] else GREY)
+        first.set_ylim(-0.6, len(rows) - 0.4)
+        for ax, name, (_, scale, _, slo, _) in zip(axes[0], ("Throughput per GPU", "p99 TPOT", "p99 TTFT"), panels):
+            has_slo = slo is not None and np.isfinite(slo)
+            ax.set_title(f"{name}\n(dashed: SLO {slo * scale:,.0f} ms)" if has_slo else name)
+        marked = " (orange: the winner)" if any(chosen) else ""
+        fig.suptitle(title or f"The same {num_gpus} GPUs arranged differently: best of each TP x PP x DP{marked}")
+    return fig
+
+
+def _short(text: str, limit: int = 44) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

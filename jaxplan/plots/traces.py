@@ -1,0 +1,47 @@
+"""Replay traces for the timeline figures: stage 7 and `simulate` return summaries only, so the
+finalists (or CSV rows) are replayed again here with the same inputs and seed (same results)."""
+
+from __future__ import annotations
+
+
+def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0):
+    """(ReplayTrace [F], block size) for sweep rows, replayed exactly as stage 7 replays them."""
+    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step_fn
+    from jaxplan.replay import sample_requests, simulate_trace
+
+    workload = result.workload
+    configs, params = finalist_inputs(result, rows)
+    requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
+    trace = simulate_trace(configs, requests, workload, physics_step_fn(result.context.model), params)
+    return trace, configs.block_size
+
+
+def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int = 0, params_path: str | None = None, source: str = "input", step=lambda text: None) -> list[tuple]:
+    """[(row index, ReplayTrace [1], block size, workload)] for predict-format rows that fit, replayed as
+    `jaxplan simulate` replays them (the row's own workload, one replay per row). step(text) before each row."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
+    from jaxplan.physics.memory import kv_blocks_per_replica
+    from jaxplan.physics.params import efficiency_for
+    from jaxplan.physics.shapes import hardware_table, take
+    from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, _row_workload, row_batches
+    from jaxplan.replay import sample_requests, simulate_trace
+
+    out = []
+    for batch in row_batches(rows, source):
+        names = [g.name for g in batch.gpus]
+        hw_all = take(hardware_table(batch.gpus, efficiency_for(names, params_path)), jnp.asarray(batch.gpu_index))
+        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION))
+        for k, i in enumerate(batch.row_ids):
+            step(f"replaying row {int(i) + 1} for its timeline")
+            if blocks[k] < 1:
+                continue
+            workload = _row_workload(batch, k, num_requests)
+            pick = lambda tree, k=k: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
+            config = replay_config(pick(batch.layout), blocks[k : k + 1])
+            trace = simulate_trace(config, sample_requests(workload, None, seed), workload, physics_step_fn(batch.model), (pick(hw_all), pick(batch.layout)))
+            out.append((int(i), trace, config.block_size, workload))
+    return out

@@ -191,8 +191,12 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None):
     )
 
 
-def replay_predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", num_requests: int | None = None, seed: int = 0) -> list[dict]:
-    """Like `predict_rows`, but each row is replayed step by step (one replay per row's workload)."""
+def replay_predict_rows(
+    rows: list[dict], params_path: str | None = None, source: str = "input", num_requests: int | None = None, seed: int = 0, routing: str = "round_robin"
+) -> list[dict]:
+    """Like `predict_rows`, but each row is replayed step by step (one replay per row's workload).
+
+    routing: how requests reach data-parallel replicas, "round_robin" or "least_loaded"."""
     from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.replay import sample_requests, simulate
@@ -209,7 +213,7 @@ def replay_predict_rows(rows: list[dict], params_path: str | None = None, source
             workload = _row_workload(batch, k, num_requests)
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
-            config = replay_config(layout, blocks[k : k + 1])
+            config = replay_config(layout, blocks[k : k + 1], routing=routing)
             m = jax.device_get(simulate(config, sample_requests(workload, None, seed), workload, physics_step_fn(batch.model), (hw, layout)))
             overhead_s = float(hw.request_overhead_s[0])
             results[i].update(
@@ -221,4 +225,7 @@ def replay_predict_rows(rows: list[dict], params_path: str | None = None, source
                 request_s=float(m.request_throughput_per_s[0]),
                 status="ok" if int(m.unfinished[0]) == 0 else f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)",
             )
+            for column in OUTPUT_COLUMNS[:-1]:  # no NaN in an output: TPOT is undefined when every request has 1 output token
+                if results[i][column] is not None and not math.isfinite(results[i][column]):
+                    results[i][column] = None
     return results

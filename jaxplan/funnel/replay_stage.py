@@ -38,34 +38,41 @@ def physics_step_fn(model):
     return step_fn
 
 
-def finalist_inputs(result, rows: list[dict]):
+def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     """(ReplayConfig [F], step params (hw, layout) [F]) for sweep rows."""
     ctx = result.context
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(len(rows), bool))
     hw, layout = take(ctx.hardware, c.gpu_index), layout_of(c)
     blocks = np.asarray(kv_blocks_per_replica(ctx.model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens))
-    return replay_config(layout, blocks, int(result.grid.space.block_size_tokens)), (hw, layout)
+    return replay_config(layout, blocks, int(result.grid.space.block_size_tokens), routing=routing), (hw, layout)
 
 
-def replay_config(layout, kv_blocks, block_size: int = 16) -> ReplayConfig:
-    """The scheduler capacities of layouts [F] with `kv_blocks` [F] per replica (at least one block)."""
+def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin") -> ReplayConfig:
+    """The scheduler capacities of layouts [F] with `kv_blocks` [F] per replica (at least one block).
+
+    routing: how requests reach data-parallel replicas, "round_robin" or "least_loaded".
+    """
     return ReplayConfig.create(
         max_num_seqs=np.asarray(layout.max_num_seqs),
         max_num_batched_tokens=np.asarray(layout.max_num_batched_tokens),
         num_kv_blocks=np.clip(kv_blocks, 1, None),
         data_parallel_size=np.asarray(layout.data_parallel_size),
         block_size=block_size,
+        routing=routing,
     )
 
 
-def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0) -> list[dict]:
-    """The rows with replayed metrics added (`replay_*` keys), re-ranked best first."""
+def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin") -> list[dict]:
+    """The rows with replayed metrics added (`replay_*` keys), re-ranked best first.
+
+    routing: "round_robin" (request i to replica i % dp) or "least_loaded" (to the replica
+    with the fewest waiting + running requests when it arrives)."""
     if not rows:
         return []
     model = result.context.model
     workload = result.workload
-    configs, params = finalist_inputs(result, rows)
+    configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
 
     metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params))
@@ -88,6 +95,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
             replay_preemptions=int(metrics.num_preemptions[i]),
             replay_unfinished=int(metrics.unfinished[i]),
             replay_requests=int(requests.prompt_tokens.shape[0]),
+            replay_routing=configs.routing,
         )
         replayed["replay_score"] = replay_score(replayed, workload)
         out.append(replayed)

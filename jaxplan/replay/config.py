@@ -1,8 +1,9 @@
 """ReplayConfig: the per-finalist scheduler capacities the replay needs.
 
-Every field but `block_size` is an int32 array of shape [F] (one entry per
-finalist); they are traced values inside the replay, so finalists that differ
-in any of them share one compiled program.
+Every field but `block_size` and `routing` is an int32 array of shape [F] (one
+entry per finalist); they are traced values inside the replay, so finalists
+that differ in any of them share one compiled program. `block_size` and
+`routing` are static (one program each).
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from jaxplan.errors import bad_value
 # Most allowed per field. Token and block sums stay below 2**24 so that the
 # replay's float32 prefix sums are exact; 4,096 running requests per replica.
 LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024}
+# How requests reach data-parallel replicas: request i to replica i % dp, or to the replica with
+# the fewest outstanding (waiting + running) requests at its arrival, ties to the lowest index.
+ROUTINGS = ("round_robin", "least_loaded")
+
+
+def check_routing(routing) -> str:
+    """`routing` if it is one of ROUTINGS, else a one-line PlanError."""
+    if routing not in ROUTINGS:
+        raise bad_value("routing", routing, f"use one of {', '.join(ROUTINGS)}")
+    return routing
 
 
 @jax.tree_util.register_dataclass
@@ -29,6 +40,8 @@ class ReplayConfig:
     num_kv_blocks: KV-cache blocks per replica (from the physics' memory model).
     data_parallel_size: replicas, each with its own scheduler and KV cache.
     block_size: tokens per KV block (static, shared by all finalists).
+    routing: "round_robin" (request i to replica i % dp) or "least_loaded" (to the
+        replica with the fewest waiting + running requests at its arrival); static.
     """
 
     max_num_seqs: np.ndarray
@@ -36,9 +49,10 @@ class ReplayConfig:
     num_kv_blocks: np.ndarray
     data_parallel_size: np.ndarray
     block_size: int = dataclasses.field(default=16, metadata={"static": True})
+    routing: str = dataclasses.field(default="round_robin", metadata={"static": True})
 
     @staticmethod
-    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16) -> ReplayConfig:
+    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16, routing: str = "round_robin") -> ReplayConfig:
         """Broadcast scalars / sequences to int32 arrays [F] and validate them (PlanError naming the field)."""
         raw = (max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size)
         try:
@@ -54,7 +68,7 @@ class ReplayConfig:
             fields[name] = value.astype(np.int32)
         if not isinstance(block_size, int) or isinstance(block_size, bool) or not 1 <= block_size <= 4096:
             raise bad_value("block_size", block_size, "must be an integer in 1..4096 tokens", where="ReplayConfig")
-        return ReplayConfig(**fields, block_size=block_size)
+        return ReplayConfig(**fields, block_size=block_size, routing=check_routing(routing))
 
     @property
     def num_finalists(self) -> int:

@@ -1,7 +1,9 @@
 """Host driver: vmap the lane scheduler over every replica of every finalist.
 
 One `lax.while_loop` advances all lanes together (one lane per finalist, its
-replicas replayed one after the other) until every lane is done; a lane that
+replicas replayed one after the other under round-robin routing, or all
+together in time order under least-loaded routing, see balance.py) until
+every lane is done; a lane that
 is done stops changing. The loop runs at most `chunk` iterations per call; the
 host calls it again on the returned state (same shapes, same compiled program)
 until all lanes finish or `max_iterations` is spent, in which case the
@@ -9,6 +11,9 @@ unfinished requests are reported.
 Slot rows (requests in flight per replica) are a fixed capacity too: a lane
 that needs more stops before that step, and the host widens every lane's
 tables (one more compile) and resumes where it stopped.
+Before allocating, the replay's memory is estimated from its array shapes
+(memory.py): finalists too many for the limit run in chunks, and a request
+count that does not fit even for one finalist is refused (PlanError).
 """
 
 from __future__ import annotations
@@ -23,7 +28,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.errors import bad_value
-from jaxplan.replay.config import ReplayConfig
+from jaxplan.replay import memory
+from jaxplan.replay.balance import (
+    balanced_demand,
+    balanced_done,
+    balanced_records,
+    balanced_step,
+    balanced_widen,
+    init_balanced,
+)
+from jaxplan.replay.config import ReplayConfig, check_routing
 from jaxplan.replay.metrics import ReplayMetrics, summarize
 from jaxplan.replay.scheduler import LaneInput, lane_done
 from jaxplan.replay.state import (
@@ -37,7 +51,12 @@ from jaxplan.replay.state import (
     init_lane,
 )
 from jaxplan.replay.step import lane_step
-from jaxplan.replay.traffic import Requests, build_lanes, routing_dp
+from jaxplan.replay.traffic import (
+    Requests,
+    build_balanced_lanes,
+    build_lanes,
+    routing_dp,
+)
 from jaxplan.specs.workload import Arrival, Workload
 
 DEFAULT_WINDOW = 128
@@ -73,9 +92,15 @@ class ReplayTrace(NamedTuple):
     itl_hist: jnp.ndarray  # [F, ITL_BINS] int32 inter-token gaps (all replicas)
 
 
+LEAST_LOADED = "least_loaded"
+
+
 @functools.partial(jax.jit, static_argnames=("num_slots", "max_dp"))
 def _start(requests: Requests, config: ReplayConfig, closed_concurrency, *, num_slots: int, max_dp: int):
-    lanes = build_lanes(requests, config, closed_concurrency, max_dp)
+    if config.routing == LEAST_LOADED:
+        lanes, submitted = build_balanced_lanes(requests, config, closed_concurrency, max_dp)
+    else:
+        lanes = build_lanes(requests, config, closed_concurrency, max_dp)
     pad = jnp.zeros((lanes.stream.shape[0], 3, num_slots), jnp.int32)
     inputs = LaneInput(
         jnp.concatenate([pad, jnp.swapaxes(lanes.stream, 1, 2), pad], axis=2),
@@ -88,19 +113,32 @@ def _start(requests: Requests, config: ReplayConfig, closed_concurrency, *, num_
         lanes.budget,
         lanes.num_kv_blocks,
     )
-    state = jax.vmap(lambda arr, sub: init_lane(arr, sub, max_dp, num_slots))(lanes.arrival, lanes.seg_initial[:, 0])
+    if config.routing == LEAST_LOADED:
+        state = jax.vmap(lambda arr, sub: init_balanced(arr, sub, max_dp, num_slots))(lanes.arrival, submitted)
+    else:
+        state = jax.vmap(lambda arr, sub: init_lane(arr, sub, max_dp, num_slots))(lanes.arrival, lanes.seg_initial[:, 0])
     return inputs, state, lanes.position
 
 
-@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size"), donate_argnames=("state",))
-def _advance(inputs: LaneInput, state: LaneState, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int):
+def _lanes_done(state, inputs: LaneInput, routing: str):
+    """[F] bool: every lane that is done. `state` is a LaneState (round robin) or (LaneState, Route)."""
+    return jax.vmap(balanced_done if routing == LEAST_LOADED else lane_done)(state, inputs)
+
+
+def _lane_state(state, routing: str) -> LaneState:
+    return state[0] if routing == LEAST_LOADED else state
+
+
+@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size", "routing"), donate_argnames=("state",))
+def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, routing: str = "round_robin"):
     """Up to `max_iterations` iterations of every lane; stops early when all are done,
     or (if `grow`) as soon as a lane is out of slot rows (it is frozen before that step)."""
-    step = jax.vmap(functools.partial(lane_step, step_time_fn=step_time_fn, window=window, block_size=block_size), in_axes=(0, 0, 0, None))
+    one = balanced_step if routing == LEAST_LOADED else lane_step
+    step = jax.vmap(functools.partial(one, step_time_fn=step_time_fn, window=window, block_size=block_size), in_axes=(0, 0, 0, None))
 
     def cond(carry):
         st, it = carry
-        return (it < max_iterations) & ~jnp.all(lane_done(st, inputs)) & ~(grow & jnp.any(st.overflow))
+        return (it < max_iterations) & ~jnp.all(_lanes_done(st, inputs, routing)) & ~(grow & jnp.any(_lane_state(st, routing).overflow))
 
     def body(carry):
         st, it = carry
@@ -109,9 +147,11 @@ def _advance(inputs: LaneInput, state: LaneState, step_params, max_iterations, g
     return jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
 
 
-@jax.jit
-def _demand(inputs: LaneInput, state: LaneState):
+@functools.partial(jax.jit, static_argnames=("routing",))
+def _demand(inputs: LaneInput, state, *, routing: str = "round_robin"):
     """Requests each lane wants in flight now: running, preempted, arrived and waiting. [F]."""
+    if routing == LEAST_LOADED:
+        return jax.vmap(balanced_demand)(state, inputs)
     num_s = state.run_i.shape[-1]
     num_r = state.rec_i.shape[-1]
 
@@ -125,11 +165,12 @@ def _demand(inputs: LaneInput, state: LaneState):
     return jax.vmap(one)(state, inputs)
 
 
-@functools.partial(jax.jit, static_argnames=("num_slots",))
-def _grow(inputs: LaneInput, state: LaneState, *, num_slots: int):
+@functools.partial(jax.jit, static_argnames=("num_slots", "routing"))
+def _grow(inputs: LaneInput, state, *, num_slots: int, routing: str = "round_robin"):
     """The same lanes with `num_slots` slot rows (more than before); resumes exactly."""
-    old = state.run_i.shape[-1]
-    extra = num_slots - old
+    extra = num_slots - _lane_state(state, routing).run_i.shape[-1]
+    if routing == LEAST_LOADED:
+        return balanced_widen(inputs, state, extra)
     e_i, e_f = jax.vmap(lambda _: empty_rows(extra))(state.n_run)
     widen = lambda x, e: jnp.concatenate([x, e], axis=-1)
     pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
@@ -145,10 +186,25 @@ def _grow(inputs: LaneInput, state: LaneState, *, num_slots: int):
     return inputs._replace(stream=jnp.concatenate([pad_zero, inputs.stream, pad_zero], axis=-1)), state
 
 
-@jax.jit
-def _finish(requests: Requests, inputs: LaneInput, state: LaneState, position) -> ReplayTrace:
+@functools.partial(jax.jit, static_argnames=("routing",))
+def _finish(requests: Requests, inputs: LaneInput, state, position, *, routing: str = "round_robin") -> ReplayTrace:
     num_r = requests.prompt_tokens.shape[0]
-    num_d = state.rep_steps.shape[1]
+    lanes_done = _lanes_done(state, inputs, routing)
+    dp = inputs.num_replicas
+    if routing == LEAST_LOADED:
+        rec_i, rec_f, replica = jax.vmap(balanced_records)(state)
+        state = state[0]
+        replica_done = lanes_done[:, None] | state.rep_stalled
+    else:
+        num_d = state.rep_steps.shape[1]
+        replica = jnp.arange(num_r, dtype=jnp.int32)[None, :] % dp[:, None]
+        replica_done = lanes_done[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None])
+        rec_i, rec_f = _flush(state, num_r)
+    return _trace(requests, inputs, state, position, rec_i, rec_f, replica, replica_done)
+
+
+def _flush(state: LaneState, num_r: int):
+    """Round robin: records [F, 3, R] with the current replicas' requests in flight flushed in."""
 
     def flush(st: LaneState):  # records of requests still in flight
         rec_i, rec_f = st.rec_i, st.rec_f
@@ -159,13 +215,17 @@ def _finish(requests: Requests, inputs: LaneInput, state: LaneState, position) -
             rec_f = rec_f.at[:, idx].set(jnp.stack([floats[TTFT], jnp.full_like(floats[TTFT], jnp.nan), floats[T_ADMIT]]), mode="drop")
         return rec_i, rec_f
 
-    rec_i, rec_f = jax.vmap(flush)(state)
-    num_s = state.run_i.shape[2]
+    return jax.vmap(flush)(state)
+
+
+def _trace(requests: Requests, inputs: LaneInput, state: LaneState, position, rec_i, rec_f, replica, replica_done) -> ReplayTrace:
+    num_r = requests.prompt_tokens.shape[0]
+    num_d = state.rep_steps.shape[1]
+    num_s = state.run_i.shape[-1]
+    dp = inputs.num_replicas
     take = lambda x: jnp.take_along_axis(x, position, axis=1)
     gi = jnp.stack([take(rec_i[:, c]) for c in range(3)], -1)  # [F, R, 3] by request
     gf = jnp.stack([take(rec_f[:, c]) for c in range(3)], -1)
-    dp = inputs.num_replicas
-    replica = jnp.arange(num_r, dtype=jnp.int32)[None, :] % dp[:, None]
     return ReplayTrace(
         first_token_step=gi[..., 0],
         finish_step=gi[..., 1],
@@ -185,7 +245,7 @@ def _finish(requests: Requests, inputs: LaneInput, state: LaneState, position) -
         replica_tokens_out=state.rep_tokens_out,
         replica_peak_kv_blocks=state.rep_peak_kv,
         replica_stalled=state.rep_stalled,
-        replica_done=jax.vmap(lane_done)(state, inputs)[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None]),
+        replica_done=replica_done,
         replica_overflow=state.overflow[:, None] & (jnp.arange(num_d)[None, :] < dp[:, None]),
         replica_batch_sum=state.rep_batch.sum(-1),
         replica_kv_sum=state.rep_kv.sum(-1),
@@ -226,6 +286,8 @@ def simulate_trace(
     chunk: int = 1 << 20,
     num_slots: int | None = None,
     max_replicas: int | None = None,
+    routing: str | None = None,
+    memory_limit_bytes: int | None = None,
 ) -> ReplayTrace:
     """Replay `requests` on every finalist; raw per-request and per-replica results.
 
@@ -244,9 +306,14 @@ def simulate_trace(
         in `replica_overflow` (their results are then not exact).
     max_replicas: padded replica count (static); default max(data_parallel_size)
         rounded up to a power of two, so that nearby configs share one program.
+    routing: "round_robin" or "least_loaded"; default `configs.routing`.
+    memory_limit_bytes: most bytes the replay may use; default MEMORY_FRACTION of the
+        machine's available memory. Finalists run in chunks that fit; a request
+        count that does not fit for one finalist is a PlanError.
     """
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
+    routing = check_routing(configs.routing if routing is None else routing)
     if not isinstance(window, int) or window < 1:
         raise bad_value("window", window, "must be an integer >= 1 steps")
     num_f = configs.num_finalists
@@ -255,14 +322,55 @@ def simulate_trace(
         raise bad_value("step_params", [np.shape(x) for x in leaves][:4], f"every leaf needs a leading finalist axis of {num_f}")
     closed = _closed_concurrency(workload)
     max_seqs = int(np.max(configs.max_num_seqs))
-    dp_routed = np.asarray(routing_dp(configs.data_parallel_size, closed))
+    dp_routed = np.asarray(configs.data_parallel_size if routing == LEAST_LOADED else routing_dp(configs.data_parallel_size, closed))
     max_dp = _bucket(int(dp_routed.max())) if max_replicas is None else max_replicas
     if max_dp < int(dp_routed.max()):
         raise bad_value("max_replicas", max_replicas, f"must cover data_parallel_size {int(dp_routed.max())}")
     if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
         raise bad_value("num_slots", num_slots, "must be an integer >= 1")
-    slots = num_slots if num_slots is not None else min(_bucket(max_seqs), INITIAL_SLOTS)
     reqs = _checked(requests, closed)
+    num_r = requests_count(reqs)
+    shape = memory.ReplayShape(num_f, num_r, max_dp, num_slots if num_slots is not None else _bucket(min(max_seqs, num_r)), window, routing)
+    per_call = memory.finalists_per_call(shape, memory_limit_bytes)
+    run = functools.partial(
+        _replay, reqs, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
+        num_slots=num_slots, max_dp=max_dp, routing=routing,
+    )  # fmt: skip
+    if per_call >= num_f:
+        return run(configs, step_params)
+    # Too many finalists at once for the memory limit: equal chunks (the last padded), one program.
+    parts = []
+    for start in range(0, num_f, per_call):
+        idx = np.minimum(np.arange(start, start + per_call), num_f - 1)
+        part = jax.device_get(run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params)))
+        keep = min(per_call, num_f - start)
+        parts.append(part._replace(**{name: getattr(part, name)[:keep] for name in ReplayTrace._fields if name not in _SHARED_FIELDS}))
+    return ReplayTrace(*(p[0] if name in _SHARED_FIELDS else np.concatenate(p) for name, p in zip(ReplayTrace._fields, zip(*parts))))
+
+
+_SHARED_FIELDS = ("prompt_tokens", "output_tokens")  # [R], the same in every chunk
+
+
+def _rows(x, *, idx):
+    return np.asarray(x)[idx]
+
+
+def requests_count(requests: Requests) -> int:
+    return int(np.shape(requests.prompt_tokens)[0])
+
+
+def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
+    fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size")}
+    return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
+
+
+def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing) -> ReplayTrace:
+    """One replay call over configs [F] (see simulate_trace)."""
+    configs = ReplayConfig(
+        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, block_size=configs.block_size, routing=routing
+    )
+    max_seqs = int(np.max(configs.max_num_seqs))
+    slots = num_slots if num_slots is not None else min(_bucket(max_seqs), INITIAL_SLOTS)
     inputs, state, position = _start(reqs, configs, jnp.asarray(closed, jnp.int32), num_slots=slots, max_dp=max_dp)
     used = 0
     while used < max_iterations:
@@ -277,15 +385,16 @@ def simulate_trace(
             step_time_fn=step_time_fn,
             window=window,
             block_size=configs.block_size,
+            routing=routing,
         )
         used += int(ran)
-        if bool(jnp.all(jax.vmap(lane_done)(state, inputs))):
+        if bool(jnp.all(_lanes_done(state, inputs, routing))):
             break
-        if grow and bool(jnp.any(state.overflow)):
+        if grow and bool(jnp.any(_lane_state(state, routing).overflow)):
             # more requests in flight than rows: resume where it stopped, with more rows
-            slots = min(max(2 * slots, _bucket(int(jnp.max(_demand(inputs, state))))), _bucket(max_seqs))
-            inputs, state = _grow(inputs, state, num_slots=slots)
-    return _finish(reqs, inputs, state, position)
+            slots = min(max(2 * slots, _bucket(int(jnp.max(_demand(inputs, state, routing=routing))))), _bucket(max_seqs))
+            inputs, state = _grow(inputs, state, num_slots=slots, routing=routing)
+    return _finish(reqs, inputs, state, position, routing=routing)
 
 
 def simulate(

@@ -1,10 +1,12 @@
 """A plain-Python reference of the replay's scheduler, written for clarity, not speed.
 
 It implements the same vLLM-V1-style semantics as `jaxplan.replay.scheduler`
-(see that module's docstring) with ordinary lists and loops, one replica at a
-time, one step at a time. The JAX replay must match it exactly (step counts,
-the step of each request's first token and finish, preemptions) whenever the
-arithmetic on times is exact (e.g. dyadic step times and arrivals).
+(see that module's docstring) with ordinary lists and loops, one step at a
+time: round robin replays one replica after the other, least loaded runs all
+replicas in one event loop (`least_loaded`). The JAX replay must match it
+exactly (step counts, the step of each request's first token and finish,
+preemptions, replicas) whenever the arithmetic on times is exact (e.g. dyadic
+step times and arrivals).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class RefRequest:
     first_token_time: float | None = None
     finish_step: int = -1
     finish_time: float | None = None
+    replica: int = -1  # the replica it was routed to (-1: never)
 
 
 @dataclasses.dataclass
@@ -56,31 +59,34 @@ class RefResult:
     replicas: list[RefReplica]
 
 
-def run_replica(
-    stream: list[RefRequest],
-    *,
-    max_num_seqs: int,
-    budget: int,
-    num_kv_blocks: int,
-    block_size: int,
-    step_time: Callable[[dict], float],
-    closed: bool,
-    max_steps: int = 10**7,
-) -> RefReplica:
-    """Replay one replica's request stream (in routing order) step by step."""
-    bs = block_size
-    rep = RefReplica()
-    pending = deque(stream)  # not yet arrived, in stream order
-    waiting: deque[RefRequest] = deque()  # FCFS; preempted requests go to the front
-    running: list[RefRequest] = []  # in order of (re)admission
-    while rep.steps < max_steps:
+class RefScheduler:
+    """One replica's scheduler: its queues, its clock, one step at a time."""
+
+    def __init__(self, stream: list[RefRequest], *, max_num_seqs: int, budget: int, num_kv_blocks: int, block_size: int, step_time: Callable[[dict], float], closed: bool):
+        self.max_num_seqs, self.budget, self.num_kv_blocks, self.bs = max_num_seqs, budget, num_kv_blocks, block_size
+        self.step_time, self.closed = step_time, closed
+        self.rep = RefReplica()
+        self.pending = deque(stream)  # not yet arrived, in stream order
+        self.waiting: deque[RefRequest] = deque()  # FCFS; preempted requests go to the front
+        self.running: list[RefRequest] = []  # in order of (re)admission
+
+    def next_start(self) -> float | None:
+        """When its next step starts (it sleeps until a request arrives), or None: nothing to do, or stalled."""
+        if self.rep.stalled:
+            return None
+        if self.running or self.waiting:
+            return self.rep.clock
+        if self.pending and self.pending[0].arrival is not None:
+            return max(self.rep.clock, self.pending[0].arrival)
+        return None
+
+    def step(self) -> list[RefRequest]:
+        """Run its next step (call only when next_start() is not None); the requests it finished."""
+        bs, budget, num_kv_blocks, rep = self.bs, self.budget, self.num_kv_blocks, self.rep
+        pending, waiting, running = self.pending, self.waiting, self.running
+        rep.clock = self.next_start()
         while pending and pending[0].arrival is not None and pending[0].arrival <= rep.clock:
             waiting.append(pending.popleft())
-        if not running and not waiting:
-            if not pending or pending[0].arrival is None:
-                break
-            rep.clock = pending[0].arrival  # idle until the next arrival
-            continue
 
         # A request that cannot fit even alone can never finish: stop the replica.
         head = running[0] if running else waiting[0]
@@ -88,7 +94,7 @@ def run_replica(
         head_new = min(head.prompt + head.out - head_kv, budget)
         if _blocks(head_kv + head_new, bs) > num_kv_blocks:
             rep.stalled = True
-            break
+            return []
 
         token_budget = budget
         free = num_kv_blocks - sum(_blocks(r.computed, bs) for r in running)
@@ -120,7 +126,7 @@ def run_replica(
             i += 1
         # 2. Waiting requests, FCFS, only in a step without preemption.
         if not preempted_any:
-            while waiting and token_budget > 0 and len(running) < max_num_seqs:
+            while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
                 new = min(req.prompt + req.out - req.hit, token_budget)
                 need = _blocks(req.hit + new, bs)
@@ -147,7 +153,8 @@ def run_replica(
                 batch["prefill_tokens"] += new
                 batch["prefill_attention_pairs"] += new * (before + new / 2)
                 batch["prefill_seqs"] += 1
-        end = rep.clock + step_time(batch)
+        end = rep.clock + self.step_time(batch)
+        finished = []
         for req, new, before in scheduled:
             req.computed = before + new
             if req.computed == req.prompt + req.out:  # the step samples a token for it
@@ -158,13 +165,70 @@ def run_replica(
                 if req.out >= req.osl:
                     req.finish_step, req.finish_time = rep.steps, end
                     running.remove(req)
-                    if closed:  # the client sends its next request
+                    finished.append(req)
+                    if self.closed:  # the replica's own client sends its next request
                         nxt = next((p for p in pending if p.arrival is None), None)
                         if nxt is not None:
                             nxt.arrival = end
         rep.clock = rep.last_step_end = end
         rep.steps += 1
-    return rep
+        return finished
+
+
+def run_replica(stream: list[RefRequest], *, max_steps: int = 10**7, **kwargs) -> RefReplica:
+    """Replay one replica's request stream (in routing order) step by step."""
+    scheduler = RefScheduler(stream, **kwargs)
+    while scheduler.rep.steps < max_steps and scheduler.next_start() is not None:
+        scheduler.step()
+    return scheduler.rep
+
+
+def least_loaded(reqs: list[RefRequest], dp: int, closed_concurrency: int, **kwargs) -> list[RefReplica]:
+    """All replicas in one event loop; each arrival goes to the replica with the fewest outstanding requests.
+
+    Events in time order; at one time, closed-loop submissions (earliest replica
+    first), then arrivals (in request order), then step starts (lowest replica
+    first). A request counts as outstanding on its replica from its arrival
+    until its finish time; one that finishes exactly at an arrival no longer
+    counts. Closed loop: each finish submits the next request, arriving then.
+    """
+    schedulers = [RefScheduler([], closed=False, **kwargs) for _ in range(dp)]
+    routed: list[list[RefRequest]] = [[] for _ in range(dp)]
+    unrouted = deque(r for r in reqs if r.arrival is not None)  # arrival order
+    next_submit = closed_concurrency
+    submissions: list[tuple[float, int, int]] = []  # closed loop: (time, replica, requests) not yet submitted
+
+    def outstanding(d: int, t: float) -> int:
+        return sum(1 for r in routed[d] if r.finish_time is None or r.finish_time > t)
+
+    while True:
+        events = [(t, 0, d) for t, d, _ in submissions]
+        if unrouted:
+            events.append((unrouted[0].arrival, 1, unrouted[0].rid))
+        events += [(start, 2, d) for d, s in enumerate(schedulers) if (start := s.next_start()) is not None]
+        if not events:
+            break
+        t, kind, who = min(events)
+        if kind == 0:  # the client replaces finished requests
+            entry = next(e for e in submissions if e[0] == t and e[1] == who)
+            submissions.remove(entry)
+            for _ in range(entry[2]):
+                if next_submit < len(reqs):
+                    reqs[next_submit].arrival = t
+                    unrouted.append(reqs[next_submit])
+                    next_submit += 1
+        elif kind == 1:  # route an arrival
+            req = unrouted.popleft()
+            loads = [outstanding(d, req.arrival) for d in range(dp)]
+            d = loads.index(min(loads))
+            routed[d].append(req)
+            req.replica = d
+            schedulers[d].pending.append(req)
+        else:
+            finished = schedulers[who].step()
+            if closed_concurrency > 0 and finished:
+                submissions.append((schedulers[who].rep.clock, who, len(finished)))
+    return [s.rep for s in schedulers]
 
 
 def reference_replay(
@@ -177,33 +241,30 @@ def reference_replay(
     block_size: int = 16,
     step_time: Callable[[dict], float],
     closed_concurrency: int = 0,
+    routing: str = "round_robin",
 ) -> RefResult:
-    """Replay one finalist: round-robin routing, one independent scheduler per replica.
+    """Replay one finalist, one scheduler per replica.
 
     step_time(batch) -> seconds, where batch is a dict with the StepBatch field names.
-    closed_concurrency: 0 for open loop; else N requests in flight, split over
-    min(dp, N) replicas round-robin, each replica's client sending its next
-    request when one of its requests finishes.
+    routing "round_robin": request i to replica i % dp; the replicas are
+    independent. closed_concurrency: 0 for open loop; else N requests in flight,
+    split over min(dp, N) replicas round-robin, each replica's client sending
+    its next request when one of its requests finishes.
+    routing "least_loaded": see `least_loaded` (closed loop: one client keeps N
+    requests in flight over all dp replicas).
     """
     num_r = len(requests.prompt_tokens)
-    dp = data_parallel_size if closed_concurrency <= 0 else min(data_parallel_size, closed_concurrency)
+    balanced = routing == "least_loaded"
+    dp = data_parallel_size if closed_concurrency <= 0 or balanced else min(data_parallel_size, closed_concurrency)
     reqs = []
     for i in range(num_r):
         prompt = int(requests.prompt_tokens[i])
         hit = (max(0, min(int(requests.prefix_hit_tokens[i]), prompt - 1)) // block_size) * block_size
         arrival = float(np.float32(requests.arrival_s[i])) if closed_concurrency <= 0 else (0.0 if i < closed_concurrency else None)
         reqs.append(RefRequest(i, prompt, int(requests.output_tokens[i]), hit, arrival))
-    replicas = []
-    for d in range(dp):
-        replicas.append(
-            run_replica(
-                reqs[d::dp],
-                max_num_seqs=max_num_seqs,
-                budget=max_num_batched_tokens,
-                num_kv_blocks=num_kv_blocks,
-                block_size=block_size,
-                step_time=step_time,
-                closed=closed_concurrency > 0,
-            )
-        )
-    return RefResult(reqs, replicas)
+    kwargs = {"max_num_seqs": max_num_seqs, "budget": max_num_batched_tokens, "num_kv_blocks": num_kv_blocks, "block_size": block_size, "step_time": step_time}
+    if balanced:
+        return RefResult(reqs, least_loaded(reqs, dp, closed_concurrency, **kwargs))
+    for req in reqs:
+        req.replica = req.rid % dp
+    return RefResult(reqs, [run_replica(reqs[d::dp], closed=closed_concurrency > 0, **kwargs) for d in range(dp)])

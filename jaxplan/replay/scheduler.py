@@ -113,15 +113,27 @@ class Queue(NamedTuple):
     nothing_left: jnp.ndarray  # bool: idle, and no request will ever arrive
 
 
-def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica) -> Queue:
-    """Preempted rows first, then the stream from next_k (a window of S); sleep if idle."""
+def stream_window(st: LaneState, lane: LaneInput, rep: Replica):
+    """The replica's never-admitted requests, a window of S behind its n_pq preempted ones.
+
+    Returns (stream positions [S] int32, fields [3, S] int32, arrival [S] float32 s,
+    inf for the first n_pq columns and past the replica's segment).
+    """
     num_s = st.run_i.shape[1]
     pos = jnp.arange(num_s, dtype=I32)
     base = num_s + rep.next_k - rep.n_pq
     w_i = jax.lax.dynamic_slice_in_dim(lane.stream, base, num_s, axis=1)  # [3, S]
     w_pos = rep.next_k + pos - rep.n_pq
+    w_arr = jnp.where((pos < rep.n_pq) | (w_pos >= rep.seg_end), jnp.inf, jax.lax.dynamic_slice_in_dim(st.arrival, base, num_s))
+    return w_pos, w_i, w_arr
+
+
+def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica, window=None) -> Queue:
+    """Preempted rows first, then the stream window (default `stream_window`); sleep if idle."""
+    num_s = st.run_i.shape[1]
+    pos = jnp.arange(num_s, dtype=I32)
+    w_pos, w_i, w_arr = stream_window(st, lane, rep) if window is None else window
     from_pq = pos < rep.n_pq
-    w_arr = jnp.where(from_pq | (w_pos >= rep.seg_end), jnp.inf, jax.lax.dynamic_slice_in_dim(st.arrival, base, num_s))
     t_first = jnp.min(w_arr)
     idle = (rep.n_run == 0) & (rep.n_pq == 0) & (t_first > rep.clock_hi + rep.clock_lo)
     wake = idle & jnp.isfinite(t_first)  # sleep until the next arrival

@@ -1,8 +1,10 @@
 """Replay state: fixed-size arrays for one lane (one finalist), vmapped over finalists.
 
-A lane replays its finalist's replicas one after the other (they are
-independent schedulers); scalars describe the current replica, `rep_*`
-arrays [D] keep each replica's totals.
+Round robin: a lane replays its finalist's replicas one after the other (they
+are independent schedulers); scalars describe the current replica, `rep_*`
+arrays [D] keep each replica's totals. Least loaded (balance.py): the
+per-replica fields (balance.BANK) carry a leading [D] axis, every replica at
+once, and stream positions are request ids in arrival order.
 
 Requests in flight live in two ordered slot tables of S columns: `run` (the
 running list, in order of admission) and `pq` (requests preempted and waiting

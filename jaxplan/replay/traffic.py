@@ -1,8 +1,10 @@
 """Traffic: sample requests from a workload, and route them to replicas.
 
-Requests are routed round-robin: request `i` goes to replica `i % dp`, as the
+Round robin (the default): request `i` goes to replica `i % dp`, as the
 `k = i // dp`-th request of that replica's stream. Replicas are independent
 schedulers, so a finalist's *lane* replays its replicas one after the other.
+Least loaded: the lane's stream is every request in arrival order, and the
+replay routes each when it arrives (see balance.py).
 """
 
 from __future__ import annotations
@@ -147,3 +149,40 @@ def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> 
         budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32),
         num_kv_blocks=jnp.asarray(config.num_kv_blocks, jnp.int32),
     )
+
+
+def build_balanced_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> tuple[Lanes, jnp.ndarray]:
+    """Least-loaded lanes (traceable): each lane's stream is every request in arrival order.
+
+    Routing happens during the replay, so the segments are unused (zeros) and
+    every one of dp replicas may receive requests. Closed loop: the first N
+    requests arrive at t = 0, the rest when the client submits them.
+    Returns the lanes and the first unsubmitted stream position [F].
+    """
+    num_r = requests.prompt_tokens.shape[0]
+    bs = config.block_size
+    dp = jnp.asarray(config.data_parallel_size, jnp.int32)
+    num_f = dp.shape[0]
+    prompt = jnp.asarray(requests.prompt_tokens, jnp.int32)
+    hit = (jnp.clip(jnp.minimum(jnp.asarray(requests.prefix_hit_tokens, jnp.int32), prompt - 1), 0) // bs) * bs
+    conc = jnp.asarray(closed_concurrency, jnp.int32)
+    closed = conc > 0
+    i = jnp.arange(num_r, dtype=jnp.int32)
+    arrival = jnp.where(closed, jnp.where(i < conc, 0.0, INF), jnp.asarray(requests.arrival_s, jnp.float32))
+    zeros = jnp.zeros((num_f, max_dp), jnp.int32)
+    lanes = Lanes(
+        ids=jnp.broadcast_to(i, (num_f, num_r)),
+        stream=jnp.broadcast_to(jnp.stack([prompt, jnp.asarray(requests.output_tokens, jnp.int32), hit], -1), (num_f, num_r, 3)),
+        arrival=jnp.broadcast_to(arrival.astype(jnp.float32), (num_f, num_r)),
+        position=jnp.broadcast_to(i, (num_f, num_r)),
+        seg_start=zeros,
+        seg_count=zeros,
+        seg_initial=zeros,
+        num_replicas=dp,
+        closed=jnp.broadcast_to(closed, (num_f,)),
+        max_num_seqs=jnp.asarray(config.max_num_seqs, jnp.int32),
+        budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32),
+        num_kv_blocks=jnp.asarray(config.num_kv_blocks, jnp.int32),
+    )
+    submitted = jnp.where(closed, jnp.minimum(conc, num_r), num_r)
+    return lanes, jnp.broadcast_to(submitted, (num_f,))

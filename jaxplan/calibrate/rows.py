@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxplan.errors import PlanError, bad_value
+from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
 
@@ -111,7 +111,7 @@ def check_row(row: dict, where: str) -> dict:
     if unknown:
         column = sorted(unknown)[0]
         close = difflib.get_close_matches(column, COLUMNS, n=1)
-        raise PlanError(f"{where}: unknown column {column!r}" + (f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(COLUMNS)}"))
+        raise PlanError(f"{where}: unknown column {short_repr(column)}" + (f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(COLUMNS)}"))
     for column in COLUMNS:
         if row.get(column) is None:
             row[column] = DEFAULTS.get(column)
@@ -121,6 +121,8 @@ def check_row(row: dict, where: str) -> dict:
     for column in STRING_COLUMNS:
         if row[column] is not None and not isinstance(row[column], str):
             raise bad_value(column, row[column], "must be text", where=where)
+        if row[column] and any(ord(ch) < 32 and ch != "\t" or ord(ch) == 127 for ch in row[column]):
+            raise bad_value(column, row[column], "contains a control character (NUL, line break, ...); remove it", where=where)
     try:
         row["model"] = _canonical_model(row["model"])
         row["gpu"] = load_gpu(row["gpu"]).name
@@ -236,6 +238,10 @@ def read_predict_csv(path: str | Path) -> list[dict]:
             lines = list(csv.reader(handle))
     except OSError as err:
         raise PlanError(f"{path}: cannot read ({err.strerror}); give an existing CSV file") from None
+    except UnicodeDecodeError as err:
+        raise PlanError(f"{path}: byte {err.start}: not UTF-8 text ({err.reason}); save the CSV as UTF-8") from None
+    except csv.Error as err:
+        raise PlanError(f"{path}: not a readable CSV ({err}); check the quoting and the line lengths") from None
     lines = [line for line in lines if any(cell.strip() for cell in line)]
     if not lines:
         raise PlanError(f"{path}: empty file; the first line must name the columns ({', '.join(REQUIRED_COLUMNS)}, concurrency or request_rate, ...)")
@@ -243,11 +249,11 @@ def read_predict_csv(path: str | Path) -> list[dict]:
     seen = set()
     for column in header:
         if column in seen:
-            raise PlanError(f"{path}: line 1: column {column!r} appears twice; keep one")
+            raise PlanError(f"{path}: line 1: column {short_repr(column)} appears twice; keep one")
         seen.add(column)
         if column not in COLUMNS:
             close = difflib.get_close_matches(column, COLUMNS, n=1)
-            raise PlanError(f"{path}: line 1: unknown column {column!r}" + (f"; did you mean {close[0]!r}?" if close else f"; known columns: {', '.join(COLUMNS)}"))
+            raise PlanError(f"{path}: line 1: unknown column {short_repr(column)}" + (f"; did you mean {close[0]!r}?" if close else f"; known columns: {', '.join(COLUMNS)}"))
     missing = [c for c in REQUIRED_COLUMNS if c not in seen]
     if missing:
         raise PlanError(f"{path}: line 1: missing required column(s) {', '.join(missing)}; add them to the header")

@@ -31,7 +31,7 @@ from jaxplan.calibrate.rows import (
     serving_arrays,
     write_predict_csv,
 )
-from jaxplan.errors import PlanError, bad_value
+from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 
 SILICON = "aiconfigurator_silicon"
@@ -363,6 +363,8 @@ def _load_json_records(path: Path) -> list[dict]:
         text = path.read_text()
     except OSError as err:
         raise PlanError(f"{path}: cannot read ({err.strerror}); give the JSON file vllm bench serve --save-result wrote") from None
+    except UnicodeDecodeError as err:
+        raise PlanError(f"{path}: byte {err.start}: not UTF-8 text ({err.reason}); give the JSON file vllm bench serve --save-result wrote") from None
     try:
         data = json.loads(text)
         records = data if isinstance(data, list) else [data]
@@ -385,7 +387,7 @@ def _number(record: dict, key: str, path: Path, where: str):
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise PlanError(f"{path}: {where}: field {key} = {value!r} is not a number; fix the file") from None
+        raise PlanError(f"{path}: {where}: field {key} = {short_repr(value)} is not a number; fix the file") from None
 
 
 def read_vllm_bench_json(
@@ -443,10 +445,10 @@ def read_vllm_bench_json(
                 config[field] = int(number) if field != "prefix_hit_rate" and number.is_integer() else number
         resolved = map_model(str(config["model"]))
         if resolved is None and not str(config["model"]).endswith((".json", ".toml")):
-            raise PlanError(f"{path}: model {config['model']!r} is not a bundled model or known HF id: {_FIX['model']}")
+            raise PlanError(f"{path}: model {short_repr(config['model'])} is not a bundled model or known HF id: {_FIX['model']}")
         completed = _number(record, "completed", path, where)
         if not completed:
-            raise PlanError(f"{path}: {where}: completed = {record.get('completed')!r}: no request finished, nothing to calibrate on; rerun the benchmark")
+            raise PlanError(f"{path}: {where}: completed = {short_repr(record.get('completed'))}: no request finished, nothing to calibrate on; rerun the benchmark")
         totals = {k: _number(record, k, path, where) for k in ("total_input_tokens", "total_output_tokens", "num_prompts")}
         for key, value in totals.items():
             if value is None:
@@ -459,6 +461,9 @@ def read_vllm_bench_json(
         if burstiness not in (None, 1.0) and rate != math.inf:
             notes.append(f"gamma arrivals, burstiness {burstiness:g}")
         failed = _number(record, "failed", path, where) or 0
+        for key, value in (("completed", completed), ("num_prompts", totals["num_prompts"]), ("max_concurrency", max_concurrency), ("failed", failed)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise PlanError(f"{path}: {where}: field {key} = {short_repr(value)} is not a count; give a finite number >= 0 (max_concurrency: null for no limit)")
         if failed:
             notes.append(f"{int(failed)} failed requests")
         ttft, tpot, tput = (_number(record, k, path, where) for k in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput"))

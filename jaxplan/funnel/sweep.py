@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxplan.errors import PlanError
+from jaxplan.funnel.budget import Deadline, check_limits
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import DESCRIPTION, NUM_REASONS, RELAX, STAGE_OF, Reason
@@ -214,14 +215,21 @@ def run_sweep(
     chunk_size: int = DEFAULT_CHUNK,
     params_path: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_seconds: float | None = None,
+    max_memory_bytes: float | None = None,
 ) -> SweepResult:
     """Stages 1-6 over the whole grid; `progress(done, total)` is called per chunk.
 
     Each JAX process (host) streams every process_count-th chunk on its local devices; the
-    hosts' tables are then gathered and merged, so every host returns the same result."""
+    hosts' tables are then gathered and merged, so every host returns the same result.
+    A sweep whose estimated time or memory exceeds `max_seconds` / `max_memory_bytes` is refused
+    before anything is allocated (PlanError); one that runs past `max_seconds` is stopped."""
     check_inputs(model, workload)
     grid = Grid(gpus, space)
     grid_size_check(grid)
+    check_limits(grid, chunk_size, max_seconds=max_seconds, max_memory_bytes=max_memory_bytes)
+    if max_seconds is not None:
+        progress = Deadline(max_seconds, progress)
     ctx = build_context(grid, model, workload, params_path)
     part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
     return finish(grid, model, workload, ctx, gather_hosts(part), top_k)

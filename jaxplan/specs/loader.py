@@ -17,7 +17,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from jaxplan.errors import PlanError, bad_value, unknown_name
+from jaxplan.errors import PlanError, bad_value, short_repr, unknown_name
 from jaxplan.specs.gpu import GpuSpec
 from jaxplan.specs.hf_config import model_from_hf_file
 from jaxplan.specs.model import ModelSpec
@@ -129,11 +129,19 @@ def _user_path(name: str) -> Path:
         return Path(name)
 
 
+def _is(check, path: Path) -> bool:
+    """path.exists() / is_file() / is_dir(), False where the OS refuses the name (too long, ...)."""
+    try:
+        return check(path)
+    except (OSError, ValueError):
+        return False
+
+
 def _load_named(kind: str, cls, name: str, label: str):
     path = _user_path(name)
-    if name.endswith(".toml") or (path.suffix and path.exists()):
-        if not path.is_file():
-            raise PlanError(f"{label} file {name!r} does not exist; give a bundled name ({', '.join(known(kind))}) or an existing .toml path")
+    if name.endswith(".toml") or (path.suffix and _is(Path.exists, path)):
+        if not _is(Path.is_file, path):
+            raise PlanError(f"{label} file {short_repr(name)} does not exist; give a bundled name ({', '.join(known(kind))}) or an existing .toml path")
         return build(cls, read_toml(path), name=path.stem, where=str(path))
     bundled = _bundled(kind)
     if name not in bundled:
@@ -144,11 +152,13 @@ def _load_named(kind: str, cls, name: str, label: str):
 @functools.cache
 def load_model(name: str) -> ModelSpec:
     """A bundled name ('llama-3.1-70b'), an HF id ('meta-llama/Llama-3.1-70B'), or a config.json / .toml path."""
+    if not name.strip():  # '' is the current directory as a path: say what is missing instead
+        raise unknown_name("model", name, _bundled("models"))
     path = _user_path(name)
-    if name.endswith(".json") or path.is_dir():
-        target = path / "config.json" if path.is_dir() else path
-        if not target.is_file():
-            raise PlanError(f"model config {str(target)!r} does not exist; pass a Hugging Face config.json path or a bundled name ({', '.join(known('models'))})")
+    if name.endswith(".json") or _is(Path.is_dir, path):
+        target = path / "config.json" if _is(Path.is_dir, path) else path
+        if not _is(Path.is_file, target):
+            raise PlanError(f"model config {short_repr(str(target))} does not exist; pass a Hugging Face config.json path or a bundled name ({', '.join(known('models'))})")
         return model_from_hf_file(target)
     resolved = _model_aliases().get(name.lower(), name)
     return _load_named("models", ModelSpec, resolved, "model")

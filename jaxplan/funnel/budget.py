@@ -1,0 +1,146 @@
+"""Up-front time and memory estimates of a sweep, and refusing one that does not fit the user's limits.
+
+Memory is bounded by the streamed chunk and the per-layout table, not by the grid (see sweep.py):
+
+  memory = BASE (JAX runtime, compiled kernels, stage-5 frontier over <= 4,096 table entries)
+         + effective chunk x CHUNK_BYTES (digits, candidate fields, reasons, one stage-4 page per device)
+         + layouts x LAYOUT_BYTES x (devices + LAYOUT_COPIES) (the best-per-layout table: score + digits,
+           one per device, the merge temporaries of each chunk, the host copy and the shortlist's sort)
+
+The effective chunk is the one `stream` uses: at least one whole run of the DP axis per device.
+Time is the grid at a conservative streaming rate plus a compilation allowance; while the sweep runs,
+`Deadline` re-estimates from the measured rate and stops it once the projection exceeds the limit.
+The constants are deliberately pessimistic (bench/README.md measured 2.8e6-5.7e6 candidates/s and
+0.7-0.9 GiB peak RSS with 65,536-candidate chunks on 2 cores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+
+from jaxplan.errors import PlanError
+from jaxplan.grid import AXES, DP_AXIS, Grid
+
+GIB = 1024**3
+BASE_BYTES = int(0.75 * GIB)
+CHUNK_BYTES = 2048  # per candidate of the effective chunk
+LAYOUT_BYTES = 4 * (1 + len(AXES))  # float32 score + int32 digits per table entry
+LAYOUT_COPIES = 6
+CANDIDATES_PER_S = 2.0e6  # conservative streaming rate on 2 busy cores (measured: 2.8e6-5.7e6)
+COMPILE_S = 20.0  # first chunk: compilation on a busy machine (measured: 4.5-14 s)
+REFINE_AFTER_S = 2.0  # measure at least this long before trusting the measured rate
+REFINE_SLACK = 1.25  # stop only when the projection exceeds the limit by 25%
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepEstimate:
+    candidates: int
+    layouts: int
+    chunk_size: int  # effective, as streamed
+    num_devices: int
+    memory_bytes: int
+    seconds: float
+
+    def describe(self) -> str:
+        return (
+            f"{self.candidates:,} candidates ({self.layouts:,} layouts, chunks of {self.chunk_size:,}): "
+            f"about {self.seconds:,.0f} s and {self.memory_bytes / GIB:,.1f} GiB"
+        )
+
+
+def effective_chunk(grid: Grid, chunk_size: int, num_devices: int) -> int:
+    """The chunk `stream` will use (whole DP runs on every device)."""
+    unit = num_devices * grid.sizes[DP_AXIS]
+    return max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
+
+
+def estimate_sweep(grid: Grid, chunk_size: int, num_devices: int | None = None) -> SweepEstimate:
+    if num_devices is None:
+        import jax
+
+        num_devices = len(jax.local_devices())
+    chunk = effective_chunk(grid, chunk_size, num_devices)
+    layouts = grid.num_layouts
+    memory = BASE_BYTES + chunk * CHUNK_BYTES + layouts * LAYOUT_BYTES * (num_devices + LAYOUT_COPIES)
+    seconds = COMPILE_S + grid.size / CANDIDATES_PER_S
+    return SweepEstimate(grid.size, layouts, chunk, num_devices, int(memory), seconds)
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else free physical pages; None when unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _fixes(grid: Grid, estimate: SweepEstimate) -> str:
+    fixes = ["a smaller --space (fewer axis values)"]
+    if len(grid.gpus) > 1:
+        fixes.append("fewer --gpus")
+    return ", ".join(fixes)
+
+
+def check_limits(grid: Grid, chunk_size: int, *, max_seconds: float | None = None, max_memory_bytes: float | None = None, num_devices: int | None = None) -> SweepEstimate:
+    """The estimate; a one-line PlanError (estimates + fix) when it exceeds a limit (None = no limit)."""
+    for name, value in (("--max-seconds", max_seconds), ("--max-memory-gib", max_memory_bytes)):
+        if value is not None and not (isinstance(value, (int, float)) and not math.isnan(value) and value > 0):
+            raise PlanError(f"{name} = {value!r}: give a positive number (inf: no limit)")
+    estimate = estimate_sweep(grid, chunk_size, num_devices)
+    if max_memory_bytes is not None and estimate.memory_bytes > max_memory_bytes:
+        chunk_fix = ""
+        if estimate.chunk_size * CHUNK_BYTES > 0.25 * max_memory_bytes and estimate.chunk_size > grid.sizes[DP_AXIS] * estimate.num_devices:
+            chunk_fix = "a smaller --chunk-size, "
+        raise PlanError(
+            f"refusing the sweep: {estimate.describe()}, above the memory limit of {max_memory_bytes / GIB:,.1f} GiB "
+            f"(--max-memory-gib; default: the machine's available memory); use {chunk_fix}{_fixes(grid, estimate)}, "
+            f"fewer TP/PP/DP values (the table keeps one entry per GPU x TP x PP x DP layout), or raise --max-memory-gib"
+        )
+    if max_seconds is not None and estimate.seconds > max_seconds:
+        raise PlanError(
+            f"refusing the sweep: {estimate.describe()} (at a conservative {CANDIDATES_PER_S:,.0f} candidates/s), "
+            f"above --max-seconds = {max_seconds:g}; use {_fixes(grid, estimate)}, or raise --max-seconds"
+        )
+    return estimate
+
+
+class Deadline:
+    """A `progress(done, total)` wrapper that stops the sweep (PlanError) when the measured rate
+    projects past `max_seconds` (by REFINE_SLACK), or when `max_seconds` has passed."""
+
+    def __init__(self, max_seconds: float | None, progress: Callable[[int, int], None] | None = None, clock=time.perf_counter):
+        self.max_seconds, self.progress, self.clock = max_seconds, progress, clock
+        self.start = clock()
+        self.first: tuple[float, int] | None = None  # (time, done) after the first chunk (compilation)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.progress:
+            self.progress(done, total)
+        if self.max_seconds is None or done >= total:
+            return
+        now = self.clock()
+        elapsed = now - self.start
+        if self.first is None:
+            self.first = (now, done)
+            projected = None
+        else:
+            t1, d1 = self.first
+            rate = (done - d1) / max(now - t1, 1e-9)
+            projected = elapsed + (total - done) / rate if now - t1 >= REFINE_AFTER_S and rate > 0 else None
+        if elapsed > self.max_seconds or (projected is not None and projected > REFINE_SLACK * self.max_seconds):
+            rate_text = f"; at the measured {(done - self.first[1]) / max(now - self.first[0], 1e-9):,.0f} candidates/s the whole grid needs about {projected:,.0f} s" if projected else ""
+            raise PlanError(
+                f"stopped the sweep after {elapsed:,.1f} s at {done:,} of {total:,} candidates{rate_text}, "
+                f"beyond --max-seconds = {self.max_seconds:g}; use a smaller --space or fewer --gpus, or raise --max-seconds"
+            )

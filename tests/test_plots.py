@@ -212,9 +212,9 @@ def test_winner_map_heat_map_synthetic(tmp_path):
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert {"H200 TP1xPP2xDP5", "H100 TP2xPP2xDP3", "nothing passes", "current workload"} <= set(legend)
+    assert {"2: H200 TP1xPP2xDP5", "1: H100 TP2xPP2xDP3", "nothing passes", "current workload"} <= set(legend)  # numbered by cells won
     cells = [t.get_text() for t in ax.texts]
-    assert "none" in cells and "only" in cells and "+50%" in cells
+    assert "none" in cells and "2: only" in cells and "1: +50%" in cells  # the legend number names the winner
     check_written(save(fig, tmp_path, "winner_map"), "winner_map")
     with pytest.raises(ValueError):
         winner_map_figure("x", x, "y", y, labels[:2], margin, None, "bad shape")

@@ -71,12 +71,14 @@ def test_report_figures_are_valid_pngs(report):
 
 def test_report_without_replay_says_so(runner, tmp_path):
     path = tmp_path / "r.html"
-    res = runner.invoke(app, ["report", *SMALL, "--no-replay", "-o", str(path), "--plot", str(tmp_path / "figs")])
+    res = runner.invoke(app, ["report", *SMALL, "--no-replay", "-o", str(path), "--plot", str(tmp_path / "figs"), "--winner-map", "isl=1000:8000:2,rate=1:4:2"])
     assert res.exit_code == 0, res.output
     text = path.read_text()
     assert '<section id="timelines">' in text and "did not run" in text and 'id="fig-timeline_1"' not in text
     assert "Ranked by stage 4" in text
-    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(f"{n}.{e}" for n in ("funnel", "frontier", "splits", "tornado") for e in ("png", "svg"))
+    assert 'id="winner-map"' in text  # --winner-map adds its section
+    names = ("funnel", "frontier", "splits", "tornado", "winner_map")
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(f"{n}.{e}" for n in names for e in ("png", "svg"))
 
 
 def test_report_bad_output_is_one_line(runner, tmp_path):

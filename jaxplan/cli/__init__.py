@@ -6,6 +6,8 @@ One module per command; importing them registers the commands on `app`.
 # Importing a command module registers its command; the order here is the order in --help.
 from jaxplan.cli import sweep  # noqa: F401,I001
 from jaxplan.cli import sensitivity  # noqa: F401
+from jaxplan.cli import size  # noqa: F401
+from jaxplan.cli import report  # noqa: F401
 from jaxplan.cli import predict  # noqa: F401
 from jaxplan.cli import calibrate  # noqa: F401
 from jaxplan.cli import listing  # noqa: F401

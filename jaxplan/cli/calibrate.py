@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from jaxplan.cli.common import app, clean_errors, err, out
+from jaxplan.cli.common import app, clean_errors, out, progress_bar
 from jaxplan.errors import bad_value
 
 
@@ -32,14 +32,32 @@ def calibrate(
         rows += load_serving_rows()
         sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp; kernels_aiconfigurator")
     for path in measurements or []:
-        rows += read_vllm_bench_json(path) if path.suffix == ".json" else read_predict_csv(path)
+        found = read_vllm_bench_json(path) if path.suffix == ".json" else read_predict_csv(path)
+        if not found:
+            raise bad_value("rows", 0, "the file has a header but no measurement rows", where=str(path))
+        rows += found
         sources.append(str(path))
     if not rows:
         raise bad_value("--measurements", None, "no measurements found: pass --measurements FILE or provide ../shared/data")
-    params, report = run_calibration(rows, log=lambda line: err.print(line, highlight=False))
+    with progress_bar() as progress:
+        task = progress.add_task("calibrating (kernel priors, per-GPU fit, held-out fits)", total=fit_step_groups(rows))
+
+        def log(line: str) -> None:  # one line per finished step group
+            progress.console.print(line, highlight=False)
+            progress.advance(task)
+
+        params, report = run_calibration(rows, steps=steps, log=log)
     target = output or default_output()
     write_params(params, target, provenance(rows, report, sources))
     out.print(json.dumps(report, indent=2, default=str))
     if report_path:
         report_path.write_text(json.dumps(report, indent=2, default=str))
     out.print(f"wrote {target}")
+
+
+def fit_step_groups(rows: list[dict]) -> int:
+    """Step groups `calibrate` logs: kernel priors, the per-GPU fit, one held-out fit per GPU (if several)."""
+    from jaxplan.calibrate.run import FIT_BACKEND, _usable
+
+    gpus = {r["gpu"] for r in _usable([r for r in rows if r.get("backend") == FIT_BACKEND])}
+    return 1 + (1 if gpus else 0) + (len(gpus) if len(gpus) > 1 else 0)

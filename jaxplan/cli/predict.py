@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from jaxplan.cli.common import ParamsOption, app, clean_errors, err, out
+from jaxplan.cli.common import ParamsOption, app, clean_errors, err, out, progress_bar
 from jaxplan.errors import bad_value
 
 
@@ -28,16 +28,16 @@ def predict(
 ) -> None:
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
-    from jaxplan.predict import OUTPUT_COLUMNS, predict_rows, replay_predict_rows
+    from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
 
     rows = read_predict_csv(input_csv)
     if not rows:
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
     params_path = str(params) if params else None
-    with err.status(f"predicting {len(rows)} rows ({method.value})"):
-        if method == Method.REPLAY:
-            predicted = replay_predict_rows(rows, params_path=params_path, source=str(input_csv), num_requests=requests)
-        else:
+    if method == Method.REPLAY:
+        predicted = replay_rows_with_progress(rows, "predicting", params_path=params_path, source=str(input_csv), num_requests=requests)
+    else:
+        with err.status(f"predicting {len(rows)} rows ({method.value})"):
             predicted = predict_rows(rows, params_path=params_path, source=str(input_csv))
     write_predict_csv(predicted, output, extra_columns=OUTPUT_COLUMNS)
     out.print(f"wrote {len(predicted)} rows to {output}")
@@ -51,18 +51,22 @@ def simulate(
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Requests per row (default: num_prompts, or 1000).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the sampled requests.")] = 0,
     params: ParamsOption = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write each row's replay timeline here (PNG + SVG; replays each row once more).")] = None,
 ) -> None:
     """Replay explicit configurations step by step (the vLLM-style scheduler) and print their metrics."""
     from rich.table import Table
 
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
-    from jaxplan.predict import OUTPUT_COLUMNS, replay_predict_rows
+    from jaxplan.predict import OUTPUT_COLUMNS
 
     rows = read_predict_csv(input_csv)
     if not rows:
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
-    with err.status(f"replaying {len(rows)} configurations"):
-        replayed = replay_predict_rows(rows, params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed)
+    if plot:
+        from jaxplan.plots.save import plot_dir
+
+        plot_dir(plot)  # a bad --plot fails before the replay
+    replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed)
     table = Table(title=f"Replayed {len(rows)} configurations")
     for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "status"):
         table.add_column(name)
@@ -76,3 +80,26 @@ def simulate(
     if output:
         write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS)
         out.print(f"wrote {output}")
+    if plot:
+        from jaxplan.cli.report import write_plots
+        from jaxplan.plots.figures import simulate_figures
+        from jaxplan.plots.traces import csv_traces
+
+        params_path = str(params) if params else None
+        make = lambda step: simulate_figures(rows, csv_traces(rows, num_requests=requests, seed=seed, params_path=params_path, source=str(input_csv), step=step), step)  # noqa: E731
+        write_plots(make, 2 * len(rows), plot)
+
+
+def replay_rows_with_progress(rows: list[dict], label: str, *, source: str, **kwargs) -> list[dict]:
+    """`replay_predict_rows` one row at a time under a progress bar (same results: every row is its
+    own replay). All rows are validated first, so an error names the right row."""
+    from jaxplan.predict import replay_predict_rows, row_batches
+
+    row_batches(rows, source)
+    done = []
+    with progress_bar() as progress:
+        task = progress.add_task(f"{label} {len(rows)} configurations", total=len(rows))
+        for row in rows:
+            done += replay_predict_rows([row], source=source, **kwargs)
+            progress.advance(task)
+    return done

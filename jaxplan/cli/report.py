@@ -86,6 +86,7 @@ def report(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
     timelines: Annotated[int, typer.Option(min=0, max=20, help="Finalists whose replay timeline is drawn (each is replayed once more).")] = 3,
     plot: PlotOption = None,
+    map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Also map the winner over workload scenarios, e.g. isl=2000:32000:5,rate=1:16:5 (see `jaxplan sensitivity --winner-map`).")] = None,
 ) -> None:
     """One self-contained HTML report of a sweep: inputs, winner (`vllm serve`), funnel, frontier,
     the same GPUs arranged differently, replay timelines and sensitivities."""
@@ -113,11 +114,17 @@ def report(
         replay_info = (len(replayed), replayed[0]["replay_requests"], time.perf_counter() - t0)
     final = replayed or result.shortlist
     with progress_bar() as progress:
-        step = _steps(progress, "drawing", count_sweep(replayed, timelines) + 2)
+        step = _steps(progress, "drawing", count_sweep(replayed, timelines) + 2 + (map_axes is not None))
         figures = sweep_figures(result, replayed, replay=replay_info, seed=seed, timelines=timelines, step=step)
         step("sensitivities of the winner")
         sens = for_rows(result, final)  # all finalists: the same shapes as `jaxplan sensitivity --top K`
         figures.update(sensitivity_figures(sens, final))
+        if map_axes is not None:
+            from jaxplan.cli.sensitivity import winner_map_plot
+            from jaxplan.winner_map import parse_axes, winner_map
+
+            step("the winner map")
+            figures["winner_map"] = winner_map_plot(winner_map(model_spec, gpu_specs, workload_spec, space_spec, parse_axes(map_axes)))
         step("writing the HTML report")
         summary = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
         write_report(output, result, summary, figures, sens, space_name=space)

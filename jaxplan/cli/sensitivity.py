@@ -19,6 +19,7 @@ from jaxplan.cli.common import (
     WorkloadOption,
     app,
     clean_errors,
+    err,
     json_default,
     out,
     run_sweep,
@@ -39,7 +40,9 @@ def sensitivity(
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=200, help="Finalists to analyse.")] = 10,
     price: PriceOption = None,
+    map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Instead: map the winning layout over workload scenarios, AXIS=LO:HI:N or AXIS=V1,V2,... for 1-3 axes of isl, osl, rate, hit, concurrency (e.g. isl=2000:32000:5,rate=1:16:5).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write the sensitivities here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write figures here (PNG + SVG): the winner's elasticities as a tornado chart.")] = None,
 ) -> None:
     """How fragile is the answer? Elasticities (d log metric / d log parameter) of each finalist's
     throughput, TTFT, TPOT and cost to ISL, OSL, arrival rate / concurrency and prefix hit rate."""
@@ -49,10 +52,22 @@ def sensitivity(
     from jaxplan.sensitivity import for_rows
 
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    if plot:
+        from jaxplan.plots.save import plot_dir
+
+        plot_dir(plot)  # a bad --plot fails now, not after the sweep
+    if map_axes is not None:
+        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path)
+        if plot:
+            from jaxplan.cli.report import write_plots
+
+            write_plots(lambda step: {"winner_map": winner_map_plot(wmap)}, 1, plot)
+        return
     result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top)
     if not result.shortlist:
         raise PlanError(result.empty_explanation())
-    sens = for_rows(result, result.shortlist)
+    with err.status(f"sensitivities of {len(result.shortlist)} finalists (forward-mode AD)"):
+        sens = for_rows(result, result.shortlist)
     short = {"isl_tokens": "ISL", "osl_tokens": "OSL", "request_rate_per_s": "rate", "prefix_hit_rate": "hit +10pt", "concurrency": "conc"}
     for m, metric in enumerate(sens.metrics):
         table = Table(title=f"Elasticity of {metric} (d log {metric} / d log parameter; 0.5 = +1% parameter -> +0.5%)")
@@ -73,3 +88,41 @@ def sensitivity(
         }
         json_path.write_text(json.dumps(payload, indent=2, default=json_default))
         out.print(f"wrote {json_path}")
+    if plot:
+        from jaxplan.cli.report import write_plots
+        from jaxplan.plots.figures import sensitivity_figures
+
+        write_plots(lambda step: sensitivity_figures(sens, result.shortlist, step=step), 1, plot)
+
+
+def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path):
+    """`--winner-map`: stages 1-4 for every scenario in one pass; the map, its boundaries, and --json."""
+    from jaxplan.cli.common import progress_bar
+    from jaxplan.winner_map import map_tables, parse_axes, summary_lines, winner_map
+
+    axes = parse_axes(map_axes)
+    out.print(f"[bold]{model_spec.describe()}[/]", highlight=False)
+    out.print(workload_spec.describe(), highlight=False)
+    with progress_bar() as progress:
+        task = progress.add_task("mapping", total=space_spec.size(len(gpu_specs)))
+        wmap = winner_map(model_spec, gpu_specs, workload_spec, space_spec, axes, progress=lambda done, total: progress.update(task, completed=done))
+    for table in map_tables(wmap):
+        out.print(table)
+    for line in summary_lines(wmap):
+        out.print(line, highlight=False, soft_wrap=True)
+    if json_path:
+        json_path.write_text(json.dumps(wmap.to_json(), indent=2, default=json_default))
+        out.print(f"wrote {json_path}")
+    return wmap
+
+
+def winner_map_plot(wmap):
+    """The heat map of a WinnerMap's plane at the current workload."""
+    from jaxplan.plots.sensitivity import winner_map_figure
+
+    plane = wmap.plane()
+    title = f"Which layout wins where ({wmap.workload.name})" + (f", {plane.z_name} = {plane.z_value:g}" if plane.z_name else "")
+    return winner_map_figure(
+        plane.x_label, plane.x_values, plane.y_label if plane.y_name else "", plane.y_values, plane.winner_labels, plane.margin,
+        current=plane.current, title=title,
+    )

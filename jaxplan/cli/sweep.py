@@ -48,13 +48,20 @@ def sweep(
     replay_requests: Annotated[int, typer.Option(min=10, max=1_000_000, help="Requests per replay (sampled from the workload, seeded).")] = 2000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep estimated to take longer (default: no limit).")] = None,
+    max_memory_gib: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write figures here (PNG + SVG): funnel, frontier, splits, replay timelines.")] = None,
 ) -> None:
     """Search the whole grid: funnel counts, the top configurations and a ready `vllm serve` command."""
     from jaxplan.report.tables import funnel_table, rows_table
     from jaxplan.report.vllm_command import vllm_serve_command
 
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size, params)
+    if plot:
+        from jaxplan.plots.save import plot_dir
+
+        plot_dir(plot)  # a bad --plot fails now, not after the sweep
+    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size, params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     out.print(funnel_table(result))
     replayed = None
     if replay and result.shortlist:
@@ -65,6 +72,7 @@ def sweep(
         t0 = _time.perf_counter()
         with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
             replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed)
+        replay_seconds = _time.perf_counter() - t0
         from jaxplan.funnel.replay_stage import rank_agreement
 
         agreement = rank_agreement(replayed)
@@ -83,9 +91,19 @@ def sweep(
         out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
     else:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
+    if target_throughput is not None and result.shortlist:  # sizing: per GPU type, the fewest GPUs and the cheapest per token
+        from jaxplan.sizing import size_deployments, sizing_table
+
+        sizing = size_deployments(result)
+        out.print(sizing_table(sizing))
+        report["sizing"] = sizing.to_json()
     if json_path:
         json_path.write_text(json.dumps(report, indent=2, default=json_default))
         out.print(f"wrote {json_path}")
+    if plot:
+        from jaxplan.cli.report import plot_sweep
+
+        plot_sweep(result, replayed, plot, replay_seconds=replay_seconds if replayed else None, seed=seed)
     if not result.shortlist:
         raise typer.Exit(code=2)
 

@@ -88,7 +88,7 @@ def winner_map_figure(x_name: str, x_values, y_name: str, y_values, winner_label
         mine = labels == n
         strength = (0.3 + 0.7 * shade[mine])[:, None]
         rgb[mine] = 1 - strength * (1 - np.array(c)[None, :])  # blend with white
-    rgb[labels == ""] = to_rgb(GREY)
+    rgb[labels == ""] = 1.0  # white, hatched below
     x_log, y_log = _is_log(x), _is_log(y)
     with styled():
         fig, axes = figure(1, 1)
@@ -102,20 +102,24 @@ def winner_map_figure(x_name: str, x_values, y_name: str, y_values, winner_label
         if len(x) <= CELL_TEXT_MAX and len(y) <= CELL_TEXT_MAX:
             for j in range(len(y)):
                 for i in range(len(x)):
-                    text = "none" if not labels[j, i] else ("only" if not np.isfinite(margin[j, i]) else f"+{margin[j, i]:.0%}")
+                    # the winner's legend number too: colours repeat past 8 winners and must not be the only cue
+                    number = names.index(labels[j, i]) + 1 if labels[j, i] else 0
+                    text = "none" if not labels[j, i] else f"{number}: " + ("only" if not np.isfinite(margin[j, i]) else f"+{margin[j, i]:.0%}")
                     lift = 15 if here == (i, j) else 0  # clear of the star
                     ax.annotate(text, (x[i], y[j]), xytext=(0, lift), textcoords="offset points", ha="center", va="center", fontsize=11, color=OKABE_ITO["black"])
+        xe, ye = _edges(x, x_log), _edges(y, y_log)
+        for j, i in zip(*np.nonzero(labels == "")):
+            ax.add_patch(Rectangle((xe[i], ye[j]), xe[i + 1] - xe[i], ye[j + 1] - ye[j], fill=False, hatch="//", ec=GREY, lw=0, zorder=3))
         if current is not None:
-            xe, ye = _edges(x, x_log), _edges(y, y_log)
             i, j = here
             ax.add_patch(Rectangle((xe[i], ye[j]), xe[i + 1] - xe[i], ye[j + 1] - ye[j], fill=False, ec=OKABE_ITO["black"], lw=3, zorder=4))
             ax.plot([current[0]], [current[1]], marker="*", ms=16, mfc="white", mec=OKABE_ITO["black"], mew=1.5, ls="none", label="current workload", zorder=5)
         ax.grid(False)
         ax.set_xlabel(x_name)
         ax.set_ylabel(y_name)
-        handles = [Patch(facecolor=colour[n], edgecolor="0.3", label=n) for n in names]
+        handles = [Patch(facecolor=colour[n], edgecolor="0.3", label=f"{k}: {n}") for k, n in enumerate(names, start=1)]
         if (labels == "").any():
-            handles.append(Patch(facecolor=GREY, edgecolor="0.3", label="nothing passes"))
+            handles.append(Patch(facecolor="white", edgecolor=GREY, hatch="//", label="nothing passes"))
         if current is not None:
             handles += ax.get_legend_handles_labels()[0]
         fig.legend(handles=handles, loc="outside right upper", title="winner (pale = close call)", frameon=False)

@@ -173,14 +173,18 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
 
 
 
-def _row_workload(batch: RowBatch, k: int, num_requests: int | None):
-    """The replay's Workload for row k of a batch (fixed lengths, the row's arrival process)."""
+def _row_workload(batch: RowBatch, k: int, num_requests: int | None, num_prompts=None):
+    """The replay's Workload for row k of a batch (fixed lengths, the row's arrival process).
+
+    Requests: `num_requests` if given, else the row's num_prompts, else DEFAULT_NUM_PROMPTS
+    (at least the concurrency of a closed loop)."""
     from jaxplan.specs.workload import Arrival, Workload
 
     w = jax.device_get(batch.workload)
     code = int(w.arrival_code[k])
     arrival = {0: Arrival.POISSON, 1: Arrival.BURST, 2: Arrival.CLOSED}[code]
-    count = num_requests or (int(w.concurrency[k]) if code == 1 else DEFAULT_NUM_PROMPTS)
+    given = num_prompts not in (None, "") and math.isfinite(float(num_prompts)) and float(num_prompts) >= 1
+    count = num_requests or (int(w.concurrency[k]) if code == 1 else int(float(num_prompts)) if given else DEFAULT_NUM_PROMPTS)
     return Workload(
         name=f"row {int(batch.row_ids[k]) + 1}",
         isl_mean_tokens=float(w.isl_tokens[k]), osl_mean_tokens=float(w.osl_tokens[k]), arrival=arrival,
@@ -200,8 +204,10 @@ def replay_predict_rows(
     from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.replay import sample_requests, simulate
+    from jaxplan.replay.clients import closed_loop_start_times, request_lifetime_s
 
     results = [dict(row) for row in rows]
+    analytical = predict_rows(rows, params_path=params_path, source=source)  # lifetimes for closed-loop client starts
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
         hw_all = take(hardware_table(batch.gpus, efficiency_for(names, params_path)), jnp.asarray(batch.gpu_index))
@@ -210,11 +216,17 @@ def replay_predict_rows(
             if blocks[k] < 1:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, status="does not fit: no KV cache left next to the weights; raise TP/PP or use FP8")
                 continue
-            workload = _row_workload(batch, k, num_requests)
+            workload = _row_workload(batch, k, num_requests, rows[i].get("num_prompts"))
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
             config = replay_config(layout, blocks[k : k + 1], routing=routing)
-            m = jax.device_get(simulate(config, sample_requests(workload, None, seed), workload, physics_step_fn(batch.model), (hw, layout)))
+            requests = sample_requests(workload, None, seed)
+            if workload.concurrency and routing == "round_robin":  # closed loop: clients start as stage 4 assumes
+                a = analytical[i]
+                lifetime_s = request_lifetime_s(a["ttft_ms_mean"], a["tpot_ms_mean"], workload.osl_mean_tokens)
+                starts = closed_loop_start_times(workload.concurrency, float(hw.closed_loop_sync_fraction[0]), lifetime_s, seed)
+                requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
+            m = jax.device_get(simulate(config, requests, workload, physics_step_fn(batch.model), (hw, layout)))
             overhead_s = float(hw.request_overhead_s[0])
             results[i].update(
                 ttft_ms_mean=(float(m.ttft.mean_s[0]) + overhead_s) * 1e3,

@@ -261,8 +261,9 @@ def _checked(requests: Requests, closed: int) -> Requests:
         raise bad_value("requests", [x.shape for x in (prompt, osl, hit, arrival)], "need four 1-D arrays of one length R >= 1")
     if prompt.min() < 1 or osl.min() < 1 or hit.min() < 0 or max(prompt.max(), osl.max()) > 2**26:
         raise bad_value("requests", (int(prompt.min()), int(osl.min()), int(hit.min())), "prompt and output tokens must be in 1..2**26, prefix hits >= 0")
-    if not closed and (not np.all(np.isfinite(arrival)) or arrival.min() < 0 or np.any(np.diff(arrival) < 0)):
-        raise bad_value("requests.arrival_s", arrival[:4].tolist(), "must be finite, >= 0 seconds and nondecreasing")
+    starts = arrival[:closed] if closed else arrival  # closed loop: the clients' start times
+    if not np.all(np.isfinite(starts)) or starts.min() < 0 or np.any(np.diff(starts) < 0):
+        raise bad_value("requests.arrival_s", starts[:4].tolist(), "must be finite, >= 0 seconds and nondecreasing")
     return Requests(jnp.asarray(prompt, jnp.int32), jnp.asarray(osl, jnp.int32), jnp.asarray(hit, jnp.int32), jnp.asarray(arrival, jnp.float32))
 
 

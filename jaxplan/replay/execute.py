@@ -213,12 +213,17 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     new_pq = n_pq + n_vict - a_pq
     next_k = rep.next_k + a - a_pq
 
-    # Closed loop: each finish submits the replica's next request at the end time.
+    # Closed loop: each finish submits the replica's next request at the end time, but not before
+    # the replica's last client has started (its first requests arrive at the clients' start times).
     n_fin = jnp.sum(jnp.concatenate([run.rec_i[1], new.rec_i[1]]) >= 0).astype(I32)
     sub_off = num_s + rep.submitted
     sub_window = jax.lax.dynamic_slice_in_dim(st.arrival, sub_off, num_s)
     sub_ok = runs & lane.closed & (pos < n_fin) & (rep.submitted + pos < rep.seg_end)
-    arrival = jax.lax.dynamic_update_slice_in_dim(st.arrival, jnp.where(sub_ok, timing.end_hi + timing.end_lo, sub_window), sub_off, 0)
+    initial = jnp.sum(jnp.where(rep.hot, lane.seg_initial, 0))
+    last_start_pos = num_s + jnp.sum(jnp.where(rep.hot, lane.seg_start, 0)) + jnp.maximum(initial - 1, 0)
+    last_start = jnp.where(initial > 0, jax.lax.dynamic_index_in_dim(st.arrival, last_start_pos, keepdims=False), 0.0)
+    submit_s = jnp.maximum(timing.end_hi + timing.end_lo, last_start)
+    arrival = jax.lax.dynamic_update_slice_in_dim(st.arrival, jnp.where(sub_ok, submit_s, sub_window), sub_off, 0)
     submitted = jnp.where(lane.closed & runs, jnp.minimum(rep.submitted + n_fin, rep.seg_end), rep.submitted)
 
     frozen = overflow & ~runs  # out of rows: resume here once the host gives more

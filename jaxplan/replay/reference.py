@@ -65,6 +65,8 @@ class RefScheduler:
     def __init__(self, stream: list[RefRequest], *, max_num_seqs: int, budget: int, num_kv_blocks: int, block_size: int, step_time: Callable[[dict], float], closed: bool):
         self.max_num_seqs, self.budget, self.num_kv_blocks, self.bs = max_num_seqs, budget, num_kv_blocks, block_size
         self.step_time, self.closed = step_time, closed
+        # closed loop: no client sends a second request before the last one has started
+        self.last_start = max((r.arrival for r in stream if r.arrival is not None), default=0.0)
         self.rep = RefReplica()
         self.pending = deque(stream)  # not yet arrived, in stream order
         self.waiting: deque[RefRequest] = deque()  # FCFS; preempted requests go to the front
@@ -169,7 +171,7 @@ class RefScheduler:
                     if self.closed:  # the replica's own client sends its next request
                         nxt = next((p for p in pending if p.arrival is None), None)
                         if nxt is not None:
-                            nxt.arrival = end
+                            nxt.arrival = max(end, self.last_start)
         rep.clock = rep.last_step_end = end
         rep.steps += 1
         return finished
@@ -260,7 +262,10 @@ def reference_replay(
     for i in range(num_r):
         prompt = int(requests.prompt_tokens[i])
         hit = (max(0, min(int(requests.prefix_hit_tokens[i]), prompt - 1)) // block_size) * block_size
-        arrival = float(np.float32(requests.arrival_s[i])) if closed_concurrency <= 0 else (0.0 if i < closed_concurrency else None)
+        start = float(np.float32(requests.arrival_s[i]))
+        if closed_concurrency > 0:  # clients' start times (least-loaded: all at 0, see balance.py)
+            start = (0.0 if balanced else start) if i < closed_concurrency else None
+        arrival = start
         reqs.append(RefRequest(i, prompt, int(requests.output_tokens[i]), hit, arrival))
     kwargs = {"max_num_seqs": max_num_seqs, "budget": max_num_batched_tokens, "num_kv_blocks": num_kv_blocks, "block_size": block_size, "step_time": step_time}
     if balanced:

@@ -27,8 +27,9 @@ class Requests(NamedTuple):
     output_tokens: output length (OSL), tokens, >= 1 (the request stops after that many).
     prefix_hit_tokens: prompt tokens already in the prefix cache (rounded down to
         whole KV blocks and capped at prompt - 1 by the scheduler).
-    arrival_s: arrival time, seconds, nondecreasing; all 0 for burst and closed loop
-        (closed-loop arrivals are decided during the replay).
+    arrival_s: arrival time, seconds, nondecreasing; all 0 for a burst. Closed loop of N
+        clients: arrival_s[:N] are the clients' start times (nondecreasing; 0 = all together,
+        see `jaxplan.replay.clients`), the rest are decided during the replay.
     """
 
     prompt_tokens: np.ndarray
@@ -111,8 +112,9 @@ def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> 
 
     closed_concurrency: 0 for open loop (arrival_s used), else the client's
     concurrency N: replica d of a finalist with dp' routed replicas starts with
-    the ceil((N - d) / dp') requests j < N, j = d mod dp', at t = 0, and each
-    finish submits that replica's next request.
+    the ceil((N - d) / dp') requests j < N, j = d mod dp', at their clients' start times
+    arrival_s[j], and each finish submits that replica's next request (never before the
+    replica's last client has started, so that arrivals stay in stream order).
     """
     num_r = requests.prompt_tokens.shape[0]
     bs = config.block_size
@@ -130,7 +132,7 @@ def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> 
     conc = jnp.asarray(closed_concurrency, jnp.int32)
     closed = conc > 0
     initial = jnp.minimum(count, jnp.where(d < dp, (jnp.maximum(conc - d, 0) + dp - 1) // dp, 0))
-    closed_arrival = jnp.where(k < jnp.take_along_axis(initial, rep, axis=1), 0.0, INF)
+    closed_arrival = jnp.where(k < jnp.take_along_axis(initial, rep, axis=1), jnp.asarray(requests.arrival_s, jnp.float32)[ids], INF)
     arrival = jnp.where(closed, closed_arrival, jnp.asarray(requests.arrival_s, jnp.float32)[ids])
     i = jnp.arange(num_r, dtype=jnp.int32)[None, :]
     position = jnp.take_along_axis(start, i % dp, axis=1) + i // dp

@@ -92,3 +92,27 @@ def test_list_names_every_bundled_spec(runner):
         for name in known(kind):
             assert any(line.startswith(prefix) and name in line for line in result.stdout.splitlines()), name
     assert "small: 768 candidates per GPU type" in result.stdout
+
+
+def test_json_in_a_missing_directory_fails_before_the_sweep(runner, tmp_path):
+    res = runner.invoke(app, ["sweep", "--space", "small", "--gpus", "h100_sxm", "--no-replay", "--json", str(tmp_path / "no" / "x.json")])
+    assert res.exit_code == 1
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--json" in lines[0] and "does not exist" in lines[0]
+
+
+def test_simulate_routes_least_loaded_on_request(runner, tmp_path):
+    csv = tmp_path / "rows.csv"
+    csv.write_text(
+        "model,gpu,tensor_parallel_size,pipeline_parallel_size,data_parallel_size,weight_dtype,kv_cache_dtype,isl,osl,request_rate,num_prompts\n"
+        "llama-3.1-8b,h100_sxm,1,1,2,bf16,auto,512,64,40,200\n"
+    )
+    results = {}
+    for routing in ("round_robin", "least_loaded"):
+        out = tmp_path / f"{routing}.csv"
+        res = runner.invoke(app, ["simulate", str(csv), "-o", str(out), "--routing", routing])
+        assert res.exit_code == 0, res.output
+        results[routing] = out.read_text()
+    assert results["round_robin"] != results["least_loaded"]  # the option reaches the replay
+    res = runner.invoke(app, ["simulate", str(csv), "--routing", "random"])
+    assert res.exit_code != 0

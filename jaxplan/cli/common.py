@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 import os
@@ -31,6 +32,25 @@ TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required o
 RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]
 PriceOption = Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")]
 ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")]
+
+
+class Routing(str, enum.Enum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOADED = "least_loaded"
+
+
+RoutingOption = Annotated[Routing, typer.Option(help="Replay: how requests reach data-parallel replicas (round_robin: request i to replica i mod DP; least_loaded: to the replica with the fewest outstanding requests).")]
+
+
+def check_writable(path: Optional[Path], option: str) -> None:
+    """Fail before any work if `path` cannot be written later."""
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise bad_value(option, str(path), f"the directory {str(parent)!r} does not exist; create it or pick another path")
+    if not os.access(parent, os.W_OK):
+        raise bad_value(option, str(path), f"the directory {str(parent)!r} is not writable; pick another path")
 
 
 def clean_errors(command):

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from jaxplan.cli.common import ParamsOption, app, clean_errors, err, out, progress_bar
+from jaxplan.cli.common import ParamsOption, Routing, RoutingOption, app, clean_errors, err, out, progress_bar
 from jaxplan.errors import bad_value
 
 
@@ -25,6 +25,7 @@ def predict(
     method: Annotated[Method, typer.Option(help="replay: step-by-step scheduler replay per row; analytical: stage 4's steady-state model (instant).")] = Method.REPLAY,
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,
     params: ParamsOption = None,
+    routing: RoutingOption = Routing.ROUND_ROBIN,
 ) -> None:
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
@@ -35,7 +36,7 @@ def predict(
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
     params_path = str(params) if params else None
     if method == Method.REPLAY:
-        predicted = replay_rows_with_progress(rows, "predicting", params_path=params_path, source=str(input_csv), num_requests=requests)
+        predicted = replay_rows_with_progress(rows, "predicting", params_path=params_path, source=str(input_csv), num_requests=requests, routing=routing.value)
     else:
         with err.status(f"predicting {len(rows)} rows ({method.value})"):
             predicted = predict_rows(rows, params_path=params_path, source=str(input_csv))
@@ -51,6 +52,7 @@ def simulate(
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Requests per row (default: num_prompts, or 1000).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the sampled requests.")] = 0,
     params: ParamsOption = None,
+    routing: RoutingOption = Routing.ROUND_ROBIN,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write each row's replay timeline here (PNG + SVG; replays each row once more).")] = None,
 ) -> None:
     """Replay explicit configurations step by step (the vLLM-style scheduler) and print their metrics."""
@@ -66,7 +68,7 @@ def simulate(
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)  # a bad --plot fails before the replay
-    replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed)
+    replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed, routing=routing.value)
     table = Table(title=f"Replayed {len(rows)} configurations")
     for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "status"):
         table.add_column(name)

@@ -19,6 +19,8 @@ from jaxplan.cli.common import (
     ParamsOption,
     PriceOption,
     RateOption,
+    Routing,
+    RoutingOption,
     SpaceOption,
     TargetOption,
     WorkloadOption,
@@ -86,6 +88,7 @@ def report(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
     timelines: Annotated[int, typer.Option(min=0, max=20, help="Finalists whose replay timeline is drawn (each is replayed once more).")] = 3,
     plot: PlotOption = None,
+    routing: RoutingOption = Routing.ROUND_ROBIN,
     map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Also map the winner over workload scenarios, e.g. isl=2000:32000:5,rate=1:16:5 (see `jaxplan sensitivity --winner-map`).")] = None,
 ) -> None:
     """One self-contained HTML report of a sweep: inputs, winner (`vllm serve`), funnel, frontier,
@@ -110,7 +113,7 @@ def report(
     if replay:
         t0 = time.perf_counter()
         with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
-            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed)
+            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value)
         replay_info = (len(replayed), replayed[0]["replay_requests"], time.perf_counter() - t0)
     final = replayed or result.shortlist
     with progress_bar() as progress:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli.common import (
+    check_writable,
     BudgetOption,
     GpusOption,
     ModelOption,
@@ -51,6 +52,7 @@ def sensitivity(
     from jaxplan.report.tables import layout_label
     from jaxplan.sensitivity import for_rows
 
+    check_writable(json_path, "--json")
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
     if plot:
         from jaxplan.plots.save import plot_dir

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from jaxplan.cli.common import (
+    check_writable,
     BudgetOption,
     GpusOption,
     ModelOption,
@@ -48,6 +49,7 @@ def size(
     from jaxplan.errors import PlanError
     from jaxplan.sizing import size_deployments, sizing_table
 
+    check_writable(json_path, "--json")
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
     if workload_spec.target_output_tokens_per_s <= 0:
         raise PlanError(f"workload {workload_spec.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")

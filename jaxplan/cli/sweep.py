@@ -16,10 +16,13 @@ from jaxplan.cli.common import (
     ParamsOption,
     PriceOption,
     RateOption,
+    Routing,
+    RoutingOption,
     SpaceOption,
     TargetOption,
     WorkloadOption,
     app,
+    check_writable,
     clean_errors,
     err,
     finite,
@@ -48,6 +51,7 @@ def sweep(
     replay_requests: Annotated[int, typer.Option(min=10, max=1_000_000, help="Requests per replay (sampled from the workload, seeded).")] = 2000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
+    routing: RoutingOption = Routing.ROUND_ROBIN,
     max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep estimated to take longer (default: no limit).")] = None,
     max_memory_gib: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write figures here (PNG + SVG): funnel, frontier, splits, replay timelines.")] = None,
@@ -56,6 +60,7 @@ def sweep(
     from jaxplan.report.tables import funnel_table, rows_table
     from jaxplan.report.vllm_command import vllm_serve_command
 
+    check_writable(json_path, "--json")
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
     if plot:
         from jaxplan.plots.save import plot_dir
@@ -71,7 +76,7 @@ def sweep(
 
         t0 = _time.perf_counter()
         with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
-            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed)
+            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value)
         replay_seconds = _time.perf_counter() - t0
         from jaxplan.funnel.replay_stage import rank_agreement
 

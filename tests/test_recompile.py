@@ -125,11 +125,6 @@ def test_predict_replay_does_not_recompile():
 # ---- calibration ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fit_serving jits a closure `run` defined inside each call, over `loss_fn` that closes over the "
-    "row data: every call is a new function with the data baked in as constants, so it retraces and "
-    "recompiles (~7 s per call). Fix (jaxplan/calibrate/fit.py, not this helper's file): a module-level "
-    "jitted step taking (z, prior, data arrays) as arguments and `steps` as a static argument."))
 def test_calibration_fit_does_not_recompile():
     from jaxplan.calibrate import fit
 

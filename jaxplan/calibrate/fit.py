@@ -15,6 +15,7 @@ collective tables. Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -160,15 +161,37 @@ def log_errors(data: FitData, hw_table: Hardware):
     return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
 
 
+def _split(data: FitData):
+    """(static, arrays): the model shapes and GPUs per batch (hashable), and everything else."""
+    static = tuple((b.model, b.gpus) for b in data.batches)
+    arrays = tuple((b.gpu_index, b.layout, b.workload, t, p) for b, t, p in zip(data.batches, data.ttft_s, data.tpot_s))
+    return static, arrays
+
+
+def _join(static, arrays) -> FitData:
+    batches = tuple(RowBatch(model, gpus, index, layout, workload, None) for (model, gpus), (index, layout, workload, _, _) in zip(static, arrays))
+    return FitData(batches, tuple(a[3] for a in arrays), tuple(a[4] for a in arrays))
+
+
 def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bool = False, steps: int = STEPS):
     """Adam on the log errors; prior [G, P] (free space). shared=True fits one vector for all GPUs.
 
-    Returns (z [G, P], final loss)."""
+    Compiled once per (models, GPUs, row counts, steps): a second fit of other rows of the same
+    shapes reuses the program. Returns (z [G, P], final loss)."""
+    static, arrays = _split(data)
+    arrays = jax.tree.map(jnp.asarray, arrays)
     z0 = prior.mean(axis=0, keepdims=True) if shared else prior
+    z, loss = _fit(jnp.asarray(z0), jnp.asarray(prior), arrays, static=static, gpus=tuple(gpus), steps=steps)
+    return np.asarray(jnp.broadcast_to(z, prior.shape)), float(loss)
+
+
+@functools.partial(jax.jit, static_argnames=("static", "gpus", "steps"))
+def _fit(z0, prior, arrays, *, static, gpus: tuple, steps: int):
+    data = _join(static, arrays)
 
     def loss_fn(z):
         full = jnp.broadcast_to(z, prior.shape)
-        ttft_err, tpot_err = log_errors(data, hardware_from_free(gpus, full))
+        ttft_err, tpot_err = log_errors(data, hardware_from_free(list(gpus), full))
         errors = jnp.mean(jnp.where(jnp.isfinite(ttft_err), ttft_err, 5.0) ** 2) + jnp.mean(jnp.where(jnp.isfinite(tpot_err), tpot_err, 5.0) ** 2)
         return errors + PRIOR_WEIGHT * jnp.mean((full - prior) ** 2)
 
@@ -181,10 +204,5 @@ def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bo
         updates, opt_state = optimizer.update(grad, opt_state, z)
         return (optax.apply_updates(z, updates), opt_state), loss
 
-    @jax.jit
-    def run(z):
-        (z, _), losses = jax.lax.scan(step, (z, optimizer.init(z)), None, length=steps)
-        return z, losses[-1]
-
-    z, loss = run(jnp.asarray(z0))
-    return np.asarray(jnp.broadcast_to(z, prior.shape)), float(loss)
+    (z, _), losses = jax.lax.scan(step, (z0, optimizer.init(z0)), None, length=steps)
+    return z, losses[-1]

@@ -25,7 +25,6 @@ import io
 import json
 import math
 import random
-import signal
 import tomllib
 from pathlib import Path
 from unittest import mock
@@ -37,6 +36,7 @@ from typer.testing import CliRunner
 from jaxplan.calibrate.rows import COLUMNS
 from jaxplan.cli import app
 from jaxplan.predict import OUTPUT_COLUMNS
+from time_limit import Hang, time_limit
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_SECONDS = 240.0  # a first call compiles (~15 s on 2 busy cores); 16x that is a hang
@@ -52,24 +52,6 @@ def _command(app_):
     if not _COMMAND:
         _COMMAND.append(typer.main.get_command(app_))
     return _COMMAND[0]
-
-
-class Hang(BaseException):
-    """Raised by the alarm; a BaseException so the CLI's `except Exception` cannot eat it."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    def _alarm(signum, frame):
-        raise Hang(f"no result after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # Names a one-line error may use for "the field": CSV columns, JSON keys, options, or the file itself.

@@ -19,12 +19,10 @@ Each load runs under a SIGALRM limit (HANG_SECONDS): a hang fails the test inste
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import random
-import signal
 import string
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxplan.errors import PlanError
+from time_limit import Hang, time_limit
 from jaxplan.specs import GpuSpec, ModelSpec, SearchSpace, Workload, known
 from jaxplan.specs import loader
 from jaxplan.specs.hf_config import model_from_hf_dict
@@ -55,24 +54,6 @@ RAW_HF = sorted((Path(__file__).resolve().parents[2] / "shared" / "data" / "spec
 
 
 # ---- harness ---------------------------------------------------------------------------------
-
-
-class Hang(BaseException):
-    """Raised by the alarm; a BaseException so no `except Exception` / `except OSError` in the loader eats it."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    def _alarm(signum, frame):
-        raise Hang(f"no result after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def check_valid(spec) -> None:

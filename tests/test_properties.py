@@ -162,10 +162,13 @@ def check_faster(model, gpu, w, seed, factor, fields):
     both = ok_base & ok_fast
     tput_base, tput_fast = np.asarray(base[5].output_tokens_per_s), np.asarray(fast[5].output_tokens_per_s)
     assert np.all(tput_fast[both] >= tput_base[both] * (1 - 1e-4)), f"{label}: throughput fell"
+    mean_base, mean_fast = np.asarray(base[5].tpot_mean_s), np.asarray(fast[5].tpot_mean_s)
+    assert np.all(mean_fast[both] <= mean_base[both] * (1 + 1e-4)), f"{label}: mean TPOT rose"
+    # The p99 adds z x the spread between steps with and without a prefill chunk; faster memory shrinks
+    # decode-only steps more than chunk steps, so that spread can grow a little while every step gets
+    # shorter (seen: +1.1e-4 on a 3-layer model, and up to ~1e-3 on a 4-layer one at 4x bandwidth).
     tpot_base, tpot_fast = np.asarray(base[5].tpot_p99_s), np.asarray(fast[5].tpot_p99_s)
-    # 1e-3: the p99 TPOT is not exactly monotone (a 3-layer model, burst of 1, OSL 1, A100 at 2x -> 12x
-    # bandwidth: 1.71607 -> 1.71626 ms, +1.1e-4; reported to the lead), far below anything that matters.
-    assert np.all(tpot_fast[both] <= tpot_base[both] * (1 + 1e-3)), f"{label}: p99 TPOT rose"
+    assert np.all(tpot_fast[both] <= tpot_base[both] * (1 + 1e-2)), f"{label}: p99 TPOT rose"
 
 
 @FAST

@@ -139,6 +139,25 @@ def combine_reasons(s1, later, over_budget) -> jnp.ndarray:
     return jnp.where(reason == Reason.ADMITTED, later, reason)
 
 
+def reason_counts(s1, later, valid, within, num_dp: int):
+    """Reason histogram [NUM_REASONS] of a chunk's [Co x DP] candidates before the rest of stage 4,
+    from per-configuration values [Co], and the survivors per configuration [Co].
+
+    within: DP values whose replicas fit the GPU budget (a prefix). Survivors count as PADDING here;
+    stage 4 counts them with their own reason."""
+    before_budget = (s1 == Reason.TP_HEADS) | (s1 == Reason.PP_LAYERS) | (s1 == Reason.NODE_FIT)
+    rest = jnp.where(s1 == Reason.ADMITTED, later, s1)  # the reason of the candidates within the budget
+    open_row = valid & ~before_budget
+    survive = open_row & (rest == Reason.ADMITTED)
+    add = lambda h, reason, n: h.at[reason].add(n)  # noqa: E731
+    counts = jnp.zeros(NUM_REASONS, jnp.int32)
+    counts = add(counts, jnp.int32(Reason.PADDING), jnp.sum(jnp.where(~valid, num_dp, 0)) + jnp.sum(jnp.where(survive, within, 0)))
+    counts = add(counts, s1, jnp.where(valid & before_budget, num_dp, 0))
+    counts = add(counts, jnp.int32(Reason.GPU_BUDGET), jnp.sum(jnp.where(open_row, num_dp - within, 0)))
+    counts = add(counts, rest, jnp.where(open_row & ~survive, within, 0))
+    return counts, jnp.where(survive, within, 0).astype(jnp.int32)
+
+
 def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, page_size: int):
     """One device's share of a chunk, factorised over DP (the innermost axis).
 
@@ -153,18 +172,22 @@ def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray,
     outer = candidates_from_digits(ctx.axis_values, jnp.concatenate([outer_digits, first_dp], axis=1), outer_valid)
     s1, later, _, prepared = outer_sieves(ctx, outer)
 
+    # DP values ascend (SearchSpace sorts them), and every reason but the GPU budget is per
+    # configuration, so a configuration's survivors are a prefix of its DP values: count them per
+    # row, and find a page position's row by a search over the rows' running totals (no [Co x DP]
+    # mask, cumsum or scatter).
     dp_values = ctx.axis_values[DP_AXIS]
-    over_budget = outer.tensor_parallel_size[:, None] * outer.pipeline_parallel_size[:, None] * dp_values[None, :] > ctx.gpu_budget
-    reason = combine_reasons(s1[:, None], later[:, None], over_budget)  # [Co, DP]
-    reason = jnp.where(outer_valid[:, None], reason, jnp.int32(Reason.PADDING)).reshape(-1)
-    order, survivors = compact(reason == Reason.ADMITTED)
-    counts = histogram(jnp.where(reason == Reason.ADMITTED, jnp.int32(Reason.PADDING), reason))
+    gpus_per_replica = outer.tensor_parallel_size * outer.pipeline_parallel_size
+    within = jnp.sum(gpus_per_replica[:, None] * dp_values[None, :] <= ctx.gpu_budget, axis=1, dtype=jnp.int32)  # [Co]
+    counts, survivors_per_row = reason_counts(s1, later, outer_valid, within, num_dp)
+    row_end = jnp.cumsum(survivors_per_row)
+    survivors = row_end[-1]
 
     def body(carry):
         page, state, counts = carry
         position = page * page_size + jnp.arange(page_size, dtype=jnp.int32)
-        flat = order[jnp.minimum(position, order.shape[0] - 1)]
-        which, dp_digit = flat // num_dp, flat % num_dp
+        which = jnp.minimum(jnp.searchsorted(row_end, position, side="right"), row_end.shape[0] - 1).astype(jnp.int32)
+        dp_digit = position - (row_end[which] - survivors_per_row[which])
         digits = jnp.concatenate([outer_digits[which], dp_digit[:, None]], axis=1)
         picked = candidates_from_digits(ctx.axis_values, digits, position < survivors)
         ev = evaluate_survivors(ctx, picked, jax.tree.map(lambda x: x[which], prepared))

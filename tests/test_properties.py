@@ -168,7 +168,7 @@ def check_faster(model, gpu, w, seed, factor, fields):
     # decode-only steps more than chunk steps, so that spread can grow a little while every step gets
     # shorter (seen: +1.1e-4 on a 3-layer model, and up to ~1e-3 on a 4-layer one at 4x bandwidth).
     tpot_base, tpot_fast = np.asarray(base[5].tpot_p99_s), np.asarray(fast[5].tpot_p99_s)
-    assert np.all(tpot_fast[both] <= tpot_base[both] * (1 + 1e-2)), f"{label}: p99 TPOT rose"
+    assert np.all(tpot_fast[both] <= tpot_base[both] * (1 + 2e-3)), f"{label}: p99 TPOT rose"
 
 
 @FAST

@@ -697,8 +697,8 @@ def test_huge_grid_refused_by_memory_limit(monkeypatch):
 def test_layout_table_beyond_available_memory_refused_by_default(tmp_path, monkeypatch):
     """No --max-memory-gib: the machine's available memory is the limit. 10^5 TP x 10^3 PP x 10^3 DP
     values make a 10^11-entry layout table (terabytes): refused, naming the layout table."""
-    from jaxplan.funnel import budget
     from jaxplan.funnel import sweep as sweep_module
+    from jaxplan.system import available_memory_bytes
 
     monkeypatch.setattr(sweep_module, "build_context", lambda *a, **k: pytest.fail("the sweep started"))
     space = tmp_path / "layouts.toml"
@@ -707,7 +707,7 @@ def test_layout_table_beyond_available_memory_refused_by_default(tmp_path, monke
         "data_parallel_size = { min = 1, max = 1000 }\nmax_num_seqs = [64]\nmax_num_batched_tokens = [8192]\n"
         'weight_dtype = ["bf16"]\nkv_cache_dtype = ["auto"]\ngpu_budget = 1000000\n'
     )
-    assert budget.available_memory_bytes() is not None
+    assert available_memory_bytes() is not None
     result = invoke(["sweep", "--space", str(space), "--gpus", "h100_sxm", "--no-replay"], "layout table")
     assert result.exit_code == 1
     assert "refusing the sweep" in error_line(result) and "layouts" in error_line(result)

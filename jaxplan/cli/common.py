@@ -127,7 +127,8 @@ def sweep_options(model, gpus, workload, space, budget, target_throughput, rate,
 def run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=1 << 16, params=None, max_seconds=None, max_memory_gib=None):
     """The funnel with a progress bar; refused up front when its estimated time or memory exceeds
     --max-seconds / --max-memory-gib (default: the machine's available memory)."""
-    from jaxplan.funnel.budget import GIB, available_memory_bytes
+    from jaxplan.funnel.budget import GIB
+    from jaxplan.system import available_memory_bytes
     from jaxplan.funnel.sweep import run_sweep
 
     max_memory_bytes = max_memory_gib * GIB if max_memory_gib is not None else available_memory_bytes()

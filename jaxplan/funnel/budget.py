@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 
@@ -68,21 +67,6 @@ def estimate_sweep(grid: Grid, chunk_size: int, num_devices: int | None = None) 
     memory = BASE_BYTES + chunk * CHUNK_BYTES + layouts * LAYOUT_BYTES * (num_devices + LAYOUT_COPIES)
     seconds = COMPILE_S + grid.size / CANDIDATES_PER_S
     return SweepEstimate(grid.size, layouts, chunk, num_devices, int(memory), seconds)
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), else free physical pages; None when unknown."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _fixes(grid: Grid, estimate: SweepEstimate) -> str:

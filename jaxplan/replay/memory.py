@@ -8,11 +8,11 @@ is refused with a one-line PlanError.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 from jaxplan.errors import bad_value
 from jaxplan.replay.state import ITL_BINS, NF, NI
+from jaxplan.system import available_memory_bytes
 
 MEMORY_FRACTION = 0.5  # default limit: this fraction of the machine's available memory
 SERIES_POINTS = 64  # summarize's queue-length samples ([F, P, R] comparisons)
@@ -49,21 +49,6 @@ def replay_bytes(shape: ReplayShape) -> tuple[int, int]:
     return per_finalist, shared
 
 
-def available_bytes() -> int | None:
-    """The machine's available memory in bytes (Linux MemAvailable, else sysconf), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -73,7 +58,7 @@ def finalists_per_call(shape: ReplayShape, limit_bytes: int | None = None) -> in
     MEMORY_FRACTION of available memory): all of them, or fewer (run in chunks).
     PlanError if not even one finalist fits."""
     if limit_bytes is None:
-        available = available_bytes()
+        available = available_memory_bytes()
         if available is None:
             return shape.num_finalists
         limit_bytes, source = int(available * MEMORY_FRACTION), f"{MEMORY_FRACTION:.0%} of the available memory"

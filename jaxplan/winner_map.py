@@ -43,7 +43,6 @@ from jaxplan.funnel.chunk import (
     SweepContext,
     combine_reasons,
     compact,
-    evaluate_digits,
     evaluate_survivors,
     layout_of,
 )
@@ -568,31 +567,13 @@ def top_two(table: BestTable, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def rows_under(grid: Grid, ctx: SweepContext, digits: np.ndarray, params: WorkloadParams) -> list[dict]:
     """Sweep-style rows for candidates [K] each evaluated under its own scenario (params fields [K])."""
-    from jaxplan.funnel.sweep import REPORT_ROWS
+    from jaxplan.funnel.sweep import REPORT_ROWS, rows_for
 
     if len(digits) == 0:
         return []
-    size = max(REPORT_ROWS, len(digits))  # one padded shape: one compilation for every map
-    padded = np.zeros((size, digits.shape[1]), np.int32)
-    padded[: len(digits)] = digits
+    size = max(REPORT_ROWS, len(digits))  # rows_for pads the digits to this size; pad the scenarios alike
     w = WorkloadParams(*(jnp.concatenate([f, jnp.broadcast_to(f[:1], (size - len(digits),))]) for f in params))
-    ev = jax.device_get(evaluate_digits(ctx._replace(workload=w), jnp.asarray(padded)))
-    rows = []
-    for i, d in enumerate(digits):
-        e = ev.estimate
-        row = grid.describe(d)
-        row.update(
-            num_gpus=int(ev.layout.num_gpus[i]),
-            output_tokens_per_s=float(e.output_tokens_per_s[i]),
-            ttft_p99_s=float(e.ttft_p99_s[i]),
-            tpot_p99_s=float(e.tpot_p99_s[i]),
-            hourly_usd=float(ev.hourly_usd[i]),
-            cost_per_million_output_tokens_usd=float(ev.cost_per_million_usd[i]),
-            score=float(ev.score[i]),
-            digits=[int(x) for x in d],
-        )
-        rows.append(row)
-    return rows
+    return rows_for(grid, ctx._replace(workload=w), digits)
 
 
 def winner_map(

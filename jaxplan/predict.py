@@ -207,7 +207,7 @@ def replay_predict_rows(
     from jaxplan.replay.clients import closed_loop_start_times, request_lifetime_s
 
     results = [dict(row) for row in rows]
-    analytical = predict_rows(rows, params_path=params_path, source=source)  # lifetimes for closed-loop client starts
+    analytical = None  # stage 4's rows, for closed-loop client lifetimes (computed when first needed)
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
         hw_all = take(hardware_table(batch.gpus, efficiency_for(names, params_path)), jnp.asarray(batch.gpu_index))
@@ -222,6 +222,8 @@ def replay_predict_rows(
             config = replay_config(layout, blocks[k : k + 1], routing=routing)
             requests = sample_requests(workload, None, seed)
             if workload.concurrency and routing == "round_robin":  # closed loop: clients start as stage 4 assumes
+                if analytical is None:
+                    analytical = predict_rows(rows, params_path=params_path, source=source)
                 a = analytical[i]
                 lifetime_s = request_lifetime_s(a["ttft_ms_mean"], a["tpot_ms_mean"], workload.osl_mean_tokens)
                 starts = closed_loop_start_times(workload.concurrency, float(hw.closed_loop_sync_fraction[0]), lifetime_s, seed)

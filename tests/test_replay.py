@@ -94,6 +94,31 @@ def test_iteration_limit_reports_unfinished(single):
     assert int(summarize(cut, workload).unfinished[1]) == 1
 
 
+# --- pipeline parallelism: micro-batches share a step, one budget per request -------------------
+
+
+def test_pipeline_micro_batches_each_have_a_budget():
+    """4 prompts of 30 tokens arrive together, budget 10 per micro-batch. PP 1: 10 tokens per step, so
+    the prompts prefill one after another (3 steps each, first tokens at steps 2, 5, 8, 11). PP 4: 40
+    tokens per step but at most 10 per request, so all four prefill side by side in 3 steps."""
+    n = 4
+    requests = Requests(np.full(n, 30, np.int32), np.ones(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32))
+    config = ReplayConfig.create(max_num_seqs=8, max_num_batched_tokens=10, num_kv_blocks=1000, pipeline_parallel_size=[1, 4, 2])
+    workload = Workload(name="pp", isl_mean_tokens=30, osl_mean_tokens=1)
+    trace = simulate_trace(config, requests, workload, affine_step_time, _params(3, vary=False))
+    np.testing.assert_array_equal(trace.first_token_step[0], [2, 5, 8, 11])
+    np.testing.assert_array_equal(trace.first_token_step[1], [2, 2, 2, 2])
+    np.testing.assert_array_equal(trace.first_token_step[2], [2, 2, 5, 5])  # two micro-batches: pairs
+    np.testing.assert_array_equal(trace.replica_steps[:, 0], [12, 3, 6])
+    # each PP-4 step carries 40 prefill tokens: A + 40 B per step
+    np.testing.assert_allclose(trace.ttft_s[1], 3 * (A + 40 * B), rtol=1e-6)
+
+
+def test_pipeline_budget_overflow_is_a_plan_error():
+    with pytest.raises(PlanError, match="pipeline_parallel_size x max_num_batched_tokens"):
+        ReplayConfig.create(max_num_seqs=4, max_num_batched_tokens=2**23, num_kv_blocks=100, pipeline_parallel_size=4)
+
+
 # --- a realistic workload: invariants, and the reference at scale -------------------------------
 
 NUM_R = 240

@@ -43,6 +43,8 @@ def _case(seed: int, *, kv_scale=(1, 4)):
         num_kv_blocks=rng.integers(int(kv_scale[0] * largest), int(kv_scale[1] * largest), NUM_F),
         data_parallel_size=rng.integers(1, 5, NUM_F),
         block_size=BLOCK,
+        # PP micro-batches per step (own generator: the other draws stay as they were)
+        pipeline_parallel_size=np.random.default_rng(seed + 10_000).integers(1, 4, NUM_F),
     )
     return Requests(prompt, osl, hit, arrival), config, dyadic_params(rng, NUM_F)
 
@@ -57,6 +59,7 @@ def _compare(requests, config, params, closed=0, window=8):
             max_num_batched_tokens=int(config.max_num_batched_tokens[f]),
             num_kv_blocks=int(config.num_kv_blocks[f]),
             data_parallel_size=int(config.data_parallel_size[f]),
+            pipeline_parallel_size=int(config.pipeline_parallel_size[f]),
             block_size=BLOCK,
             step_time=affine_step_time_py(params[f]),
             closed_concurrency=closed,

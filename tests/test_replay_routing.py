@@ -44,6 +44,8 @@ def _case(seed: int, *, burst=False, kv_scale=(1, 4), dp=(2, 5)):
         data_parallel_size=rng.integers(dp[0], dp[1], NUM_F),
         block_size=BLOCK,
         routing="least_loaded",
+        # PP micro-batches per step (own generator: the other draws stay as they were)
+        pipeline_parallel_size=np.random.default_rng(seed + 10_000).integers(1, 4, NUM_F),
     )
     return Requests(prompt, osl, hit, arrival), config, dyadic_params(rng, NUM_F)
 
@@ -55,6 +57,7 @@ def _reference(requests, config, params, f, closed=0, routing="least_loaded"):
         max_num_batched_tokens=int(config.max_num_batched_tokens[f]),
         num_kv_blocks=int(config.num_kv_blocks[f]),
         data_parallel_size=int(config.data_parallel_size[f]),
+        pipeline_parallel_size=int(config.pipeline_parallel_size[f]),
         block_size=BLOCK,
         step_time=affine_step_time_py(params[f]),
         closed_concurrency=closed,

@@ -64,3 +64,19 @@ def test_rank_agreement_is_spearman_of_the_two_scores():
     # Ranks (1, 2, 3) vs (1, 3, 2): d^2 = 0 + 1 + 1 -> rho = 1 - 6 * 2 / (3 * 8) = 0.5.
     assert rank_agreement(rows) == 0.5
     assert rank_agreement(rows[:2]) != rank_agreement(rows[:2])  # NaN below three rows
+
+
+def test_pipeline_stages_carry_a_budget_each_in_replay_and_stage_four():
+    """PP 4 with a 256-token budget and 8,000-token prompts at 2.5 req/s: 20,000 prompt tokens/s.
+    One budget per step (the replay before PP micro-batches had their own) prefills ~10,000 tokens/s
+    and the queue grows without bound; four budgets per step keep up, as stage 4 assumes."""
+    from jaxplan.predict import predict_rows, replay_predict_rows
+
+    row = {"model": "llama-3.1-70b", "gpu": "h200_sxm", "tensor_parallel_size": 1, "pipeline_parallel_size": 4, "weight_dtype": "fp8", "kv_cache_dtype": "fp8",
+           "isl": 8000, "osl": 300, "request_rate": 2.5, "num_prompts": 400, "max_num_seqs": 32, "max_num_batched_tokens": 256}  # fmt: skip
+    analytical, replayed = predict_rows([row])[0], replay_predict_rows([row])[0]
+    assert analytical["status"] == replayed["status"] == "ok"
+    assert analytical["output_tok_s"] == pytest.approx(2.5 * 300)  # stage 4: keeps up
+    assert replayed["output_tok_s"] > 0.8 * analytical["output_tok_s"]  # 400 requests: ramp-up and drain included
+    assert replayed["ttft_ms_mean"] < 3000  # no runaway queue
+    np.testing.assert_allclose(replayed["tpot_ms_mean"], analytical["tpot_ms_mean"], rtol=0.25)

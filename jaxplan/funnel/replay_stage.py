@@ -60,6 +60,7 @@ def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "ro
         max_num_batched_tokens=np.asarray(layout.max_num_batched_tokens),
         num_kv_blocks=np.clip(kv_blocks, 1, None),
         data_parallel_size=np.asarray(layout.data_parallel_size),
+        pipeline_parallel_size=np.asarray(layout.pipeline_parallel_size),
         block_size=block_size,
         routing=routing,
     )

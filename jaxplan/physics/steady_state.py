@@ -77,7 +77,10 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
     cached = w.isl_tokens * w.prefix_hit_rate
     room = jnp.maximum(layout.pipeline_parallel_size * layout.max_num_batched_tokens - b, 1.0)
-    chunk = jnp.minimum(room, isl_eff)
+    chunk = jnp.minimum(room, isl_eff)  # prefill tokens a step carries (several prompts' under PP)
+    # Under PP each micro-batch has its own budget, but one request sits in one micro-batch: its
+    # own chunk per replica step is at most one budget (the replay's scheduler does the same).
+    own_chunk = jnp.minimum(chunk, layout.max_num_batched_tokens)
     decode_context = b * (w.isl_tokens + 0.5 * w.osl_tokens)
     decode = StepBatch.decode_only(b, decode_context)
     with_chunk = decode.merged(StepBatch(chunk, 0.0 * b, 0.0 * b, chunk * (cached + 0.5 * isl_eff), 1.0 + 0.0 * b))
@@ -85,9 +88,10 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     chunk_s = step_time_s(model, hw, layout, with_chunk)
     fraction = jnp.clip(b / w.osl_tokens * isl_eff / chunk, 0.0, 1.0)
     mean_s = fraction * chunk_s + (1.0 - fraction) * decode_s
-    # Every chunk step pays the decode step's cost; the prefill work itself is paid once over all
-    # chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes 2 steps).
-    prefill_s = ste_ceil(isl_eff / chunk) * decode_s + isl_eff / chunk * (chunk_s - decode_s)
+    # Every step of a prompt's prefill pays the decode step's cost; the prefill work itself is paid
+    # once over all chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes
+    # 2 steps). Under PP a prompt advances one budget per step while the step carries others' too.
+    prefill_s = ste_ceil(isl_eff / own_chunk) * decode_s + isl_eff / chunk * (chunk_s - decode_s)
     return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s)
 
 

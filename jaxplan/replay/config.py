@@ -17,7 +17,7 @@ from jaxplan.errors import bad_value
 
 # Most allowed per field. Token and block sums stay below 2**24 so that the
 # replay's float32 prefix sums are exact; 4,096 running requests per replica.
-LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024}
+LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024, "pipeline_parallel_size": 64}
 # How requests reach data-parallel replicas: request i to replica i % dp, or to the replica with
 # the fewest outstanding (waiting + running) requests at its arrival, ties to the lowest index.
 ROUTINGS = ("round_robin", "least_loaded")
@@ -36,9 +36,13 @@ class ReplayConfig:
     """vLLM scheduler capacities per finalist, each an int32 array [F].
 
     max_num_seqs: most running requests per replica (vLLM `max_num_seqs`).
-    max_num_batched_tokens: token budget of one scheduler step per replica.
+    max_num_batched_tokens: token budget of one scheduler step (one micro-batch) per replica.
     num_kv_blocks: KV-cache blocks per replica (from the physics' memory model).
     data_parallel_size: replicas, each with its own scheduler and KV cache.
+    pipeline_parallel_size: PP micro-batches in flight per replica (vLLM's batch queue). One
+        replica step (the physics' `step_time_s`) carries PP micro-batches, each with its own
+        token budget: pp x max_num_batched_tokens tokens in all, at most one budget per request
+        (a request sits in one micro-batch), as stage 4 assumes.
     block_size: tokens per KV block (static, shared by all finalists).
     routing: "round_robin" (request i to replica i % dp) or "least_loaded" (to the
         replica with the fewest waiting + running requests at its arrival); static.
@@ -48,13 +52,14 @@ class ReplayConfig:
     max_num_batched_tokens: np.ndarray
     num_kv_blocks: np.ndarray
     data_parallel_size: np.ndarray
+    pipeline_parallel_size: np.ndarray
     block_size: int = dataclasses.field(default=16, metadata={"static": True})
     routing: str = dataclasses.field(default="round_robin", metadata={"static": True})
 
     @staticmethod
-    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16, routing: str = "round_robin") -> ReplayConfig:
+    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16, routing: str = "round_robin", pipeline_parallel_size=1) -> ReplayConfig:
         """Broadcast scalars / sequences to int32 arrays [F] and validate them (PlanError naming the field)."""
-        raw = (max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size)
+        raw = (max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size, pipeline_parallel_size)
         try:
             values = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in raw))
         except (TypeError, ValueError) as err:
@@ -66,6 +71,9 @@ class ReplayConfig:
             if not np.all(np.isfinite(value)) or np.any(value != np.round(value)) or np.any(value < 1) or np.any(value > most):
                 raise bad_value(name, value.tolist()[:8], f"must be integers in 1..{most:,}", where="ReplayConfig")
             fields[name] = value.astype(np.int32)
+        step_tokens = fields["max_num_batched_tokens"].astype(np.int64) * fields["pipeline_parallel_size"]
+        if np.any(step_tokens > LIMITS["max_num_batched_tokens"]):
+            raise bad_value("pipeline_parallel_size x max_num_batched_tokens", step_tokens.tolist()[:8], f"must be at most {LIMITS['max_num_batched_tokens']:,} tokens per step", where="ReplayConfig")
         if not isinstance(block_size, int) or isinstance(block_size, bool) or not 1 <= block_size <= 4096:
             raise bad_value("block_size", block_size, "must be an integer in 1..4096 tokens", where="ReplayConfig")
         return ReplayConfig(**fields, block_size=block_size, routing=check_routing(routing))

@@ -111,6 +111,7 @@ def _start(requests: Requests, config: ReplayConfig, closed_concurrency, *, num_
         lanes.closed,
         lanes.max_num_seqs,
         lanes.budget,
+        lanes.step_budget,
         lanes.num_kv_blocks,
     )
     if config.routing == LEAST_LOADED:
@@ -361,14 +362,14 @@ def requests_count(requests: Requests) -> int:
 
 
 def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
-    fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size")}
+    fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size", "pipeline_parallel_size")}
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
 def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing) -> ReplayTrace:
     """One replay call over configs [F] (see simulate_trace)."""
     configs = ReplayConfig(
-        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, block_size=configs.block_size, routing=routing
+        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=routing
     )
     max_seqs = int(np.max(configs.max_num_seqs))
     slots = num_slots if num_slots is not None else min(_bucket(max_seqs), INITIAL_SLOTS)

@@ -62,8 +62,9 @@ class RefResult:
 class RefScheduler:
     """One replica's scheduler: its queues, its clock, one step at a time."""
 
-    def __init__(self, stream: list[RefRequest], *, max_num_seqs: int, budget: int, num_kv_blocks: int, block_size: int, step_time: Callable[[dict], float], closed: bool):
-        self.max_num_seqs, self.budget, self.num_kv_blocks, self.bs = max_num_seqs, budget, num_kv_blocks, block_size
+    def __init__(self, stream: list[RefRequest], *, max_num_seqs: int, budget: int, step_budget: int, num_kv_blocks: int, block_size: int, step_time: Callable[[dict], float], closed: bool):
+        """budget: most tokens of one request per step; step_budget: of the whole step (PP micro-batches)."""
+        self.max_num_seqs, self.budget, self.step_budget, self.num_kv_blocks, self.bs = max_num_seqs, budget, step_budget, num_kv_blocks, block_size
         self.step_time, self.closed = step_time, closed
         # closed loop: no client sends a second request before the last one has started
         self.last_start = max((r.arrival for r in stream if r.arrival is not None), default=0.0)
@@ -98,7 +99,7 @@ class RefScheduler:
             rep.stalled = True
             return []
 
-        token_budget = budget
+        token_budget = self.step_budget
         free = num_kv_blocks - sum(_blocks(r.computed, bs) for r in running)
         scheduled: list[tuple[RefRequest, int, int]] = []  # (request, new tokens, tokens in KV before)
         preempted_any = False
@@ -106,7 +107,7 @@ class RefScheduler:
         # 1. Running requests, in order: the next prefill chunk, or one decode token.
         while i < len(running) and token_budget > 0:
             req = running[i]
-            new = min(req.prompt + req.out - req.computed, token_budget)
+            new = min(req.prompt + req.out - req.computed, budget, token_budget)
             need = _blocks(req.computed + new, bs) - _blocks(req.computed, bs)
             self_preempted = False
             while need > free:  # preempt the most recently admitted running request
@@ -130,7 +131,7 @@ class RefScheduler:
         if not preempted_any:
             while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
-                new = min(req.prompt + req.out - req.hit, token_budget)
+                new = min(req.prompt + req.out - req.hit, budget, token_budget)
                 need = _blocks(req.hit + new, bs)
                 if need > free:
                     break
@@ -240,6 +241,7 @@ def reference_replay(
     max_num_batched_tokens: int,
     num_kv_blocks: int,
     data_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
     block_size: int = 16,
     step_time: Callable[[dict], float],
     closed_concurrency: int = 0,
@@ -248,6 +250,8 @@ def reference_replay(
     """Replay one finalist, one scheduler per replica.
 
     step_time(batch) -> seconds, where batch is a dict with the StepBatch field names.
+    pipeline_parallel_size: a step carries that many micro-batches, pp x max_num_batched_tokens
+    tokens in all, at most max_num_batched_tokens of them for one request.
     routing "round_robin": request i to replica i % dp; the replicas are
     independent. closed_concurrency: 0 for open loop; else N requests in flight,
     split over min(dp, N) replicas round-robin, each replica's client sending
@@ -267,7 +271,8 @@ def reference_replay(
             start = (0.0 if balanced else start) if i < closed_concurrency else None
         arrival = start
         reqs.append(RefRequest(i, prompt, int(requests.output_tokens[i]), hit, arrival))
-    kwargs = {"max_num_seqs": max_num_seqs, "budget": max_num_batched_tokens, "num_kv_blocks": num_kv_blocks, "block_size": block_size, "step_time": step_time}
+    step_budget = max_num_batched_tokens * pipeline_parallel_size
+    kwargs = {"max_num_seqs": max_num_seqs, "budget": max_num_batched_tokens, "step_budget": step_budget, "num_kv_blocks": num_kv_blocks, "block_size": block_size, "step_time": step_time}
     if balanced:
         return RefResult(reqs, least_loaded(reqs, dp, closed_concurrency, **kwargs))
     for req in reqs:

@@ -1,11 +1,13 @@
 """Which tokens each request gets in one step of one replica: vLLM V1's scheduler, vectorised.
 
-Each step of a replica (clock t, token budget B = max_num_batched_tokens):
+Each step of a replica (clock t, token budget B = PP x max_num_batched_tokens:
+PP micro-batches in flight, each with its own budget; a request sits in one, so
+it takes at most max_num_batched_tokens of them):
 
 1. Requests with arrival <= t join the back of the waiting queue (FCFS).
    With nothing running and nothing waiting, the clock jumps to the next arrival.
 2. Running requests, in order of (re)admission, take min(tokens left to
-   compute, budget left) tokens: one decode token, or the next prompt chunk
+   compute, max_num_batched_tokens, budget left) tokens: one decode token, or the next prompt chunk
    (chunked prefill). Once the budget is spent the rest wait for the next step.
    A request needs ceil((KV tokens + new tokens) / block_size) KV blocks; when
    the free blocks do not suffice, the most recently admitted running request
@@ -50,7 +52,8 @@ class LaneInput(NamedTuple):
     num_replicas: jnp.ndarray  # int32
     closed: jnp.ndarray  # bool: closed loop
     max_num_seqs: jnp.ndarray  # int32
-    budget: jnp.ndarray  # int32 max_num_batched_tokens
+    budget: jnp.ndarray  # int32 max_num_batched_tokens: most tokens of one request per step
+    step_budget: jnp.ndarray  # int32 pp x max_num_batched_tokens: tokens of the whole step
     num_kv_blocks: jnp.ndarray  # int32
 
 
@@ -166,7 +169,7 @@ class Plan(NamedTuple):
 def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_size: int) -> Plan:
     """vLLM's running loop (grants, preemption from the tail) and admission, as prefix sums."""
     num_s = st.run_i.shape[1]
-    bs, budget, n = block_size, lane.budget, rep.n_run
+    bs, budget, n = block_size, lane.step_budget, rep.n_run
     pos = jnp.arange(num_s, dtype=I32)
     r_i, c_i = st.run_i, queue.cand_i
     valid = pos < n
@@ -175,14 +178,14 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
     alloc = jnp.where(valid, cdiv(comp, bs), 0)
     c_hit = c_i[HIT]
     c_want = jnp.where(queue.valid, c_i[PROMPT] + c_i[OUT] - c_hit, 0)
-    clipped = jnp.minimum(jnp.stack([want, c_want]), budget)
+    clipped = jnp.minimum(jnp.stack([want, c_want]), lane.budget)  # one micro-batch's budget each
     sums = cumsum(jnp.stack([clipped[0], alloc, clipped[1]]))
-    grant = jnp.clip(budget - (sums[0] - clipped[0]), 0, want)
+    grant = jnp.clip(budget - (sums[0] - clipped[0]), 0, clipped[0])
     need = cdiv(comp + grant, bs) - alloc
     used0 = jnp.sum(alloc)
     free0 = lane.num_kv_blocks - used0
     c_room = budget - jnp.sum(grant) - (sums[2] - clipped[1])  # budget left before each candidate
-    c_grant = jnp.clip(c_room, 0, c_want)
+    c_grant = jnp.clip(c_room, 0, clipped[1])
     c_blocks = cdiv(c_hit + c_grant, bs)
     sums2 = cumsum(jnp.stack([need, c_blocks]))
     # request i keeps running iff its blocks and all before it fit once every

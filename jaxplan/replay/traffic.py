@@ -96,7 +96,8 @@ class Lanes(NamedTuple):
     num_replicas: jnp.ndarray  # [F] int32 replicas that receive requests
     closed: jnp.ndarray  # [F] bool: closed loop (a finish submits the replica's next request)
     max_num_seqs: jnp.ndarray  # [F] int32
-    budget: jnp.ndarray  # [F] int32 max_num_batched_tokens
+    budget: jnp.ndarray  # [F] int32 max_num_batched_tokens: most tokens of one request per step
+    step_budget: jnp.ndarray  # [F] int32 pp x max_num_batched_tokens: tokens of one replica step
     num_kv_blocks: jnp.ndarray  # [F] int32
 
 
@@ -149,6 +150,7 @@ def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> 
         closed=jnp.broadcast_to(closed, (num_f,)),
         max_num_seqs=jnp.asarray(config.max_num_seqs, jnp.int32),
         budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32),
+        step_budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32) * jnp.asarray(config.pipeline_parallel_size, jnp.int32),
         num_kv_blocks=jnp.asarray(config.num_kv_blocks, jnp.int32),
     )
 
@@ -184,6 +186,7 @@ def build_balanced_lanes(requests: Requests, config, closed_concurrency, max_dp:
         closed=jnp.broadcast_to(closed, (num_f,)),
         max_num_seqs=jnp.asarray(config.max_num_seqs, jnp.int32),
         budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32),
+        step_budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32) * jnp.asarray(config.pipeline_parallel_size, jnp.int32),
         num_kv_blocks=jnp.asarray(config.num_kv_blocks, jnp.int32),
     )
     submitted = jnp.where(closed, jnp.minimum(conc, num_r), num_r)

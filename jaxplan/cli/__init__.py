@@ -12,9 +12,11 @@ from jaxplan.cli import predict  # noqa: F401
 from jaxplan.cli import calibrate  # noqa: F401
 from jaxplan.cli import listing  # noqa: F401
 from jaxplan.cli.common import app
+from jaxplan.compile_cache import enable as enable_compilation_cache
 
 
 def main() -> None:
+    enable_compilation_cache()  # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not)
     app()
 
 

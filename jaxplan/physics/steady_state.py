@@ -70,7 +70,8 @@ class _Steps(NamedTuple):
     decode_s: jnp.ndarray  # step without a prefill chunk
     chunk_s: jnp.ndarray  # step carrying a prefill chunk
     chunk_fraction: jnp.ndarray  # f
-    prefill_s: jnp.ndarray  # a request's prefill (all its chunks)
+    prefill_s: jnp.ndarray  # a request's prefill (all its chunks): what it costs its slot
+    prefill_latency_s: jnp.ndarray  # its wall time: under PP one budget per step (>= prefill_s)
 
 
 def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
@@ -88,11 +89,14 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     chunk_s = step_time_s(model, hw, layout, with_chunk)
     fraction = jnp.clip(b / w.osl_tokens * isl_eff / chunk, 0.0, 1.0)
     mean_s = fraction * chunk_s + (1.0 - fraction) * decode_s
-    # Every step of a prompt's prefill pays the decode step's cost; the prefill work itself is paid
-    # once over all chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes
-    # 2 steps). Under PP a prompt advances one budget per step while the step carries others' too.
-    prefill_s = ste_ceil(isl_eff / own_chunk) * decode_s + isl_eff / chunk * (chunk_s - decode_s)
-    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s)
+    # Every chunk step pays the decode step's cost; the prefill work itself is paid once over all
+    # chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes 2 steps).
+    work_s = isl_eff / chunk * (chunk_s - decode_s)
+    prefill_s = ste_ceil(isl_eff / chunk) * decode_s + work_s
+    # The slot time (and with it b, throughput and TPOT) counts a step's prefill capacity; the first
+    # token waits for the prompt's own chunks, one budget per step (equal to prefill_s without PP).
+    latency_s = ste_ceil(isl_eff / own_chunk) * decode_s + work_s
+    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s)
 
 
 def slot_time_s(steps: _Steps, w: WorkloadParams):
@@ -220,9 +224,9 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + steps.chunk_fraction * steps.prefill_s + 2.0 * wave_wait)
     # A new request first waits for the step in flight (half a step on average), then its chunks;
     # the API server's per-request work (tokenise, detokenise, HTTP) comes on top.
-    first_token_s = 0.5 * steps.mean_s + steps.prefill_s + hw.request_overhead_s
+    first_token_s = 0.5 * steps.mean_s + steps.prefill_latency_s + hw.request_overhead_s
     ttft_mean = wait_mean + first_token_s
-    ttft_p99 = wait_p99 + steps.mean_s + steps.prefill_s * w.max_context_factor + hw.request_overhead_s
+    ttft_p99 = wait_p99 + steps.mean_s + steps.prefill_latency_s * w.max_context_factor + hw.request_overhead_s
     overloaded = poisson & (utilization >= 1.0)
     ttft_mean = jnp.where(overloaded, jnp.inf, ttft_mean)
     ttft_p99 = jnp.where(overloaded, jnp.inf, ttft_p99)

@@ -196,11 +196,13 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, num_prompts
 
 
 def replay_predict_rows(
-    rows: list[dict], params_path: str | None = None, source: str = "input", num_requests: int | None = None, seed: int = 0, routing: str = "round_robin"
+    rows: list[dict], params_path: str | None = None, source: str = "input", num_requests: int | None = None, seed: int = 0, routing: str = "round_robin",
+    efficiency: dict | None = None,
 ) -> list[dict]:
     """Like `predict_rows`, but each row is replayed step by step (one replay per row's workload).
 
-    routing: how requests reach data-parallel replicas, "round_robin" or "least_loaded"."""
+    routing: how requests reach data-parallel replicas, "round_robin" or "least_loaded".
+    efficiency: GPU -> parameter fields, as for `predict_rows` (else the TOML at `params_path`)."""
     from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.replay import sample_requests, simulate
@@ -210,7 +212,8 @@ def replay_predict_rows(
     analytical = None  # stage 4's rows, for closed-loop client lifetimes (computed when first needed)
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
-        hw_all = take(hardware_table(batch.gpus, efficiency_for(names, params_path)), jnp.asarray(batch.gpu_index))
+        chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
+        hw_all = take(hardware_table(batch.gpus, chosen), jnp.asarray(batch.gpu_index))
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION))
         for k, i in enumerate(batch.row_ids):
             if blocks[k] < 1:
@@ -223,7 +226,7 @@ def replay_predict_rows(
             requests = sample_requests(workload, None, seed)
             if workload.concurrency and routing == "round_robin":  # closed loop: clients start as stage 4 assumes
                 if analytical is None:
-                    analytical = predict_rows(rows, params_path=params_path, source=source)
+                    analytical = predict_rows(rows, params_path=params_path, source=source, efficiency=efficiency)
                 a = analytical[i]
                 lifetime_s = request_lifetime_s(a["ttft_ms_mean"], a["tpot_ms_mean"], workload.osl_mean_tokens)
                 starts = closed_loop_start_times(workload.concurrency, float(hw.closed_loop_sync_fraction[0]), lifetime_s, seed)

@@ -8,7 +8,7 @@ Each workload is replayed twice in one process: the first call compiles and
 runs; the second uses different per-finalist values (capacities, dp, step
 times), so it must reuse the compiled programs: its time is the run time, and
 first - second is about the compile time. `iterations` counts loop iterations
-of the longest lane (a decode jump of many steps is one); request-steps/s is
+of the longest lane (a decode jump of many steps is one), i.e. of the replay's loop; request-steps/s is
 the sum over all replica steps of the requests scheduled in them, per run second.
 The machine's load average is printed too: the bench shares its cores.
 
@@ -20,6 +20,7 @@ again), medians reported, with the load average before and after each cell.
     python bench/bench_replay.py --repeat 3
     python bench/bench_replay.py --finalists 20 --workloads coding reasoning   # the older single table
     python bench/bench_replay.py [--finalists 1 20 100] [--window 128] [--requests N] [--routing round_robin|least_loaded]
+    python bench/bench_replay.py --max-replicas-per-lane 1     # round robin: every replica on its own lane
 """
 
 from __future__ import annotations
@@ -65,17 +66,22 @@ def make_inputs(num_f: int, variant: int, routing: str = "round_robin"):
     return config, params
 
 
-def run(name: str, num_f: int, window: int, num_requests: int | None = None, routing: str = "round_robin") -> dict:
+def run(name: str, num_f: int, window: int, num_requests: int | None = None, routing: str = "round_robin", per_lane: int | None = None) -> dict:
     workload = load_workload(name)
     requests = sample_requests(workload, num_requests or NUM_REQUESTS.get(name, workload.num_requests), seed=0)
     seconds, compiled = [], []
+    loop = []  # loop iterations of each _advance call
+    advance = driver._advance
+    driver._advance = lambda *a, **k: (lambda out: loop.append(out[1]) or out)(advance(*a, **k))
     for variant in (0, 1):
         config, params = make_inputs(num_f, variant, routing)
+        loop.clear()
         start = time.perf_counter()
-        trace = simulate_trace(config, requests, workload, step_time, params, window=window)
+        trace = simulate_trace(config, requests, workload, step_time, params, window=window, max_replicas_per_lane=per_lane)
         metrics = jax.block_until_ready(summarize(trace, workload))
         seconds.append(time.perf_counter() - start)
-        compiled.append(driver._advance._cache_size())
+        compiled.append(advance._cache_size())
+    driver._advance = advance
     steps = np.asarray(trace.replica_steps)
     return {
         "workload": name,
@@ -86,7 +92,7 @@ def run(name: str, num_f: int, window: int, num_requests: int | None = None, rou
         "run": seconds[1],
         "recompiled": compiled[1] != compiled[0],
         "steps": int(steps.sum()),
-        "iterations": int(np.asarray(trace.replica_iterations).sum(1).max()),
+        "iterations": int(sum(int(x) for x in loop)),
         "req_steps": float(np.sum(np.asarray(trace.replica_batch_sum))),
         "done": int(np.asarray(metrics.completed).sum()),
         "preempt": int(np.asarray(metrics.num_preemptions).sum()),
@@ -113,9 +119,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=0, help="requests per workload (0: coding/chat 5,000, reasoning 2,000)")
     parser.add_argument("--repeat", type=int, default=1, help="median of N runs; JAX caches are cleared before each, so each first call compiles")
     parser.add_argument("--routing", choices=["round_robin", "least_loaded"], default="round_robin", help="how requests reach data-parallel replicas")
+    parser.add_argument("--max-replicas-per-lane", type=int, default=None, help="round robin: spread each finalist's replicas over lanes of at most N (default: one lane per finalist)")
     args = parser.parse_args()
     print_start()
-    print(f"device: {jax.devices()[0].platform} x{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, window {args.window}, medians of {args.repeat}, routing {args.routing}")
+    print(f"device: {jax.devices()[0].platform} x{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, window {args.window}, medians of {args.repeat}, routing {args.routing}, max replicas per lane {args.max_replicas_per_lane or 'all'}")
     head = (
         f"{'workload':<10} {'F':>3} {'R':>5} {'1st call s':>10} {'~compile s':>10} {'run s':>6} {'recompiled':>10} "
         f"{'steps':>11} {'iterations':>10} {'steps/s':>9} {'req-steps/s':>11} {'done':>6} {'preempt':>7} {'med p99 TTFT s':>14} {'med p50 TPOT s':>14}"
@@ -129,7 +136,7 @@ def main() -> None:
             runs = []
             for _ in range(args.repeat):
                 jax.clear_caches()  # every repeat's first call compiles, as in a fresh process
-                runs.append(run(name, num_f, args.window, args.requests or None, args.routing))
+                runs.append(run(name, num_f, args.window, args.requests or None, args.routing, args.max_replicas_per_lane))
             r = median_of(runs)
             r["load"] = f"{load_before} -> {load_average()}"
             table.append(r)

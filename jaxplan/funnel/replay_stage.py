@@ -85,7 +85,8 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
         starts = closed_loop_start_times(min(workload.concurrency, requests.num_requests), sync, lifetime_s, seed)
         requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
 
-    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params))
+    hint = replica_steps_hint(rows, workload, requests, configs)
+    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint))
     # The API server's per-request time is outside the engine steps the replay re-enacts; it is the
     # same calibrated constant stage 4 adds (physics params `request_overhead_s`).
     overhead_s = np.asarray(params[0].request_overhead_s)
@@ -110,6 +111,26 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
         replayed["replay_score"] = replay_score(replayed, workload)
         out.append(replayed)
     return sorted(out, key=lambda r: -r["replay_score"])
+
+
+def replica_steps_hint(rows: list[dict], workload, requests, configs: ReplayConfig) -> np.ndarray:
+    """Stage 4's estimate of one replica's scheduler steps in the replay [F]: how long the traffic
+    lasts over the mean step time (TPOT). The replay only uses it to spread replicas over lanes
+    (`simulate_trace`); inf where unknown."""
+    tpot = np.array([r.get("tpot_mean_s", np.nan) for r in rows], np.float64)
+    ttft = np.array([r.get("ttft_mean_s", np.nan) for r in rows], np.float64)
+    lifetime = ttft + max(workload.osl_mean_tokens - 1.0, 0.0) * tpot  # one request, arrival to last token
+    num_r = requests.num_requests
+    if workload.arrival == Arrival.CLOSED:  # each client's requests one after the other
+        duration = lifetime * num_r / max(min(workload.concurrency, num_r), 1)
+    elif workload.arrival == Arrival.POISSON:
+        duration = float(np.max(requests.arrival_s)) + lifetime
+    else:  # burst: each replica's requests in waves of max_num_seqs
+        per_replica = np.ceil(num_r / np.asarray(configs.data_parallel_size, np.float64))
+        duration = lifetime * np.ceil(per_replica / np.asarray(configs.max_num_seqs, np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = duration / tpot
+    return np.where(np.isfinite(steps) & (steps > 0), steps, np.inf)
 
 
 def rank_agreement(rows: list[dict]) -> float:

@@ -4,7 +4,12 @@ One `lax.while_loop` advances all lanes together (one lane per finalist, its
 replicas replayed one after the other under round-robin routing, or all
 together in time order under least-loaded routing, see balance.py) until
 every lane is done; a lane that
-is done stops changing. The loop runs at most `chunk` iterations per call; the
+is done stops changing. Round robin with a work estimate (`replica_steps_hint`)
+or `max_replicas_per_lane`: a finalist's replicas may be spread over several
+lanes, each a contiguous range of them (`LaneSplit`, chosen on the host by
+`choose_split`; lane counts padded to F or a power of two), so that the loop,
+which runs as long as the busiest lane, is shorter; `_finish` merges the lanes
+back into one trace per finalist, the same bit for bit. The loop runs at most `chunk` iterations per call; the
 host calls it again on the returned state (same shapes, same compiled program)
 until all lanes finish or `max_iterations` is spent, in which case the
 unfinished requests are reported.
@@ -56,6 +61,7 @@ from jaxplan.replay.traffic import (
     build_balanced_lanes,
     build_lanes,
     routing_dp,
+    split_lanes,
 )
 from jaxplan.specs.workload import Arrival, Workload
 
@@ -95,12 +101,121 @@ class ReplayTrace(NamedTuple):
 LEAST_LOADED = "least_loaded"
 
 
+class LaneSplit(NamedTuple):
+    """How finalists' replicas are spread over lanes (round robin): lane l replays the replicas
+    [first[l], end[l]) of finalist finalist[l], one after the other; end <= first is a padding lane."""
+
+    finalist: jnp.ndarray  # [L] int32
+    first: jnp.ndarray  # [L] int32
+    end: jnp.ndarray  # [L] int32
+    lane_of: jnp.ndarray  # [F, D] int32 lane that replays each finalist's replica (past dp: its last lane)
+
+
+# Host-side split: a lane costs about as much per loop iteration as any other (vmapped), plus a
+# fixed cost per iteration of about LANE_OVERHEAD lanes (measured on XLA:CPU, 1..96 lanes).
+LANE_OVERHEAD = 2.0
+PLAN_SAMPLE = 4096  # requests sampled for the work estimate
+
+
+def lane_count_bucket(lanes: int, num_finalists: int) -> int:
+    """Padded lane count: F when no finalist is split, else the next power of two (one program per bucket)."""
+    return num_finalists if lanes <= num_finalists else _bucket(lanes)
+
+
+def split_sizes(dp, lanes_per_finalist) -> list[list[int]]:
+    """Replicas per lane: finalist f's dp[f] replicas in k[f] contiguous groups, the larger groups first."""
+    return [[n // k + (j < n % k) for j in range(k)] for n, k in zip((int(x) for x in dp), (int(x) for x in lanes_per_finalist))]
+
+
+def choose_split(dp, work=None, *, max_replicas_per_lane: int | None = None, lanes: int | None = None) -> np.ndarray:
+    """Lanes per finalist k [F] (1 = not split), chosen on the host before the replay.
+
+    dp: routed replicas [F]. work: estimated loop iterations per replica [F] (replicas of one
+    finalist see the same traffic, so about the same). The loop runs as long as the busiest lane
+    (k[f] lanes of finalist f hold ceil(dp / k) replicas each) and costs about
+    (padded lanes + LANE_OVERHEAD) per iteration: k minimises that product. `lanes` fixes the
+    padded lane count (memory chunks); max_replicas_per_lane: k = ceil(dp / it), no estimate.
+    Without either `work` or max_replicas_per_lane: k = 1 (the split pays only for a good estimate).
+    """
+    dp = np.maximum(np.asarray(dp, np.int64), 1)
+    num_f = dp.shape[0]
+    if max_replicas_per_lane is not None:
+        k = -(-dp // max_replicas_per_lane)
+        return k if lanes is None or k.sum() <= lanes else np.ones_like(dp)
+    if work is None:
+        return np.ones_like(dp)
+    w = np.maximum(np.asarray(work, np.float64), 1.0)
+    # Candidate lane loads: every finalist's work times a replica count; each gives the split
+    # with the fewest lanes that keeps every lane at or below it.
+    targets = np.unique(np.concatenate([w[f] * np.arange(1, dp[f] + 1) for f in range(num_f)]))
+    targets = targets[targets >= w.max() * (1 - 1e-9)]
+    per = np.clip(np.floor(targets[:, None] / w[None, :] * (1 + 1e-9)), 1, dp[None, :])  # [T, F] replicas per lane
+    k = -(-dp[None, :] // per.astype(np.int64))
+    load = np.max(-(-dp[None, :] // k) * w[None, :], axis=1)
+    count = k.sum(axis=1)
+    if lanes is None:
+        padded = np.array([lane_count_bucket(int(c), num_f) for c in count], np.float64)
+        cost = (padded + LANE_OVERHEAD) * load
+    else:
+        cost = np.where(count <= lanes, load, np.inf)
+    best = int(np.flatnonzero(cost <= np.min(cost) * (1 + 1e-9))[-1])  # ties: the largest target, fewest lanes
+    return k[best] if np.isfinite(cost[best]) else np.ones_like(dp)
+
+
+def lane_split(dp, lanes_per_finalist, max_dp: int, lanes: int | None = None) -> LaneSplit:
+    """The LaneSplit (numpy) for k [F] lanes per finalist, padded to `lanes` (default lane_count_bucket)."""
+    dp = np.asarray(dp, np.int64)
+    num_f = dp.shape[0]
+    sizes = split_sizes(dp, lanes_per_finalist)
+    count = sum(len(x) for x in sizes)
+    total = lane_count_bucket(count, num_f) if lanes is None else lanes
+    finalist, first, end = np.zeros(total, np.int32), np.zeros(total, np.int32), np.zeros(total, np.int32)
+    lane_of = np.zeros((num_f, max_dp), np.int32)
+    lane = 0
+    for f, groups in enumerate(sizes):
+        start = 0
+        for size in groups:
+            finalist[lane], first[lane], end[lane] = f, start, start + size
+            lane_of[f, start : start + size] = lane
+            start += size
+            lane += 1
+        lane_of[f, start:] = lane - 1
+    return LaneSplit(finalist, first, end, lane_of)
+
+
+def replica_work(requests: Requests, configs: ReplayConfig, dp, window: int, steps_hint=None) -> np.ndarray:
+    """Estimated loop iterations of one replica of each finalist [F] (host, for choose_split).
+
+    A replica's iterations are at most its events, ~(requests) x (prefill chunks + decode jumps)
+    each, and at most its scheduler steps: `steps_hint` [F] (e.g. the traffic's duration over
+    stage 4's mean step time; inf or nan: unknown).
+    """
+    prompt, osl, hit = (np.asarray(x) for x in requests[:3])
+    pick = np.unique(np.linspace(0, prompt.shape[0] - 1, min(prompt.shape[0], PLAN_SAMPLE)).astype(np.int64))
+    prompt, osl, hit = prompt[pick].astype(np.float64), osl[pick].astype(np.float64), hit[pick].astype(np.float64)
+    bs = configs.block_size
+    computed = prompt - np.floor(np.clip(np.minimum(hit, prompt - 1), 0, None) / bs) * bs
+    budget = np.asarray(configs.max_num_batched_tokens, np.float64)
+    chunks = np.mean(np.ceil(computed[None, :] / budget[:, None]), axis=1)  # [F]
+    jumps = np.mean(np.ceil(osl / window))
+    per_replica = np.ceil(np.asarray(requests.prompt_tokens).shape[0] / np.maximum(np.asarray(dp, np.float64), 1))
+    events = per_replica * (chunks + jumps)
+    if steps_hint is None:
+        return events
+    hint = np.broadcast_to(np.asarray(steps_hint, np.float64), events.shape)
+    return np.where(np.isfinite(hint) & (hint > 0), np.minimum(events, hint), events)
+
+
 @functools.partial(jax.jit, static_argnames=("num_slots", "max_dp"))
-def _start(requests: Requests, config: ReplayConfig, closed_concurrency, *, num_slots: int, max_dp: int):
+def _start(requests: Requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int):
+    """Lane inputs and states [L], and each request's stream position [F, R] (its finalist's stream)."""
     if config.routing == LEAST_LOADED:
         lanes, submitted = build_balanced_lanes(requests, config, closed_concurrency, max_dp)
+        position = lanes.position
     else:
         lanes = build_lanes(requests, config, closed_concurrency, max_dp)
+        position = lanes.position
+        lanes = split_lanes(lanes, split.finalist, split.first, split.end)
     pad = jnp.zeros((lanes.stream.shape[0], 3, num_slots), jnp.int32)
     inputs = LaneInput(
         jnp.concatenate([pad, jnp.swapaxes(lanes.stream, 1, 2), pad], axis=2),
@@ -118,7 +233,11 @@ def _start(requests: Requests, config: ReplayConfig, closed_concurrency, *, num_
         state = jax.vmap(lambda arr, sub: init_balanced(arr, sub, max_dp, num_slots))(lanes.arrival, submitted)
     else:
         state = jax.vmap(lambda arr, sub: init_lane(arr, sub, max_dp, num_slots))(lanes.arrival, lanes.seg_initial[:, 0])
-    return inputs, state, lanes.position
+        # a lane starts at its first replica, as if the replicas before it had been replayed
+        first = split.first[:, None] == jnp.arange(max_dp)[None, :]
+        seg_first = jnp.sum(jnp.where(first, lanes.seg_start, 0), axis=1)
+        state = state._replace(replica=split.first, next_k=seg_first, submitted=seg_first + jnp.sum(jnp.where(first, lanes.seg_initial, 0), axis=1))
+    return inputs, state, position
 
 
 def _lanes_done(state, inputs: LaneInput, routing: str):
@@ -176,7 +295,11 @@ def _grow(inputs: LaneInput, state, *, num_slots: int, routing: str = "round_rob
     widen = lambda x, e: jnp.concatenate([x, e], axis=-1)
     pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
     pad_zero = jnp.zeros(inputs.stream.shape[:-1] + (extra,), jnp.int32)
+    # A lane out of rows was frozen before its step, which it runs again now: that iteration did
+    # nothing, so it does not count (replica_iterations then do not depend on when rows grow).
+    frozen = state.overflow[:, None] & (jnp.arange(state.rep_iterations.shape[1])[None, :] == state.replica[:, None])
     state = state._replace(
+        rep_iterations=state.rep_iterations - frozen.astype(jnp.int32),
         run_i=widen(state.run_i, e_i),
         run_f=widen(state.run_f, e_f),
         pq_i=widen(state.pq_i, e_i),
@@ -188,20 +311,48 @@ def _grow(inputs: LaneInput, state, *, num_slots: int, routing: str = "round_rob
 
 
 @functools.partial(jax.jit, static_argnames=("routing",))
-def _finish(requests: Requests, inputs: LaneInput, state, position, *, routing: str = "round_robin") -> ReplayTrace:
+def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, routing: str = "round_robin") -> ReplayTrace:
+    """The trace [F, ...] of lanes [L]: round robin merges each finalist's lanes back (see `LaneSplit`)."""
     num_r = requests.prompt_tokens.shape[0]
     lanes_done = _lanes_done(state, inputs, routing)
-    dp = inputs.num_replicas
     if routing == LEAST_LOADED:
         rec_i, rec_f, replica = jax.vmap(balanced_records)(state)
         state = state[0]
         replica_done = lanes_done[:, None] | state.rep_stalled
-    else:
-        num_d = state.rep_steps.shape[1]
-        replica = jnp.arange(num_r, dtype=jnp.int32)[None, :] % dp[:, None]
-        replica_done = lanes_done[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None])
-        rec_i, rec_f = _flush(state, num_r)
-    return _trace(requests, inputs, state, position, rec_i, rec_f, replica, replica_done)
+        return _trace(requests, inputs, state, position, rec_i, rec_f, replica, replica_done)
+    num_d = state.rep_steps.shape[1]
+    num_s = state.run_i.shape[-1]
+    num_f = position.shape[0]
+    replica_done = lanes_done[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None])
+    rec_i, rec_f = _flush(state, num_r)  # [L, 3, R] by stream position of the lane's finalist
+    # Each finalist's replica d (and its stream positions) comes from the one lane that replayed it.
+    d = jnp.arange(num_d, dtype=jnp.int32)
+    lane_of = split.lane_of  # [F, D]
+    real = split.first < split.end  # [L] padding lanes replay nothing
+    of_replica = lambda x: x[lane_of, d[None, :]]  # [L, D] -> [F, D]
+    i = jnp.arange(num_r, dtype=jnp.int32)
+    pos_replica = jnp.zeros((num_f, num_r), jnp.int32).at[jnp.arange(num_f)[:, None], position].set(i[None, :] % dp[:, None])
+    pos_lane = jnp.take_along_axis(lane_of, pos_replica, axis=1)  # [F, R] lane of each stream position
+    of_position = lambda x: x[pos_lane[:, None, :], jnp.arange(x.shape[1])[None, :, None], i[None, None, :]]  # [L, C, R] -> [F, C, R]
+    arrival = of_position(state.arrival[:, None, num_s : num_s + num_r])[:, 0]
+    owner = jnp.where(real, split.finalist, num_f)  # padding lanes go to a dropped segment
+    merged = jax.tree.map(lambda x: x[lane_of[:, 0]], state)._replace(
+        arrival=jnp.pad(arrival, ((0, 0), (num_s, num_s)), constant_values=jnp.inf),
+        rep_steps=of_replica(state.rep_steps),
+        rep_iterations=of_replica(state.rep_iterations),
+        rep_clock=of_replica(state.rep_clock),
+        rep_preemptions=of_replica(state.rep_preemptions),
+        rep_tokens_out=of_replica(state.rep_tokens_out),
+        rep_peak_kv=of_replica(state.rep_peak_kv),
+        rep_stalled=of_replica(state.rep_stalled),
+        rep_batch=of_replica(state.rep_batch),
+        rep_kv=of_replica(state.rep_kv),
+        overflow=jax.ops.segment_max(state.overflow.astype(jnp.int32), owner, num_segments=num_f + 1)[:num_f] > 0,
+        itl_hist=jax.ops.segment_sum(state.itl_hist, owner, num_segments=num_f + 1)[:num_f],
+    )
+    fin_inputs = jax.tree.map(lambda x: x[lane_of[:, 0]], inputs)._replace(num_replicas=dp)
+    replica = i[None, :] % dp[:, None]
+    return _trace(requests, fin_inputs, merged, position, of_position(rec_i), of_position(rec_f), replica, of_replica(replica_done))
 
 
 def _flush(state: LaneState, num_r: int):
@@ -290,6 +441,8 @@ def simulate_trace(
     max_replicas: int | None = None,
     routing: str | None = None,
     memory_limit_bytes: int | None = None,
+    replica_steps_hint=None,
+    max_replicas_per_lane: int | None = None,
 ) -> ReplayTrace:
     """Replay `requests` on every finalist; raw per-request and per-replica results.
 
@@ -312,6 +465,12 @@ def simulate_trace(
     memory_limit_bytes: most bytes the replay may use; default MEMORY_FRACTION of the
         machine's available memory. Finalists run in chunks that fit; a request
         count that does not fit for one finalist is a PlanError.
+    replica_steps_hint: [F] estimated scheduler steps of one replica (e.g. the traffic's duration
+        over stage 4's mean step time; inf: unknown). Round robin only: with it, a finalist's
+        replicas may be spread over several lanes (`choose_split`) so that the loop, which runs as
+        long as the busiest lane, is shorter. Results are the same, bit for bit, with or without.
+    max_replicas_per_lane: round robin: spread every finalist's replicas over lanes of at most
+        this many (overrides the hint). Without either, one lane per finalist.
     """
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
@@ -330,21 +489,41 @@ def simulate_trace(
         raise bad_value("max_replicas", max_replicas, f"must cover data_parallel_size {int(dp_routed.max())}")
     if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
         raise bad_value("num_slots", num_slots, "must be an integer >= 1")
+    if max_replicas_per_lane is not None and (not isinstance(max_replicas_per_lane, int) or isinstance(max_replicas_per_lane, bool) or max_replicas_per_lane < 1):
+        raise bad_value("max_replicas_per_lane", max_replicas_per_lane, "must be an integer >= 1")
+    if replica_steps_hint is not None and np.shape(replica_steps_hint) not in ((), (num_f,)):
+        raise bad_value("replica_steps_hint", np.shape(replica_steps_hint), f"must be a number or an array [{num_f}]")
     reqs = _checked(requests, closed)
     num_r = requests_count(reqs)
-    shape = memory.ReplayShape(num_f, num_r, max_dp, num_slots if num_slots is not None else _bucket(min(max_seqs, num_r)), window, routing)
+    if routing == LEAST_LOADED or (replica_steps_hint is None and max_replicas_per_lane is None):
+        work, lanes_per_f = None, np.ones(num_f, np.int64)
+    else:
+        work = replica_work(requests, configs, dp_routed, window, replica_steps_hint) if max_replicas_per_lane is None else None
+        lanes_per_f = choose_split(dp_routed, work, max_replicas_per_lane=max_replicas_per_lane)
+    num_lanes = lane_count_bucket(int(lanes_per_f.sum()), num_f)
+    shape = memory.ReplayShape(
+        num_f, num_r, max_dp, num_slots if num_slots is not None else _bucket(min(max_seqs, num_r)), window, routing, num_lanes / num_f
+    )  # fmt: skip
     per_call = memory.finalists_per_call(shape, memory_limit_bytes)
     run = functools.partial(
         _replay, reqs, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
         num_slots=num_slots, max_dp=max_dp, routing=routing,
     )  # fmt: skip
     if per_call >= num_f:
-        return run(configs, step_params)
-    # Too many finalists at once for the memory limit: equal chunks (the last padded), one program.
+        return run(configs, step_params, lane_split(dp_routed, lanes_per_f, max_dp, num_lanes))
+    # Too many finalists at once for the memory limit: equal chunks (the last padded), one program;
+    # each chunk's replicas are split again over a fixed number of lanes.
+    chunk_lanes = memory.lanes_per_call(shape, per_call)
     parts = []
     for start in range(0, num_f, per_call):
         idx = np.minimum(np.arange(start, start + per_call), num_f - 1)
-        part = jax.device_get(run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params)))
+        sub_dp = dp_routed[idx]
+        if chunk_lanes > per_call:
+            k = choose_split(sub_dp, None if work is None else work[idx], max_replicas_per_lane=max_replicas_per_lane, lanes=chunk_lanes)
+        else:
+            k = np.ones(per_call, np.int64)
+        split = lane_split(sub_dp, k, max_dp, chunk_lanes)
+        part = jax.device_get(run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params), split))
         keep = min(per_call, num_f - start)
         parts.append(part._replace(**{name: getattr(part, name)[:keep] for name in ReplayTrace._fields if name not in _SHARED_FIELDS}))
     return ReplayTrace(*(p[0] if name in _SHARED_FIELDS else np.concatenate(p) for name, p in zip(ReplayTrace._fields, zip(*parts))))
@@ -366,14 +545,18 @@ def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing) -> ReplayTrace:
-    """One replay call over configs [F] (see simulate_trace)."""
+def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing) -> ReplayTrace:
+    """One replay call over configs [F] on the lanes of `split` (see simulate_trace)."""
     configs = ReplayConfig(
         configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=routing
     )
     max_seqs = int(np.max(configs.max_num_seqs))
     slots = num_slots if num_slots is not None else min(_bucket(max_seqs), INITIAL_SLOTS)
-    inputs, state, position = _start(reqs, configs, jnp.asarray(closed, jnp.int32), num_slots=slots, max_dp=max_dp)
+    split = LaneSplit(*(jnp.asarray(x, jnp.int32) for x in split))
+    closed_conc = jnp.asarray(closed, jnp.int32)
+    inputs, state, position = _start(reqs, configs, closed_conc, split, num_slots=slots, max_dp=max_dp)
+    # params per lane: the lane's finalist's
+    step_params = jax.tree.map(lambda x: jnp.asarray(x)[split.finalist], step_params) if routing != LEAST_LOADED else step_params
     used = 0
     while used < max_iterations:
         grow = num_slots is None and slots < max_seqs
@@ -396,7 +579,8 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
             # more requests in flight than rows: resume where it stopped, with more rows
             slots = min(max(2 * slots, _bucket(int(jnp.max(_demand(inputs, state, routing=routing))))), _bucket(max_seqs))
             inputs, state = _grow(inputs, state, num_slots=slots, routing=routing)
-    return _finish(reqs, inputs, state, position, routing=routing)
+    dp = routing_dp(configs.data_parallel_size, closed_conc) if routing != LEAST_LOADED else jnp.asarray(configs.data_parallel_size, jnp.int32)
+    return _finish(reqs, inputs, state, position, split, dp, routing=routing)
 
 
 def simulate(

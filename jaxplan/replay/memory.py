@@ -27,6 +27,7 @@ class ReplayShape(NamedTuple):
     num_slots: int  # S, the most slot rows per replica the call may grow to
     window: int  # decode-jump window
     routing: str  # "round_robin" | "least_loaded"
+    lanes_per_finalist: float = 1.0  # round robin: lanes (padded) / F when replicas are split over lanes
 
 
 def replay_bytes(shape: ReplayShape) -> tuple[int, int]:
@@ -43,10 +44,29 @@ def replay_bytes(shape: ReplayShape) -> tuple[int, int]:
     tables = 2 * 2 * (NI + NF) * 4
     per_slot = tables * (d if balanced else 1) + 64 * 4
     per_finalist = r * per_request + s * per_slot + 2 * ITL_BINS * 4 + 64 * shape.window + 256 * d
+    # Every lane past the first holds its own lane arrays: stream (padded copy too), arrivals,
+    # records and positions (loop carry twice) per request, and its slot tables.
+    per_finalist += int(max(shape.lanes_per_finalist - 1.0, 0.0) * lane_bytes(shape))
     # Shared: the request set on host and device, the trace's per-request fields, numpy copies
     # (measured ~290 bytes per request), and cumsum's triangular matrix [S, S] float32.
     shared = 320 * r + 2 * s * s * 4
     return per_finalist, shared
+
+
+def lane_bytes(shape: ReplayShape) -> int:
+    """Bytes of one more lane (round robin): its share of the loop arrays, not of the trace."""
+    r, d, s = shape.num_requests, shape.max_replicas, shape.num_slots
+    return r * (LANE_REQUEST_BYTES + d) + s * (2 * 2 * (NI + NF) * 4 + 64 * 4) + 2 * ITL_BINS * 4 + 64 * shape.window + 256 * d
+
+
+# Per request of one lane: stream int32 x3 and its padded copy, arrival and records (1 + 6 words,
+# loop carry twice), positions and ids, and the lane gathers of the merge: ~150 bytes; with a margin.
+LANE_REQUEST_BYTES = 256
+
+
+def lanes_per_call(shape: ReplayShape, finalists: int) -> int:
+    """Lanes one call of `finalists` finalists gets when they run in chunks (the same for every chunk)."""
+    return max(finalists, int(shape.lanes_per_finalist * finalists))
 
 
 def _gib(n: float) -> str:

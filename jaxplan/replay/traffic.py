@@ -191,3 +191,21 @@ def build_balanced_lanes(requests: Requests, config, closed_concurrency, max_dp:
     )
     submitted = jnp.where(closed, jnp.minimum(conc, num_r), num_r)
     return lanes, jnp.broadcast_to(submitted, (num_f,))
+
+
+def split_lanes(lanes: Lanes, finalist, first, end) -> Lanes:
+    """Round robin: lanes [L] that each replay the replicas [first, end) of finalist `finalist` (traceable).
+
+    Replicas are independent under round robin, so a finalist's replicas may be spread over
+    several lanes: lane l is its finalist's lane with the same stream and segment tables, but it
+    starts at replica first[l] (the driver sets its state there) and stops after replica end[l] - 1.
+    A lane with end <= first is padding: no requests, done after one iteration.
+    """
+    finalist, first, end = (jnp.asarray(x, jnp.int32) for x in (finalist, first, end))
+    out = Lanes(*(x[finalist] for x in lanes))
+    empty = (end <= first)[:, None]
+    return out._replace(
+        seg_count=jnp.where(empty, 0, out.seg_count),
+        seg_initial=jnp.where(empty, 0, out.seg_initial),
+        num_replicas=jnp.where(end <= first, 1, end),
+    )

@@ -1,12 +1,59 @@
-"""Shared pytest setup: strict JAX numerics and an opt-in flag for slow tests."""
+"""Shared pytest setup: strict JAX numerics, a bounded number of compiled programs, and an opt-in flag for slow tests."""
 
 from __future__ import annotations
+
+import gc
+import shutil
+import tempfile
 
 import jax
 import pytest
 
+from jaxplan import compile_cache
+
 # Strict JAX in tests (../shared/style.md, point 8): an implicit broadcast of mismatched ranks is a bug.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_compile_cache():
+    """A persistent compilation cache private to this test session (fresh, so no stale entries).
+
+    With `_free_compiled_programs` below, a program another module already compiled is loaded
+    from disk instead of compiled again.
+    """
+    where = tempfile.mkdtemp(prefix="jaxplan-test-xla-")
+    compile_cache.enable({compile_cache.ENV: where})
+    yield
+    jax.config.update("jax_compilation_cache_dir", None)
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _memory_mappings() -> tuple[int, int]:
+    """(mappings this process holds, the kernel's limit); (1, 1) where /proc does not tell, so that
+    every module clears."""
+    try:
+        with open("/proc/self/maps", "rb") as maps, open("/proc/sys/vm/max_map_count") as limit:
+            return sum(1 for _ in maps), int(limit.read())
+    except OSError:
+        return 1, 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs(_session_compile_cache):
+    """Drop every compiled program after a test module once the process holds half its mapping limit.
+
+    XLA:CPU maps each compiled program's code into the process with its own memory mappings. A
+    whole-suite process that kept them all reached the kernel's `vm.max_map_count` (65,530 by
+    default; 65,477 mappings were counted just before the crash) and died with SIGSEGV inside the
+    next compilation. One module adds at most ~12,000; clearing at half the limit keeps the process
+    well under it, and the session cache above makes the recompilation a disk read.
+    """
+    yield
+    held, limit = _memory_mappings()
+    if held > limit // 2:
+        jax.clear_caches()
+        gc.collect()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -60,7 +60,7 @@ from jaxplan.grid import (
     layout_index,
 )
 from jaxplan.physics.shapes import take
-from jaxplan.physics.steady_state import prepare
+from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens, workload_params
 from jaxplan.specs.workload import Arrival, Workload
 
@@ -234,6 +234,17 @@ def _unpack(layout_ids: np.ndarray, packed: np.ndarray, sizes: tuple[int, ...]) 
     return digits
 
 
+def _scenario_rows(prepared: Prepared) -> Prepared:
+    """Per-scenario Prepared ([S, Co] fields, [S, K, Co] knot tables) as one: row s x Co + c."""
+    flat = lambda x: jnp.reshape(x, (-1,))  # noqa: E731
+    table = lambda x: jnp.reshape(jnp.moveaxis(x, 0, 1), (x.shape[1], -1))  # noqa: E731
+    return Prepared(
+        flat(prepared.b_max), flat(prepared.bound), flat(prepared.full_slot_s), flat(prepared.admission),
+        table(prepared.knot_b), table(prepared.knot_slot_s), table(prepared.knot_rate),
+        jnp.arange(prepared.b_max.size, dtype=jnp.int32),
+    )
+
+
 @functools.partial(jax.jit, static_argnames=("model", "page_size"))
 def _map_chunk(table: BestTable, ctx: SweepContext, scenarios: WorkloadParams, base_digits, offsets, *, model, page_size: int):
     """(table [S x L], feasible count [S]) after folding the chunk at base + offsets into every scenario's table.
@@ -261,6 +272,7 @@ def _map_chunk(table: BestTable, ctx: SweepContext, scenarios: WorkloadParams, b
         return later, prepare(ctx.model, hw, layout, w, ctx.gpu_memory_utilization, (b_max, bound))
 
     later, prepared = jax.vmap(per_scenario)(scenarios)  # [S, Co]
+    prepared = _scenario_rows(prepared)  # row s x Co + c
     reason = combine_reasons(s1[None, :, None], later[:, :, None], over_budget[None])  # [S, Co, DP]
     reason = jnp.where(outer_valid[None, :, None], reason, jnp.int32(Reason.PADDING)).reshape(-1)
     order, survivors = compact(reason == Reason.ADMITTED)
@@ -275,7 +287,7 @@ def _map_chunk(table: BestTable, ctx: SweepContext, scenarios: WorkloadParams, b
         digits = jnp.concatenate([outer_digits[which], dp_digit[:, None]], axis=1)
         picked = candidates_from_digits(ctx.axis_values, digits, position < survivors)
         w = jax.tree.map(lambda f: f[s], scenarios)
-        ev = evaluate_survivors(ctx._replace(workload=w), picked, jax.tree.map(lambda x: x[s, which], prepared))
+        ev = evaluate_survivors(ctx._replace(workload=w), picked, prepared.take(s * outer_digits.shape[0] + which))
         segment = s * num_layouts + layout_index(digits, ctx.sizes)
         table = merge_chunk(table, segment, ev.score, _pack_knobs(digits, ctx.sizes))
         return page + 1, table, feasible.at[s].add((ev.score > NEG_INF).astype(jnp.int32))

@@ -190,7 +190,7 @@ def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray,
         dp_digit = position - (row_end[which] - survivors_per_row[which])
         digits = jnp.concatenate([outer_digits[which], dp_digit[:, None]], axis=1)
         picked = candidates_from_digits(ctx.axis_values, digits, position < survivors)
-        ev = evaluate_survivors(ctx, picked, jax.tree.map(lambda x: x[which], prepared))
+        ev = evaluate_survivors(ctx, picked, prepared.take(which))
         return page + 1, fold(state, ctx, picked, ev), counts + histogram(ev.reason)
 
     _, state, counts = jax.lax.while_loop(lambda carry: carry[0] * page_size < survivors, body, (jnp.int32(0), state, counts))

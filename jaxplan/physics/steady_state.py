@@ -38,7 +38,10 @@ from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.physics.traffic import P99_Z, WorkloadParams
 
-SECANT_ITERATIONS = 8  # Illinois steps: slot_time(b) has kinks (prefill saturation, MoE expert coverage)
+SECANT_ITERATIONS = 2  # evaluations of slot_time(b) per Poisson solve, inside the knot interval holding the root
+GRID_KNOTS = 46  # knots at b_max x (i / 47)^2, i = 1..46, besides the ends and the kinks (`knots`)
+CEIL_JUMPS = 4  # jumps of the prefill chunk count (under a shrinking chunk) that get knots
+KINK_SPREAD = 2e-5  # each kink gets two knots, this much (relative) either side: float32 rounding of where it is
 LN_100 = 4.605  # p99 of an exponential = mean x ln(100)
 
 BOUND_MAX_NUM_SEQS, BOUND_KV_CACHE, BOUND_TOKEN_BUDGET, BOUND_DEMAND = 0, 1, 2, 3
@@ -123,60 +126,142 @@ def max_concurrency(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
 
 class Prepared(NamedTuple):
     """What the estimate needs that does not depend on the demand per replica (DP, rate, concurrency):
-    computed once per (GPU, TP, PP, knobs, dtypes) and shared by every DP value. Fields [C]."""
+    computed once per (GPU, TP, PP, knobs, dtypes) and shared by every DP value. Fields [C], but the
+    knot tables [K, R]: R rows (one per configuration), K = 10 + 2 CEIL_JUMPS + GRID_KNOTS = 64 knots each,
+    that candidates reference by `knot_row` (so C candidates of one configuration share a row and
+    stage 4 reads ~9 values of it per candidate instead of gathering the whole table)."""
 
     b_max: jnp.ndarray
     bound: jnp.ndarray
     full_slot_s: jnp.ndarray  # slot time at b_max
-    low_b: jnp.ndarray  # the secant's lower bracket
-    low_slot_s: jnp.ndarray  # slot time there
     admission: jnp.ndarray  # admission_limit
+    knot_b: jnp.ndarray  # [K, R] concurrencies in [low_b, b_max], ascending along K (see `knots`)
+    knot_slot_s: jnp.ndarray  # [K, R] slot time there (s)
+    knot_rate: jnp.ndarray  # [K, R] running max over knots of b / slot time: requests/s per replica
+    knot_row: jnp.ndarray  # [C] int32: the candidate's row of the knot tables
+
+    def take(self, index) -> "Prepared":
+        """The Prepared of candidates whose demand-independent part is row `index` [C'] of this one
+        (int32); the knot tables stay shared."""
+        pick = lambda x: x[index]  # noqa: E731
+        return self._replace(b_max=pick(self.b_max), bound=pick(self.bound), full_slot_s=pick(self.full_slot_s),
+                             admission=pick(self.admission), knot_row=pick(self.knot_row))
+
+
+def knots(layout: Layout, w: WorkloadParams, low_b, b_max):
+    """[K, C] concurrencies at which `prepare` prices the slot time, so that slot_time(b) is smooth and
+    nearly quadratic between neighbouring knots: the ends low_b and b_max; the kinks of slot_time(b);
+    and GRID_KNOTS points b_max (i / (GRID_KNOTS + 1))^2 (denser at small b, where MoE expert coverage
+    bends the step time). Kinks (they mirror `_steps`: keep them in step with it; tests/test_solver.py
+    checks the accuracy): prefill saturation (the chunk fraction f reaches 1 at b = OSL x chunk /
+    ISL_eff while the chunk is the whole prompt or budget), the chunk starting to shrink with the room
+    the decodes leave (b = PP x budget - ISL_eff, or - budget), and the first CEIL_JUMPS jumps of the
+    chunk count ceil(ISL_eff / chunk) (tokens) after that; two knots per kink, KINK_SPREAD either side, so that the
+    piece holding a kink is tiny and the others are smooth. Each clipped to [low_b, b_max]; not sorted."""
+    isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
+    tokens = layout.pipeline_parallel_size * layout.max_num_batched_tokens
+    full_chunk = jnp.minimum(layout.max_num_batched_tokens, isl_eff)
+    kinks = [w.osl_tokens * full_chunk / jnp.maximum(isl_eff, 1e-6), w.osl_tokens, tokens - isl_eff, tokens - layout.max_num_batched_tokens]
+    kinks += [tokens - isl_eff / (jumps + 1e-4) for jumps in range(1, CEIL_JUMPS + 1)]  # ste_ceil's 1e-4
+    grid = [b_max * (i / (GRID_KNOTS + 1.0)) ** 2 for i in range(1, GRID_KNOTS + 1)]
+    spread = [b * (1.0 + side * KINK_SPREAD) for b in kinks for side in (-1.0, 1.0)]
+    return jnp.stack([low_b, b_max] + [jnp.clip(b, low_b, b_max) for b in spread + grid])
+
+
+def _slot_times_s(model, hw, layout, w, b):
+    """slot_time_s at concurrencies b [K, C] in one vectorised call. (Under bench_baseline.py's scalar
+    shim, jnp.stack makes a list of K Python floats: priced one by one.)"""
+    if isinstance(b, list):
+        return [_slot_times_s(model, hw, layout, w, x) for x in b]
+    # A leading unit axis on every array field (explicit broadcasting against the knot axis).
+    model, hw, layout, w = (t._make(x[None] if jnp.ndim(x) else x for x in t) for t in (model, hw, layout, w))
+    return slot_time_s(_steps(model, hw, layout, w, b), w)
 
 
 def prepare(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity=None) -> Prepared:
     """The demand-independent part of `estimate` (ignores layout.data_parallel_size)."""
     b_max, bound = capacity if capacity is not None else max_concurrency(model, hw, layout, w, gpu_memory_utilization)
     b_max = jnp.maximum(b_max, 1e-3)
-    low_b = jnp.minimum(b_max, 1e-2)
+    knot_b = knots(layout, w, jnp.minimum(b_max, 1e-2), b_max)  # [K, ...C]
+    knot_slot_s = _slot_times_s(model, hw, layout, w, knot_b)
+    full_slot_s = knot_slot_s[1]
+    order = jnp.argsort(knot_b, axis=0)
+    knot_b, knot_slot_s = (jnp.take_along_axis(x, order, axis=0) for x in (knot_b, knot_slot_s))
+    rows = jnp.size(b_max)
+    table = lambda x: jnp.reshape(x, (x.shape[0], rows))  # noqa: E731
     return Prepared(
-        b_max, bound,
-        slot_time_s(_steps(model, hw, layout, w, b_max), w),
-        low_b,
-        slot_time_s(_steps(model, hw, layout, w, low_b), w),
-        admission_limit(model, hw, layout, w, gpu_memory_utilization),
+        b_max, bound, full_slot_s, admission_limit(model, hw, layout, w, gpu_memory_utilization),
+        table(knot_b), table(knot_slot_s), table(jnp.maximum.accumulate(knot_b / knot_slot_s, axis=0)),
+        jnp.reshape(jnp.arange(rows, dtype=jnp.int32), jnp.shape(b_max)),
     )
 
 
+def _knot_bracket(rate, prep: Prepared):
+    """(b_lo, g_lo, b_hi, g_hi) [C]: the neighbouring knots around the smallest root of
+    g(b) = rate x slot_time(b) - b. g < 0 at a knot iff rate < b / slot time there, so the first knot
+    with g < 0 is the first whose running max `knot_rate` exceeds the rate: a binary search of
+    log2(K) probes. b_hi is that knot, b_lo the one before (g >= 0 there); both low_b where
+    g(low_b) < 0, both b_max where g >= 0 at every knot (saturated)."""
+    num_knots = prep.knot_rate.shape[0]
+    row = prep.knot_row
+    below = jnp.zeros(jnp.shape(row), jnp.int32)  # knots whose running max is <= rate
+    step = 1 << (num_knots.bit_length() - 1)
+    while step:  # over the bits of K, not over candidates
+        probe = jnp.minimum(below + step, num_knots)
+        below = jnp.where((below + step <= num_knots) & (prep.knot_rate[probe - 1, row] <= rate), probe, below)
+        step >>= 1
+    lo, hi = jnp.maximum(below - 1, 0), jnp.minimum(below, num_knots - 1)
+    b_lo, b_hi = prep.knot_b[lo, row], prep.knot_b[hi, row]
+    return b_lo, rate * prep.knot_slot_s[lo, row] - b_lo, b_hi, rate * prep.knot_slot_s[hi, row] - b_hi
+
+
+def _regula_falsi(b_lo, g_lo, b_hi, g_hi):
+    """Root of the chord through (b_lo, g_lo) and (b_hi, g_hi), clipped to [b_lo, b_hi]."""
+    slope_free = jnp.where(g_hi == g_lo, -1e-9, g_hi - g_lo)
+    return jnp.clip(b_lo - g_lo * (b_hi - b_lo) / slope_free, b_lo, b_hi)
+
+
+def _next_point(b_lo, g_lo, b_hi, g_hi, b_old, g_old):
+    """Inverse quadratic interpolation through the bracket's ends and the point last dropped from it
+    (b at g = 0 of the quadratic b(g)) when it lands strictly inside the bracket, else regula falsi.
+    Denominators that vanish (a repeated value, as at the start) are replaced before dividing, so
+    the unused branch stays finite (no NaN in the value or the gradient)."""
+    scale = g_lo * g_lo + g_hi * g_hi + 1e-30
+    dens = (g_lo - g_hi, g_lo - g_old, g_hi - g_old)
+    usable = [d * d > 1e-12 * scale for d in dens]
+    d_lh, d_lo, d_ho = (jnp.where(ok, d, 1.0) for ok, d in zip(usable, dens))
+    quadratic = b_lo * g_hi * g_old / (d_lh * d_lo) - b_hi * g_lo * g_old / (d_lh * d_ho) + b_old * g_lo * g_hi / (d_lo * d_ho)
+    inside = usable[0] & usable[1] & usable[2] & (quadratic > b_lo) & (quadratic < b_hi)
+    return jnp.where(inside, quadratic, _regula_falsi(b_lo, g_lo, b_hi, g_hi))
+
+
 def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
-    """Solve Little's law b = rate x slot_time(b) on [b_lo, b_max] by the Illinois method.
+    """Solve Little's law b = rate x slot_time(b) for its smallest root (b_max when saturated).
 
-    slot_time(b) is piecewise close to affine, but it has kinks (where prefill chunks fill every
-    step, where a MoE batch starts touching every expert), and plain regula falsi then keeps one
-    end of the bracket fixed and crawls: two steps left b up to 40% short of the root. Illinois
-    halves the stale end's value whenever the same end is kept twice, which restores superlinear
-    convergence; SECANT_ITERATIONS steps land within a couple of percent of the root.
+    slot_time(b) is smooth but for kinks (prefill saturation, the chunk shrinking with the room the
+    decodes leave) and small jumps (the chunk count), and between those close to affine; a MoE batch
+    bends it at small b (expert coverage). `prepare` prices it at knots placed on every kink and on a
+    grid (`knots`), so the root's bracket comes from the knots for free and holds a smooth piece.
+    Inside it, SECANT_ITERATIONS steps of safeguarded inverse quadratic interpolation (regula falsi
+    first), and one more interpolated point that needs no evaluation, give b within 1e-3 relative of
+    the converged root on tests/test_solver.py's cases (median ~1e-7).
     """
-    b_max = prep.b_max
-    b_lo = prep.low_b
-    g_lo = rate * prep.low_slot_s - b_lo
-    b_hi, g_hi = b_max, rate * prep.full_slot_s - b_max
-    saturated = g_hi >= 0
+    b_lo, g_lo, b_hi, g_hi = _knot_bracket(rate, prep)
+    saturated = rate * prep.full_slot_s - prep.b_max >= 0
 
-    def step(_, carry):  # regula falsi: keep the root bracketed
-        b_lo, g_lo, b_hi, g_hi, kept, b = carry
-        b = jnp.clip(b_lo - g_lo * (b_hi - b_lo) / jnp.where(g_hi == g_lo, -1e-9, g_hi - g_lo), b_lo, b_hi)
+    def step(_, carry):  # the new point replaces the bracket's end of its sign
+        b_lo, g_lo, b_hi, g_hi, _, _ = carry
+        b = _next_point(*carry)
         g = rate * slot_time_s(_steps(model, hw, layout, w, b), w) - b
         above = g >= 0
+        dropped_b, dropped_g = jnp.where(above, b_lo, b_hi), jnp.where(above, g_lo, g_hi)
         b_lo, g_lo = jnp.where(above, b, b_lo), jnp.where(above, g, g_lo)
         b_hi, g_hi = jnp.where(above, b_hi, b), jnp.where(above, g_hi, g)
-        g_hi = jnp.where(above & (kept > 0), 0.5 * g_hi, g_hi)  # Illinois: the same end kept twice
-        g_lo = jnp.where(~above & (kept < 0), 0.5 * g_lo, g_lo)
-        return b_lo, g_lo, b_hi, g_hi, jnp.where(above, 1, -1), b
+        return b_lo, g_lo, b_hi, g_hi, dropped_b, dropped_g
 
     # A loop, not unrolled: 8 unrolled steps made XLA compile the gradient for minutes.
-    start = (b_lo, g_lo, b_hi, g_hi, jnp.zeros(jnp.shape(b_hi), jnp.int32), b_hi)
-    *_, b = jax.lax.fori_loop(0, SECANT_ITERATIONS, step, start)
-    return jnp.where(saturated, b_max, b)
+    carry = jax.lax.fori_loop(0, SECANT_ITERATIONS, step, (b_lo, g_lo, b_hi, g_hi, b_lo, g_lo))
+    return jnp.where(saturated, prep.b_max, _next_point(*carry))
 
 
 def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity=None, prepared: Prepared | None = None) -> Estimate:

@@ -12,8 +12,9 @@ cheap stage-1 rejections and expensive stage-4 survivors as the sweep sees), one
     eagerly on Python scalars, with the modules' `jnp`/`jax` names temporarily pointed at a scalar
     shim for the duration of the baseline (nothing in jaxplan/ is edited; the names are restored).
     Shim `python`: `math` and builtins on Python floats (the fastest plain-Python form); shim `numpy`:
-    the numpy module itself on numpy float64 scalars. The Illinois solve's `fori_loop` becomes a
-    Python loop.
+    the numpy module itself on numpy float64 scalars. The Poisson solve's knot tables are lists of
+    K floats priced one knot at a time (`python`) or arrays of K (`numpy`); its `fori_loop` becomes
+    a Python loop.
 
 Apples to apples: the same sample goes through jaxplan's jitted flat evaluate (`evaluate_digits`);
 the script asserts that every candidate gets the same reason code (stages 1-3 and stage 4) and
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import contextlib
+import itertools
 import math
 import time
 from collections import Counter
@@ -68,6 +70,32 @@ class _Index(int):
         return int(self)
 
 
+class _Knots(list):
+    """A knot table of one configuration ([K] floats, or [K, 1] indexed as `table[k, 0]`): the shim's
+    form of `steady_state.prepare`'s [K, R] tables, with the elementwise division they need."""
+
+    @property
+    def shape(self):
+        return (len(self),)
+
+    def __getitem__(self, key):
+        return list.__getitem__(self, key[0] if isinstance(key, tuple) else key)
+
+    def __truediv__(self, other):
+        return _Knots(a / b for a, b in zip(self, other))
+
+
+class _Maximum:
+    """`jnp.maximum` on two floats, with the `accumulate` (running max) of a knot table."""
+
+    def __call__(self, a, b):
+        return a if a >= b else b  # noqa: FURB136 - faster than builtins.max on two floats
+
+    @staticmethod
+    def accumulate(xs, axis=0):
+        return _Knots(itertools.accumulate(xs, builtins.max))
+
+
 class PyScalar:
     """`jnp` for Python floats: math and builtins (both branches of `where` are already evaluated,
     as in jnp.where)."""
@@ -85,9 +113,7 @@ class PyScalar:
     def where(cond, a, b):
         return a if cond else b
 
-    @staticmethod
-    def maximum(a, b):
-        return a if a >= b else b  # noqa: FURB136 - faster than builtins.max on two floats
+    maximum = _Maximum()
 
     @staticmethod
     def minimum(a, b):
@@ -131,7 +157,31 @@ class PyScalar:
 
     @staticmethod
     def stack(xs):
-        return list(xs)
+        return _Knots(xs)
+
+    @staticmethod
+    def ndim(x):
+        return 0
+
+    @staticmethod
+    def size(x):
+        return 1
+
+    @staticmethod
+    def arange(n, dtype=int):
+        return _Knots(range(n))
+
+    @staticmethod
+    def reshape(x, shape):
+        return x[0] if shape == () else _Knots(x)
+
+    @staticmethod
+    def argsort(xs, axis=0):
+        return sorted(range(len(xs)), key=xs.__getitem__)
+
+    @staticmethod
+    def take_along_axis(xs, order, axis=0):
+        return _Knots(xs[i] for i in order)
 
     @staticmethod
     def min(xs, axis=0):

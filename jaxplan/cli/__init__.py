@@ -15,10 +15,12 @@ from jaxplan.cli import calibrate  # noqa: F401
 from jaxplan.cli import listing  # noqa: F401
 from jaxplan.cli.common import app
 from jaxplan.compile_cache import enable as enable_compilation_cache
+from jaxplan.cpu_devices import enable as enable_cpu_devices
 
 
 def main() -> None:
     enable_compilation_cache()  # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not)
+    enable_cpu_devices()  # one XLA CPU device per core (JAXPLAN_CPU_DEVICES=1: one in all)
     try:
         code = app(standalone_mode=False)
     except KeyboardInterrupt:

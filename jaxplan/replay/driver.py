@@ -19,6 +19,12 @@ tables (one more compile) and resumes where it stopped.
 Before allocating, the replay's memory is estimated from its array shapes
 (memory.py): finalists too many for the limit run in chunks, and a request
 count that does not fit even for one finalist is refused (PlanError).
+With several local devices (the CLI makes one XLA CPU device per core, see
+jaxplan/cpu_devices.py), the lanes are sharded over them and each device runs
+its own loop on its share (`shard_map`; round robin pads the lane count to a
+multiple of the devices): lanes are independent, so this is the same replay,
+except that each device's program may round the step times' last bits
+differently.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxplan.errors import bad_value
 from jaxplan.replay import memory
@@ -117,9 +126,23 @@ LANE_OVERHEAD = 2.0
 PLAN_SAMPLE = 4096  # requests sampled for the work estimate
 
 
-def lane_count_bucket(lanes: int, num_finalists: int) -> int:
-    """Padded lane count: F when no finalist is split, else the next power of two (one program per bucket)."""
-    return num_finalists if lanes <= num_finalists else _bucket(lanes)
+def lane_count_bucket(lanes: int, num_finalists: int, devices: int = 1) -> int:
+    """Padded lane count: F when no finalist is split, else the next power of two (one program per
+    bucket); then rounded up to a multiple of `devices`, the devices the lanes are sharded over."""
+    padded = num_finalists if lanes <= num_finalists else _bucket(lanes)
+    return -(-padded // devices) * devices
+
+
+def lane_devices() -> int:
+    """Local devices the lanes are sharded over (1: no sharding)."""
+    return jax.local_device_count()
+
+
+def _lane_mesh(num_lanes: int, devices: int) -> Mesh | None:
+    """A 1-D mesh over the first `devices` local devices when the lanes split evenly over more than one."""
+    if devices <= 1 or num_lanes % devices:
+        return None
+    return Mesh(np.array(jax.local_devices()[:devices]), ("lanes",))
 
 
 def split_sizes(dp, lanes_per_finalist) -> list[list[int]]:
@@ -127,13 +150,14 @@ def split_sizes(dp, lanes_per_finalist) -> list[list[int]]:
     return [[n // k + (j < n % k) for j in range(k)] for n, k in zip((int(x) for x in dp), (int(x) for x in lanes_per_finalist))]
 
 
-def choose_split(dp, work=None, *, max_replicas_per_lane: int | None = None, lanes: int | None = None) -> np.ndarray:
+def choose_split(dp, work=None, *, max_replicas_per_lane: int | None = None, lanes: int | None = None, devices: int = 1) -> np.ndarray:
     """Lanes per finalist k [F] (1 = not split), chosen on the host before the replay.
 
     dp: routed replicas [F]. work: estimated loop iterations per replica [F] (replicas of one
     finalist see the same traffic, so about the same). The loop runs as long as the busiest lane
     (k[f] lanes of finalist f hold ceil(dp / k) replicas each) and costs about
-    (padded lanes + LANE_OVERHEAD) per iteration: k minimises that product. `lanes` fixes the
+    (padded lanes / devices + LANE_OVERHEAD) per iteration (each device loops over its share):
+    k minimises that product. `lanes` fixes the
     padded lane count (memory chunks); max_replicas_per_lane: k = ceil(dp / it), no estimate.
     Without either `work` or max_replicas_per_lane: k = 1 (the split pays only for a good estimate).
     """
@@ -154,8 +178,8 @@ def choose_split(dp, work=None, *, max_replicas_per_lane: int | None = None, lan
     load = np.max(-(-dp[None, :] // k) * w[None, :], axis=1)
     count = k.sum(axis=1)
     if lanes is None:
-        padded = np.array([lane_count_bucket(int(c), num_f) for c in count], np.float64)
-        cost = (padded + LANE_OVERHEAD) * load
+        padded = np.array([lane_count_bucket(int(c), num_f, devices) for c in count], np.float64)
+        cost = (padded / devices + LANE_OVERHEAD) * load
     else:
         cost = np.where(count <= lanes, load, np.inf)
     best = int(np.flatnonzero(cost <= np.min(cost) * (1 + 1e-9))[-1])  # ties: the largest target, fewest lanes
@@ -163,7 +187,8 @@ def choose_split(dp, work=None, *, max_replicas_per_lane: int | None = None, lan
 
 
 def lane_split(dp, lanes_per_finalist, max_dp: int, lanes: int | None = None) -> LaneSplit:
-    """The LaneSplit (numpy) for k [F] lanes per finalist, padded to `lanes` (default lane_count_bucket)."""
+    """The LaneSplit (numpy) for k [F] lanes per finalist, padded to `lanes` (default lane_count_bucket;
+    padding lanes replay nothing)."""
     dp = np.asarray(dp, np.int64)
     num_f = dp.shape[0]
     sizes = split_sizes(dp, lanes_per_finalist)
@@ -249,10 +274,10 @@ def _lane_state(state, routing: str) -> LaneState:
     return state[0] if routing == LEAST_LOADED else state
 
 
-@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size", "routing"), donate_argnames=("state",))
-def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, routing: str = "round_robin"):
+def _loop(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, routing: str):
     """Up to `max_iterations` iterations of every lane; stops early when all are done,
-    or (if `grow`) as soon as a lane is out of slot rows (it is frozen before that step)."""
+    or (if `grow`) as soon as a lane is out of slot rows (it is frozen before that step).
+    Returns (state, iterations run)."""
     one = balanced_step if routing == LEAST_LOADED else lane_step
     step = jax.vmap(functools.partial(one, step_time_fn=step_time_fn, window=window, block_size=block_size), in_axes=(0, 0, 0, None))
 
@@ -265,6 +290,24 @@ def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, ste
         return step(st, inputs, step_params, grow), it + 1
 
     return jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
+
+
+@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size", "routing", "mesh"), donate_argnames=("state",))
+def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, routing: str = "round_robin", mesh: Mesh | None = None):
+    """`_loop` over every lane; with a mesh, each device loops over its share of the lanes on its
+    own (no synchronisation per iteration) and the iterations run are the most any device ran."""
+    loop = functools.partial(_loop, step_time_fn=step_time_fn, window=window, block_size=block_size, routing=routing)
+    if mesh is None:
+        return loop(inputs, state, step_params, max_iterations, grow)
+
+    def local(inputs, state, step_params, max_iterations, grow):
+        state, ran = loop(inputs, state, step_params, max_iterations, grow)
+        return state, ran[None]
+
+    lanes = P("lanes")
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(lanes, lanes, lanes, P(), P()), out_specs=(lanes, lanes), check_vma=False)
+    state, ran = sharded(inputs, state, step_params, max_iterations, grow)
+    return state, jnp.max(ran)
 
 
 @functools.partial(jax.jit, static_argnames=("routing",))
@@ -443,6 +486,7 @@ def simulate_trace(
     memory_limit_bytes: int | None = None,
     replica_steps_hint=None,
     max_replicas_per_lane: int | None = None,
+    initial_slots: int | None = None,
 ) -> ReplayTrace:
     """Replay `requests` on every finalist; raw per-request and per-replica results.
 
@@ -471,6 +515,9 @@ def simulate_trace(
         long as the busiest lane, is shorter. Results are the same, bit for bit, with or without.
     max_replicas_per_lane: round robin: spread every finalist's replicas over lanes of at most
         this many (overrides the hint). Without either, one lane per finalist.
+    initial_slots: with num_slots None, the slot rows to start with instead of INITIAL_SLOTS
+        (e.g. stage 4's estimate of the requests in flight per replica): each width the rows grow
+        through is one more program to trace and compile. Results do not depend on it.
     """
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
@@ -489,25 +536,28 @@ def simulate_trace(
         raise bad_value("max_replicas", max_replicas, f"must cover data_parallel_size {int(dp_routed.max())}")
     if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
         raise bad_value("num_slots", num_slots, "must be an integer >= 1")
+    if initial_slots is not None and (not isinstance(initial_slots, int) or isinstance(initial_slots, bool) or initial_slots < 1):
+        raise bad_value("initial_slots", initial_slots, "must be an integer >= 1")
     if max_replicas_per_lane is not None and (not isinstance(max_replicas_per_lane, int) or isinstance(max_replicas_per_lane, bool) or max_replicas_per_lane < 1):
         raise bad_value("max_replicas_per_lane", max_replicas_per_lane, "must be an integer >= 1")
     if replica_steps_hint is not None and np.shape(replica_steps_hint) not in ((), (num_f,)):
         raise bad_value("replica_steps_hint", np.shape(replica_steps_hint), f"must be a number or an array [{num_f}]")
     reqs = _checked(requests, closed)
     num_r = requests_count(reqs)
+    devices = lane_devices() if routing != LEAST_LOADED or num_f % lane_devices() == 0 else 1
     if routing == LEAST_LOADED or (replica_steps_hint is None and max_replicas_per_lane is None):
         work, lanes_per_f = None, np.ones(num_f, np.int64)
     else:
         work = replica_work(requests, configs, dp_routed, window, replica_steps_hint) if max_replicas_per_lane is None else None
-        lanes_per_f = choose_split(dp_routed, work, max_replicas_per_lane=max_replicas_per_lane)
-    num_lanes = lane_count_bucket(int(lanes_per_f.sum()), num_f)
+        lanes_per_f = choose_split(dp_routed, work, max_replicas_per_lane=max_replicas_per_lane, devices=devices)
+    num_lanes = num_f if routing == LEAST_LOADED else lane_count_bucket(int(lanes_per_f.sum()), num_f, devices)
     shape = memory.ReplayShape(
         num_f, num_r, max_dp, num_slots if num_slots is not None else _bucket(min(max_seqs, num_r)), window, routing, num_lanes / num_f
     )  # fmt: skip
     per_call = memory.finalists_per_call(shape, memory_limit_bytes)
     run = functools.partial(
         _replay, reqs, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
-        num_slots=num_slots, max_dp=max_dp, routing=routing,
+        num_slots=num_slots, max_dp=max_dp, routing=routing, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
     )  # fmt: skip
     if per_call >= num_f:
         return run(configs, step_params, lane_split(dp_routed, lanes_per_f, max_dp, num_lanes))
@@ -545,18 +595,22 @@ def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing) -> ReplayTrace:
-    """One replay call over configs [F] on the lanes of `split` (see simulate_trace)."""
+def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots) -> ReplayTrace:
+    """One replay call over configs [F] on the lanes of `split` (see simulate_trace), sharded over
+    `devices` local devices when the lanes split evenly over them."""
     configs = ReplayConfig(
         configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=routing
     )
     max_seqs = int(np.max(configs.max_num_seqs))
-    slots = num_slots if num_slots is not None else min(_bucket(max_seqs), INITIAL_SLOTS)
+    slots = num_slots if num_slots is not None else min(_bucket(max_seqs), _bucket(initial_slots))
     split = LaneSplit(*(jnp.asarray(x, jnp.int32) for x in split))
     closed_conc = jnp.asarray(closed, jnp.int32)
     inputs, state, position = _start(reqs, configs, closed_conc, split, num_slots=slots, max_dp=max_dp)
     # params per lane: the lane's finalist's
     step_params = jax.tree.map(lambda x: jnp.asarray(x)[split.finalist], step_params) if routing != LEAST_LOADED else step_params
+    mesh = _lane_mesh(int(split.finalist.shape[0]) if routing != LEAST_LOADED else configs.num_finalists, devices)
+    place = (lambda tree: tree) if mesh is None else (lambda tree: jax.device_put(tree, NamedSharding(mesh, P("lanes"))))  # noqa: E731
+    inputs, state, step_params = place((inputs, state, step_params))
     used = 0
     while used < max_iterations:
         grow = num_slots is None and slots < max_seqs
@@ -571,6 +625,7 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
             window=window,
             block_size=configs.block_size,
             routing=routing,
+            mesh=mesh,
         )
         used += int(ran)
         if bool(jnp.all(_lanes_done(state, inputs, routing))):
@@ -578,7 +633,7 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
         if grow and bool(jnp.any(_lane_state(state, routing).overflow)):
             # more requests in flight than rows: resume where it stopped, with more rows
             slots = min(max(2 * slots, _bucket(int(jnp.max(_demand(inputs, state, routing=routing))))), _bucket(max_seqs))
-            inputs, state = _grow(inputs, state, num_slots=slots, routing=routing)
+            inputs, state = place(_grow(inputs, state, num_slots=slots, routing=routing))
     dp = routing_dp(configs.data_parallel_size, closed_conc) if routing != LEAST_LOADED else jnp.asarray(configs.data_parallel_size, jnp.int32)
     return _finish(reqs, inputs, state, position, split, dp, routing=routing)
 

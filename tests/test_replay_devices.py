@@ -1,0 +1,116 @@
+"""The replay's lanes sharded over several XLA CPU devices (one loop per device) give the same trace,
+and the CLI asks for one CPU device per core.
+
+Sharded runs need a process whose CPU backend was created with several devices, so they run in a
+subprocess with XLA_FLAGS=--xla_force_host_platform_device_count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from jaxplan import cpu_devices
+from jaxplan.replay import driver
+
+TESTS = Path(__file__).parent
+
+SHARDED = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import jax, numpy as np
+from test_replay_split import _dp_case, _same
+from test_replay_reference import _workload
+from jaxplan.replay import driver, simulate_trace
+from jaxplan.replay.testing import affine_step_time
+assert jax.local_device_count() == {devices}, jax.devices()
+report = {{}}
+for seed, closed, routing, kw in {cases!r}:
+    requests, config, params = _dp_case(seed, (1, 2))
+    run = lambda **extra: simulate_trace(config, requests, _workload(closed), affine_step_time, params, window=8, routing=routing, **kw, **extra)
+    sharded = run()
+    calls = []
+    real = driver._advance
+    driver._advance = lambda *a, **k: calls.append(k.get("mesh")) or real(*a, **k)
+    run()
+    driver._advance = real
+    devices = driver.lane_devices
+    driver.lane_devices = lambda: 1
+    single = run()
+    driver.lane_devices = devices
+    _same(sharded, single, f"seed {{seed}} closed {{closed}} {{routing}} {{kw}}")
+    report[f"{{seed}}-{{closed}}-{{routing}}"] = {{"meshes": sorted({{0 if m is None else m.devices.size for m in calls}}), "finished": int((np.asarray(sharded.finish_step) >= 0).sum())}}
+print(json.dumps(report))
+"""
+
+
+def _run_sharded(devices: int, cases) -> dict:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAXPLAN_CACHE_DIR="off")
+    code = SHARDED.format(tests=str(TESTS), devices=devices, cases=cases)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=TESTS)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_sharded_lanes_give_the_same_trace():
+    """Round robin (split and unsplit, open and closed loop) and least loaded, on 2 and 3 devices:
+    every ReplayTrace field equals the one-device replay's, bit for bit (the affine step time rounds
+    the same in every program; the physics' step times may differ in their last bits)."""
+    cases = [
+        (1, 0, "round_robin", {"max_replicas_per_lane": 1}),
+        (2, 3, "round_robin", {"replica_steps_hint": 1e6}),
+        (3, 0, "round_robin", {}),
+        (4, 0, "least_loaded", {}),
+    ]
+    two = _run_sharded(2, cases)
+    assert all(r["finished"] > 0 for r in two.values())
+    assert two["1-0-round_robin"]["meshes"] == [2]  # the lanes really were sharded
+    assert two["3-0-round_robin"]["meshes"] == [2]  # unsplit: lanes padded to a multiple of 2
+    assert two["4-0-least_loaded"]["meshes"] == [2]  # 6 finalists, 3 per device
+    three = _run_sharded(3, cases[:2])
+    assert three["1-0-round_robin"]["meshes"] == [3]
+
+
+def test_lane_counts_round_up_to_the_devices():
+    assert driver.lane_count_bucket(5, 5) == 5
+    assert driver.lane_count_bucket(5, 5, devices=2) == 6
+    assert driver.lane_count_bucket(9, 5, devices=4) == 16  # power of two, already a multiple
+    assert driver.lane_count_bucket(9, 5, devices=3) == 18
+    # more devices make more lanes cheaper: the split never uses fewer lanes
+    dp, work = np.array([8, 3, 1]), np.array([100.0, 300.0, 50.0])
+    assert driver.choose_split(dp, work, devices=4).sum() >= driver.choose_split(dp, work).sum()
+
+
+def test_device_count_follows_the_environment():
+    assert cpu_devices.device_count({}, cores=2) == 2
+    assert cpu_devices.device_count({}, cores=64) == cpu_devices.MAX_DEFAULT_DEVICES
+    assert cpu_devices.device_count({cpu_devices.ENV: "3"}, cores=2) == 3
+    assert cpu_devices.device_count({cpu_devices.ENV: "0"}, cores=2) == 1
+    assert cpu_devices.device_count({cpu_devices.ENV: "many"}, cores=4) == 4  # not a number: the default
+    env = {"XLA_FLAGS": "--xla_cpu_foo=1"}
+    assert cpu_devices.enable(env, cores=4) == 4
+    assert env["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"
+    mine = {"XLA_FLAGS": "--xla_force_host_platform_device_count=7"}
+    assert cpu_devices.enable(mine, cores=4) == 0 and mine["XLA_FLAGS"].endswith("=7")  # the user's wins
+    one = {cpu_devices.ENV: "1"}
+    assert cpu_devices.enable(one, cores=4) == 1 and "XLA_FLAGS" not in one
+
+
+def test_the_command_line_makes_the_devices():
+    code = (
+        "import sys, jax\n"
+        "from jaxplan import cli\n"
+        "sys.argv = ['jaxplan', 'list']\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print(jax.local_device_count())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update({cpu_devices.ENV: "3", "JAXPLAN_CACHE_DIR": "off"})
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "3"

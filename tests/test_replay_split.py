@@ -60,6 +60,18 @@ def test_split_with_growing_slot_rows(monkeypatch):
         _same(whole, simulate_trace(config, requests, _workload(closed), affine_step_time, params, window=8, **STATIC), f"seed {seed} fixed rows")
 
 
+def test_initial_slot_rows_do_not_change_the_trace():
+    """Starting with 1 row (many widenings), the default or more rows than needed: the same trace."""
+    for seed, closed in ((5, 0), (6, 3)):
+        requests, config, params = _dp_case(seed, (1, 2))
+        run = lambda **kw: simulate_trace(config, requests, _workload(closed), affine_step_time, params, window=8, max_replicas=4, **kw)  # noqa: E731
+        whole = run()
+        for initial in (1, 64):
+            _same(whole, run(initial_slots=initial), f"seed {seed} initial_slots {initial}")
+    with pytest.raises(Exception, match="initial_slots"):
+        run(initial_slots=0)
+
+
 def _count_iterations(monkeypatch):
     ran = []
     real = driver._advance

@@ -86,7 +86,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
         requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
 
     hint = replica_steps_hint(rows, workload, requests, configs)
-    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint))
+    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint, initial_slots=initial_slots_hint(rows)))
     # The API server's per-request time is outside the engine steps the replay re-enacts; it is the
     # same calibrated constant stage 4 adds (physics params `request_overhead_s`).
     overhead_s = np.asarray(params[0].request_overhead_s)
@@ -131,6 +131,15 @@ def replica_steps_hint(rows: list[dict], workload, requests, configs: ReplayConf
     with np.errstate(divide="ignore", invalid="ignore"):
         steps = duration / tpot
     return np.where(np.isfinite(steps) & (steps > 0), steps, np.inf)
+
+
+def initial_slots_hint(rows: list[dict]) -> int | None:
+    """Slot rows for the replay to start with: twice stage 4's most requests in flight per replica
+    (the replay widens them if a replica needs more, and only ever to the same results); None
+    where stage 4 gave no estimate."""
+    inflight = [r.get("concurrency_per_replica", np.nan) for r in rows]
+    inflight = [x for x in inflight if np.isfinite(x) and x > 0]
+    return int(np.ceil(2.0 * max(inflight))) if inflight else None
 
 
 def rank_agreement(rows: list[dict]) -> float:

@@ -21,6 +21,7 @@ again), medians reported, with the load average before and after each cell.
     python bench/bench_replay.py --finalists 20 --workloads coding reasoning   # the older single table
     python bench/bench_replay.py [--finalists 1 20 100] [--window 128] [--requests N] [--routing round_robin|least_loaded]
     python bench/bench_replay.py --max-replicas-per-lane 1     # round robin: every replica on its own lane
+    JAXPLAN_CPU_DEVICES=1 python bench/bench_replay.py         # one XLA CPU device (default: one per core, as the CLI)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from jaxplan.replay import (
     simulate_trace,
     summarize,
 )
+from jaxplan import cpu_devices
 from jaxplan.replay.testing import affine_step_time
 from jaxplan.specs import load_workload
 
@@ -121,8 +123,9 @@ def main() -> None:
     parser.add_argument("--routing", choices=["round_robin", "least_loaded"], default="round_robin", help="how requests reach data-parallel replicas")
     parser.add_argument("--max-replicas-per-lane", type=int, default=None, help="round robin: spread each finalist's replicas over lanes of at most N (default: one lane per finalist)")
     args = parser.parse_args()
+    cpu_devices.enable()  # as the CLI does: one XLA CPU device per core, the lanes sharded over them (JAXPLAN_CPU_DEVICES=1: one)
     print_start()
-    print(f"device: {jax.devices()[0].platform} x{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, window {args.window}, medians of {args.repeat}, routing {args.routing}, max replicas per lane {args.max_replicas_per_lane or 'all'}")
+    print(f"device: {jax.devices()[0].platform} x{os.cpu_count()} cores, {jax.local_device_count()} JAX device(s), load average {os.getloadavg()[0]:.1f}, window {args.window}, medians of {args.repeat}, routing {args.routing}, max replicas per lane {args.max_replicas_per_lane or 'all'}")
     head = (
         f"{'workload':<10} {'F':>3} {'R':>5} {'1st call s':>10} {'~compile s':>10} {'run s':>6} {'recompiled':>10} "
         f"{'steps':>11} {'iterations':>10} {'steps/s':>9} {'req-steps/s':>11} {'done':>6} {'preempt':>7} {'med p99 TTFT s':>14} {'med p50 TPOT s':>14}"

@@ -3,6 +3,7 @@
 Usage:
     python bench/bench_sweep.py                       # the 1.3e8-candidate headline run
     python bench/bench_sweep.py --scaling             # 1e6 .. 1e8: wall time vs grid size, exponent
+    python bench/bench_sweep.py --scaling --sizes 4,5,6,7,8,9   # 1e4 .. 1e9 (1e9: one run, ~2 min)
     python bench/bench_sweep.py --chunks 16384,65536,262144
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python bench/bench_sweep.py
 
@@ -46,10 +47,14 @@ def row(label, result, wall, compile_s, run_s):
 
 
 def scaled_space(space, target: int, num_gpus: int):
-    """Shrink the DP axis so the grid holds about `target` candidates."""
+    """Shrink (or grow) the DP axis so the grid holds about `target` candidates; below one DP value's
+    worth (~1.2e5 in the 'huge' space), also keep only the first max_num_seqs and budget values."""
     per_dp = space.size(num_gpus) // len(space.data_parallel_size)
-    dp = max(1, round(target / per_dp))
-    return space.replace(data_parallel_size=tuple(range(1, dp + 1)))
+    if target >= per_dp:
+        return space.replace(data_parallel_size=tuple(range(1, round(target / per_dp) + 1)))
+    knobs = len(space.max_num_seqs) * len(space.max_num_batched_tokens)
+    keep = max(1, round(math.sqrt(knobs * target / per_dp)))
+    return space.replace(data_parallel_size=(1,), max_num_seqs=space.max_num_seqs[:keep], max_num_batched_tokens=space.max_num_batched_tokens[:keep])
 
 
 def main() -> None:
@@ -61,6 +66,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=1 << 16)
     parser.add_argument("--chunks", default="")
     parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--sizes", default="6,7,8", help="--scaling: powers of ten of the grid sizes (the exponent is fitted from 1e6 to 1e8)")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     model, gpus, workload = load_model(args.model), parse_gpu_list(args.gpus), load_workload(args.workload)
@@ -71,15 +77,17 @@ def main() -> None:
     print("| run | candidates | compile s | run s | wall s | candidates/s | peak RSS GiB | admitted after stage 4 |")
     print("|---|---|---|---|---|---|---|---|")
     if args.scaling:
-        sizes, walls = [], []
-        for exponent in (6, 7, 8):
+        measured = {}
+        for exponent in (int(e) for e in args.sizes.split(",")):
             sub = scaled_space(space, 10**exponent, len(gpus))
-            result, wall, compile_s, run_s = one(model, gpus, workload, sub, args.chunk, args.repeat)
+            repeat = 1 if exponent >= 9 else args.repeat  # 1e9 streams for ~100 s
+            result, wall, compile_s, run_s = one(model, gpus, workload, sub, args.chunk, repeat)
             row(f"1e{exponent}", result, wall, compile_s, run_s)
-            sizes.append(result.grid.size)
-            walls.append(run_s)
-        slope = (math.log(walls[-1]) - math.log(walls[0])) / (math.log(sizes[-1]) - math.log(sizes[0]))
-        print(f"scaling exponent of run time vs grid size (1e6 -> 1e8): {slope:.3f}")
+            measured[exponent] = (result.grid.size, run_s)
+        for lo, hi in ((6, 8), (7, 9)):
+            if lo in measured and hi in measured:
+                (n0, t0), (n1, t1) = measured[lo], measured[hi]
+                print(f"scaling exponent of run time vs grid size (1e{lo} -> 1e{hi}): {(math.log(t1) - math.log(t0)) / (math.log(n1) - math.log(n0)):.3f}")
     elif args.chunks:
         for chunk in (int(c) for c in args.chunks.split(",")):
             row(f"chunk {chunk}", *one(model, gpus, workload, space, chunk, args.repeat))

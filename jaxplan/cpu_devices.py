@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 ENV = "JAXPLAN_CPU_DEVICES"
+SWEEP_ENV = "JAXPLAN_SWEEP_DEVICES"  # read by jaxplan.funnel.sweep.device_mesh
 FLAG = "--xla_force_host_platform_device_count"
 MAX_DEFAULT_DEVICES = 8
 
@@ -30,12 +31,14 @@ def device_count(environ=os.environ, cores: int | None = None) -> int:
 
 
 def enable(environ=os.environ, cores: int | None = None) -> int:
-    """Add the host device count to XLA_FLAGS in `environ` unless it is there already; the count
-    asked for (1: nothing added)."""
+    """Add the host device count to XLA_FLAGS in `environ` unless it is there already, and keep the
+    sweep on one device (unless $JAXPLAN_SWEEP_DEVICES says otherwise); the count asked for (1:
+    nothing added, 0: XLA_FLAGS had one)."""
     flags = environ.get("XLA_FLAGS", "")
     if FLAG in flags:
         return 0
     count = device_count(environ, cores)
     if count > 1:
         environ["XLA_FLAGS"] = f"{flags} {FLAG}={count}".strip()
+        environ.setdefault(SWEEP_ENV, "1")
     return count

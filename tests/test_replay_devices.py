@@ -95,8 +95,12 @@ def test_device_count_follows_the_environment():
     env = {"XLA_FLAGS": "--xla_cpu_foo=1"}
     assert cpu_devices.enable(env, cores=4) == 4
     assert env["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"
+    assert env[cpu_devices.SWEEP_ENV] == "1"  # the sweep's chunks stay on one CPU device
+    theirs = {cpu_devices.SWEEP_ENV: "2"}
+    assert cpu_devices.enable(theirs, cores=4) == 4 and theirs[cpu_devices.SWEEP_ENV] == "2"
     mine = {"XLA_FLAGS": "--xla_force_host_platform_device_count=7"}
     assert cpu_devices.enable(mine, cores=4) == 0 and mine["XLA_FLAGS"].endswith("=7")  # the user's wins
+    assert cpu_devices.SWEEP_ENV not in mine  # and the sweep then uses all 7
     one = {cpu_devices.ENV: "1"}
     assert cpu_devices.enable(one, cores=4) == 1 and "XLA_FLAGS" not in one
 
@@ -107,10 +111,11 @@ def test_the_command_line_makes_the_devices():
         "from jaxplan import cli\n"
         "sys.argv = ['jaxplan', 'list']\n"
         "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
-        "print(jax.local_device_count())\n"
+        "from jaxplan.funnel.sweep import device_mesh\n"
+        "print(jax.local_device_count(), device_mesh().devices.size)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", cpu_devices.SWEEP_ENV)}
     env.update({cpu_devices.ENV: "3", "JAXPLAN_CACHE_DIR": "off"})
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip().splitlines()[-1] == "3"
+    assert run.stdout.strip().splitlines()[-1] == "3 1"  # 3 devices; the sweep on one of them

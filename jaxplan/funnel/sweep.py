@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import time
 from collections.abc import Callable
 
@@ -121,7 +122,13 @@ def stage_table(grid: Grid, counts: dict[Reason, int], frontier_size: int, short
 
 
 def device_mesh() -> Mesh:
-    return Mesh(np.array(jax.local_devices()), ("candidates",))
+    """The local devices the chunks are sharded over: all of them, or the first $JAXPLAN_SWEEP_DEVICES
+    (the CLI sets 1 when it made one XLA CPU device per core for the replay, see cpu_devices.py)."""
+    devices = jax.local_devices()
+    limit = os.environ.get("JAXPLAN_SWEEP_DEVICES", "").strip()
+    if limit.isdigit():
+        devices = devices[: max(1, int(limit))]
+    return Mesh(np.array(devices), ("candidates",))
 
 
 @dataclasses.dataclass

@@ -37,7 +37,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 

@@ -1,6 +1,7 @@
 """The host driver: stream the grid through `sweep_chunk`, then build stages 5 and 6.
 
-Chunks are sharded across all local JAX devices along the candidate axis.
+Chunks are sharded across the local JAX devices along the candidate axis (all of
+them, or the first $JAXPLAN_SWEEP_DEVICES: see `device_mesh`).
 Memory is bounded by the chunk and the tables; per-chunk reason histograms are
 summed on the host in Python ints (exact for any grid size).
 """

@@ -543,7 +543,7 @@ def simulate_trace(
         raise bad_value("replica_steps_hint", np.shape(replica_steps_hint), f"must be a number or an array [{num_f}]")
     reqs = _checked(requests, closed)
     num_r = requests_count(reqs)
-    devices = lane_devices() if routing != LEAST_LOADED or num_f % lane_devices() == 0 else 1
+    devices = lane_devices()  # _lane_mesh shards only lane counts that split evenly over them
     if routing == LEAST_LOADED or (replica_steps_hint is None and max_replicas_per_lane is None):
         work, lanes_per_f = None, np.ones(num_f, np.int64)
     else:

@@ -67,6 +67,16 @@ def test_prefill_takes_ceil_isl_over_budget_steps(single):
         assert float(metrics.output_tokens_per_s[f]) == pytest.approx(OSL / (ttft + sum(decode)))
 
 
+def test_prompt_chunks_are_jumped(single):
+    """Budget 682: the first chunk is stepped alone (it admits the request), chunks 2-11 in one
+    iteration, the 12th (498 tokens, it completes the prompt) alone, then the 4 decode steps in one:
+    4 iterations for 16 steps."""
+    trace, _ = single
+    assert int(trace.replica_steps[1, 0]) == 12 + OSL - 1
+    assert int(trace.replica_iterations[1, 0]) == 4
+    assert int(trace.replica_iterations[0, 0]) == 3  # 6,144: the first chunk, the rest, the decode jump
+
+
 def test_slo_goodput_and_replicas(single):
     trace, metrics = single
     ttft = np.asarray(trace.ttft_s[:4, 0])
@@ -87,8 +97,8 @@ def test_iteration_limit_reports_unfinished(single):
     requests = Requests(np.array([ISL], np.int32), np.array([OSL], np.int32), np.zeros(1, np.int32), np.zeros(1, np.float32))
     config = ReplayConfig.create(max_num_seqs=4, max_num_batched_tokens=BUDGETS, num_kv_blocks=[1000, 1000, 1000, 1000, 100], data_parallel_size=[1, 1, 2, 1, 1])
     workload = Workload(name="one", isl_mean_tokens=ISL, osl_mean_tokens=OSL)
-    cut = simulate_trace(config, requests, workload, affine_step_time, _params(len(BUDGETS), vary=False), max_iterations=5)
-    # 682-token chunks need 12 prefill iterations: cut short, the request is reported unfinished
+    cut = simulate_trace(config, requests, workload, affine_step_time, _params(len(BUDGETS), vary=False), max_iterations=3)
+    # 682-token chunks need 4 iterations (see above): cut short, the request is reported unfinished
     assert int(cut.finish_step[1, 0]) == -1 and not bool(cut.replica_done[1, 0])
     assert int(cut.finish_step[0, 0]) == int(trace.finish_step[0, 0])  # 2 prefill steps and one decode jump fit
     assert int(summarize(cut, workload).unfinished[1]) == 1

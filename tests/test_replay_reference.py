@@ -46,7 +46,7 @@ def _case(seed: int, *, kv_scale=(1, 4)):
         # PP micro-batches per step (own generator: the other draws stay as they were)
         pipeline_parallel_size=np.random.default_rng(seed + 10_000).integers(1, 4, NUM_F),
     )
-    return Requests(prompt, osl, hit, arrival), config, dyadic_params(rng, NUM_F)
+    return Requests(prompt, osl, hit, arrival), config, dyadic_params(rng, NUM_F, attention_seed=seed + 20_000)
 
 
 def _compare(requests, config, params, closed=0, window=8):
@@ -72,6 +72,8 @@ def _compare(requests, config, params, closed=0, window=8):
         np.testing.assert_array_equal(trace.replica_steps[f][:dp], [r.steps for r in ref.replicas], err_msg=where)
         np.testing.assert_array_equal(trace.replica_preemptions[f][:dp], [r.preemptions for r in ref.replicas], err_msg=where)
         np.testing.assert_array_equal(trace.replica_peak_kv_blocks[f][:dp], [r.peak_kv_blocks for r in ref.replicas], err_msg=where)
+        np.testing.assert_array_equal(trace.replica_kv_sum[f][:dp], [r.kv_block_steps for r in ref.replicas], err_msg=where)
+        np.testing.assert_array_equal(trace.replica_batch_sum[f][:dp], [r.scheduled_sum for r in ref.replicas], err_msg=where)
         np.testing.assert_array_equal(trace.replica_tokens_out[f][:dp], [r.tokens_out for r in ref.replicas], err_msg=where)
         np.testing.assert_array_equal(trace.replica_stalled[f][:dp], [r.stalled for r in ref.replicas], err_msg=where)
         np.testing.assert_array_equal(trace.replica_clock_s[f][:dp], [r.last_step_end for r in ref.replicas], err_msg=where)

@@ -47,7 +47,7 @@ def _case(seed: int, *, burst=False, kv_scale=(1, 4), dp=(2, 5)):
         # PP micro-batches per step (own generator: the other draws stay as they were)
         pipeline_parallel_size=np.random.default_rng(seed + 10_000).integers(1, 4, NUM_F),
     )
-    return Requests(prompt, osl, hit, arrival), config, dyadic_params(rng, NUM_F)
+    return Requests(prompt, osl, hit, arrival), config, dyadic_params(rng, NUM_F, attention_seed=seed + 20_000)
 
 
 def _reference(requests, config, params, f, closed=0, routing="least_loaded"):
@@ -79,7 +79,8 @@ def _compare(requests, config, params, closed=0, window=8):
         dp = len(ref.replicas)
         assert dp == int(config.data_parallel_size[f])
         for name, attr in (("replica_steps", "steps"), ("replica_preemptions", "preemptions"), ("replica_peak_kv_blocks", "peak_kv_blocks"),
-                           ("replica_tokens_out", "tokens_out"), ("replica_stalled", "stalled"), ("replica_clock_s", "last_step_end")):  # fmt: skip
+                           ("replica_tokens_out", "tokens_out"), ("replica_stalled", "stalled"), ("replica_clock_s", "last_step_end"),
+                           ("replica_kv_sum", "kv_block_steps"), ("replica_batch_sum", "scheduled_sum")):  # fmt: skip
             np.testing.assert_array_equal(getattr(trace, name)[f][:dp], [getattr(r, attr) for r in ref.replicas], err_msg=f"{where} {name}")
         arrival = [r.arrival if r.arrival is not None else np.inf for r in ref.requests]
         np.testing.assert_array_equal(trace.arrival_s[f], arrival, err_msg=where)

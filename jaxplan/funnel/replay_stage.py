@@ -86,7 +86,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
         requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
 
     hint = replica_steps_hint(rows, workload, requests, configs)
-    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint, initial_slots=initial_slots_hint(rows)))
+    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(rows), initial_slots=initial_slots_hint(rows)))
     # The API server's per-request time is outside the engine steps the replay re-enacts; it is the
     # same calibrated constant stage 4 adds (physics params `request_overhead_s`).
     overhead_s = np.asarray(params[0].request_overhead_s)
@@ -131,6 +131,12 @@ def replica_steps_hint(rows: list[dict], workload, requests, configs: ReplayConf
     with np.errstate(divide="ignore", invalid="ignore"):
         steps = duration / tpot
     return np.where(np.isfinite(steps) & (steps > 0), steps, np.inf)
+
+
+def concurrency_hint(rows: list[dict]) -> np.ndarray:
+    """Stage 4's requests in flight per replica [F] (nan where unknown): the replay's lane split
+    estimates its work from it (`jaxplan.replay.driver.replica_work`)."""
+    return np.array([r.get("concurrency_per_replica", np.nan) for r in rows], np.float64)
 
 
 def initial_slots_hint(rows: list[dict]) -> int | None:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
-from jaxplan.replay.ops import F32, I32, cdiv, cumsum, div, materialize, mod
+from jaxplan.replay.ops import F32, I32, cdiv, ceil_sum, cumsum, materialize
 from jaxplan.replay.scheduler import LaneInput, Plan, Queue, Replica
 from jaxplan.replay.state import (
     ARRIVAL,
@@ -79,33 +79,34 @@ def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *,
     gp, gc = g.astype(F32), cg.astype(F32)
     pf_tokens = (jnp.sum(jnp.where(pre, g, 0)) + jnp.sum(cg)).astype(F32)
     pairs = jnp.sum(jnp.where(pre, gp * (comp + gp / 2), 0.0)) + jnp.sum(gc * (queue.cand_i[HIT] + gc / 2))
+    pairs_growth = jnp.sum(jnp.where(pre, gp * gp, 0.0))  # a chunk's prefix grows by its size each step
     pf_seqs = (jnp.sum(pre) + plan.admitted).astype(F32)
     ctx0 = jnp.sum(jnp.where(dec, comp + 1, 0)).astype(F32)
     j = jnp.arange(window, dtype=I32)
+    jf = j.astype(F32)
     ones = jnp.ones(window, F32)
-    batches = StepBatch(pf_tokens * ones, n_dec.astype(F32) * ones, ctx0 + (j * n_dec).astype(F32), pairs * ones, pf_seqs * ones)
+    batches = StepBatch(pf_tokens * ones, n_dec.astype(F32) * ones, ctx0 + (j * n_dec).astype(F32), pairs + jf * pairs_growth, pf_seqs * ones)
     dts = jax.vmap(lambda b: jnp.asarray(step_time_fn(params, b), F32))(batches)
     dts = jax.lax.optimization_barrier(dts)  # evaluate the physics once, not once per use
     cum = cumsum(dts)
 
-    # Jump length: no finish before the k-th step, KV for k more tokens each, no admissible arrival.
+    # Jump length: the same grants (plan.steady), no finish before the k-th step, KV for k more
+    # steps' tokens, no admissible arrival.
     valid = jnp.arange(comp.shape[0]) < rep.n_run
-    elig = (window > 1) & (n_dec > 0) & (n_dec == rep.n_run) & (plan.admitted == 0)
-    k_fin = jnp.min(jnp.where(valid, r_i[OSL] - out, BIG))
-    room = mod(-comp, bs)  # tokens that still fit in a request's last block
+    elig = (window > 1) & (plan.admitted == 0) & (plan.kept == rep.n_run) & jnp.any(g > 0)
+    k_fin = jnp.min(jnp.where(dec, r_i[OSL] - out, BIG))
+    alloc = cdiv(comp, bs)
     cands = jnp.asarray(jump_candidates(window), I32)
-    extra_c = jnp.sum(jnp.where(valid[None, :], cdiv(jnp.maximum(cands[:, None] - room[None, :], 0), bs), 0), axis=1)
+    extra_c = jnp.sum(jnp.where(valid[None, :], cdiv(comp[None, :] + cands[:, None] * g[None, :], bs) - alloc[None, :], 0), axis=1)
     k_kv = cands[jnp.maximum(jnp.sum(extra_c <= plan.free0) - 1, 0)]
-    k_arr = jnp.where(queue.n_wait > 0, window, 1 + jnp.sum(cum[:-1] < (queue.t_next - queue.clock_hi) - queue.clock_lo))
-    k = jnp.where(elig, jnp.maximum(1, jnp.minimum(jnp.minimum(k_fin, k_kv), jnp.minimum(k_arr, window))), 1).astype(I32)
+    k_arr = jnp.where((queue.n_wait > 0) | plan.closed, window, 1 + jnp.sum(cum[:-1] < (queue.t_next - queue.clock_hi) - queue.clock_lo))
+    k = jnp.where(elig, jnp.maximum(1, jnp.minimum(jnp.minimum(jnp.minimum(k_fin, k_kv), jnp.minimum(k_arr, window)), plan.steady)), 1).astype(I32)
     dt = cum[k - 1]
     end_hi, end_lo = two_sum_add(queue.clock_hi, queue.clock_lo, dt)
 
-    # KV blocks in use over the k steps: a request crosses into a new block every bs tokens.
-    u = jnp.maximum(k - room, 0)
-    q = div(u, bs)
-    extra_sum = jnp.sum(jnp.where(valid, bs * (q * (q + 1) // 2) + mod(u, bs) * (q + 1), 0))
-    extra_k = jnp.sum(jnp.where(valid, cdiv(u, bs), 0))
+    # KV blocks in use over the k steps: request i holds ceil((comp_i + j g_i) / bs) in step j.
+    kv_sum = jnp.sum(jnp.where(valid, ceil_sum(jnp.broadcast_to(k, comp.shape), comp, g, bs), 0))
+    kv_k = jnp.sum(jnp.where(valid, cdiv(comp + k * g, bs), 0))
     jump = k > 1
     return Timing(
         dts=dts,
@@ -114,8 +115,8 @@ def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *,
         end_hi=end_hi,
         end_lo=end_lo,
         n_dec=n_dec,
-        kv_sum=jnp.where(jump, k.astype(F32) * plan.used0.astype(F32) + extra_sum.astype(F32), plan.used_step.astype(F32)),
-        kv_last=jnp.where(jump, plan.used0 + extra_k, plan.used_step),
+        kv_sum=jnp.where(jump, kv_sum, plan.used_step).astype(F32),
+        kv_last=jnp.where(jump, kv_k, plan.used_step),
         batch_sum=((jnp.sum(g > 0) + plan.admitted) * k).astype(F32),
     )
 

@@ -47,3 +47,48 @@ def materialize(*xs):
     """Compute these arrays once: XLA would otherwise re-run their producers inside
     every consumer fusion (e.g. once per field of a scatter)."""
     return jax.lax.optimization_barrier(xs)
+
+
+def div_small(a, b):
+    """a // b elementwise for 0 <= a < 2**24 and b >= 1 (arrays): a float32 division with an exact
+    integer correction (XLA:CPU has no vector integer division)."""
+    q = jnp.floor(a.astype(F32) / b.astype(F32)).astype(I32)
+    q = q - (q * b > a).astype(I32)
+    return q + ((q + 1) * b <= a).astype(I32)
+
+
+def euclid_rounds(m: int) -> int:
+    """Most Euclid steps of gcd(m, a) over 0 <= a < m (a static bound for `ceil_sum`'s loop)."""
+    worst = 0
+    for a in range(m):
+        x, y, steps = m, a, 0
+        while y:
+            x, y, steps = y, x % y, steps + 1
+        worst = max(worst, steps)
+    return worst
+
+
+def ceil_sum(k, c, g, bs: int):
+    """sum_{j=1..k} ceil((c + j*g) / bs) elementwise (int32 arrays k, c, g >= 0; static bs >= 1).
+
+    The floor sum sum_{i<n} floor((a*i + b) / m) of AtCoder's library (Euclid-like: each round
+    swaps the divisor for the slope), unrolled for the most rounds a divisor <= bs needs. The first
+    round divides by the static bs; later ones see numbers below bs * (k + 2) (float32-exact).
+    """
+    n, a, b = k, g, c + g + (bs - 1)
+    qa, qb = div(a, bs), div(b, bs)
+    a, b = a - qa * bs, b - qb * bs
+    total = (n * (n - 1) // 2) * qa + n * qb
+    m = jnp.full_like(n, bs)
+    live = n > 0
+    for _ in range(euclid_rounds(bs) + 1):
+        y = a * n + b
+        live = live & (y >= m)
+        m_safe = jnp.maximum(m, 1)
+        n_new = div_small(y, m_safe)
+        n, b, m, a = (jnp.where(live, new, old) for new, old in ((n_new, n), (y - n_new * m_safe, b), (a, m), (m, a)))
+        m_safe = jnp.maximum(m, 1)
+        qa, qb = div_small(a, m_safe), div_small(b, m_safe)
+        total = total + jnp.where(live, (n * (n - 1) // 2) * qa + n * qb, 0)
+        a, b = jnp.where(live, a - qa * m_safe, a), jnp.where(live, b - qb * m_safe, b)
+    return total

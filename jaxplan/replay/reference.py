@@ -51,6 +51,8 @@ class RefReplica:
     peak_kv_blocks: int = 0
     stalled: bool = False
     tokens_out: int = 0
+    kv_block_steps: int = 0  # sum over steps of KV blocks in use
+    scheduled_sum: int = 0  # sum over steps of requests scheduled
 
 
 @dataclasses.dataclass
@@ -145,6 +147,8 @@ class RefScheduler:
                 scheduled.append((req, new, req.hit))
         assert scheduled, "the oldest request always gets a token once it fits alone"
         rep.peak_kv_blocks = max(rep.peak_kv_blocks, num_kv_blocks - free)
+        rep.kv_block_steps += num_kv_blocks - free
+        rep.scheduled_sum += len(scheduled)
 
         # 3. Execute the step.
         batch = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "decode_context_tokens": 0.0, "prefill_attention_pairs": 0.0, "prefill_seqs": 0.0}

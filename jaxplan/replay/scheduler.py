@@ -38,7 +38,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxplan.replay.ops import F32, I32, cdiv, cumsum, materialize
+from jaxplan.replay.ops import F32, I32, cdiv, cumsum, div_small, materialize
 from jaxplan.replay.state import COMP, HIT, OUT, PROMPT, LaneState
 
 
@@ -164,6 +164,10 @@ class Plan(NamedTuple):
     free0: jnp.ndarray  # int32 free KV blocks before the step
     overflow: jnp.ndarray  # bool: admission stopped only because the S rows were full
     stall: jnp.ndarray  # bool: the oldest request can never fit
+    steady: jnp.ndarray  # int32 >= 1: steps over which every kept request's grant stays the same, each
+    # prompt chunk at its size and none completing a prompt (the decode rows' finishes are not counted)
+    closed: jnp.ndarray  # bool: no request can be admitted while the running list is as it is
+    # (its grants fill the step's budget, or max_num_seqs run)
 
 
 def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_size: int) -> Plan:
@@ -204,8 +208,15 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
     more_waiting = (queue.n_wait > a) | (queue.n_wait == num_s)
     overflow = (n + a == num_s) & (num_s < lane.max_num_seqs) & more_waiting & (room_next > 0)
     stall = (preempt & (m == 0)) | ((n == 0) & (queue.n_wait > 0) & (a == 0))
+    # A prompt chunk keeps its size while the rest of the prompt stays >= the per-request budget
+    # (its clipped size, and so every grant after it, is then the same) and completes no prompt.
+    g_ok = jnp.where(ok, grant, 0)
+    chunk = (g_ok > 0) & ~((r_i[OUT] >= 1) & (want == 1))
+    g_safe = jnp.maximum(g_ok, 1)
+    k_chunk = jnp.where(want >= lane.budget, jnp.minimum(div_small(jnp.maximum(want - lane.budget, 0), g_safe) + 1, div_small(jnp.maximum(want - 1, 0), g_safe)), 1)
+    steady = jnp.maximum(jnp.min(jnp.where(chunk, k_chunk, jnp.iinfo(I32).max)), 1).astype(I32)
     return Plan(
-        grant=jnp.where(ok, grant, 0),
+        grant=g_ok,
         kept=m,
         c_grant=jnp.where(c_ok, c_grant, 0),
         admitted=a,
@@ -214,4 +225,6 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
         free0=free0,
         overflow=overflow,
         stall=stall,
+        steady=steady,
+        closed=(budget - jnp.sum(g_ok) <= 0) | (n >= lane.max_num_seqs),
     )

@@ -15,6 +15,7 @@ import dataclasses
 import math
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -84,7 +85,7 @@ class Grid:
                 values = np.array([DTYPE_BYTES[v] for v in labels])
             else:
                 values = np.array(labels)
-            out.append(jnp.asarray(values, jnp.float32))
+            out.append(jax.device_put(np.asarray(values, np.float32)))  # on the host: no XLA program
         return tuple(out)
 
     def digits_of(self, index: int) -> np.ndarray:

@@ -44,10 +44,16 @@ def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     """(ReplayConfig [F], step params (hw, layout) [F]) for sweep rows."""
     ctx = result.context
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
-    c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(len(rows), bool))
+    hw, layout, blocks = _finalist_arrays(ctx._replace(model=None), digits, ctx.model)
+    return replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing), (hw, layout)
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _finalist_arrays(ctx, digits, model):
+    """(hardware [F], layout [F], KV blocks per replica [F]) of the candidates with `digits` [F, A]."""
+    c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     hw, layout = take(ctx.hardware, c.gpu_index), layout_of(c)
-    blocks = np.asarray(kv_blocks_per_replica(ctx.model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens))
-    return replay_config(layout, blocks, int(result.grid.space.block_size_tokens), routing=routing), (hw, layout)
+    return hw, layout, kv_blocks_per_replica(model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens)
 
 
 def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin") -> ReplayConfig:

@@ -89,7 +89,7 @@ def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path:
     efficiency = efficiency_for([g.name for g in grid.gpus], params_path)
     return SweepContext(
         axis_values=grid.axis_arrays(),
-        sizes=jnp.asarray(grid.sizes, jnp.int32),
+        sizes=jax.device_put(np.asarray(grid.sizes, np.int32)),
         model=model_shape(model),
         hardware=hardware_table(grid.gpus, efficiency),
         workload=workload_params(workload, **workload_overrides),
@@ -152,15 +152,15 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     unit = num_devices * grid.sizes[DP_AXIS]
     chunk_size = max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
     sharding = NamedSharding(mesh, PartitionSpec("candidates"))
-    offsets = jax.device_put(jnp.arange(chunk_size, dtype=jnp.int32), sharding)
+    offsets = jax.device_put(np.arange(chunk_size, dtype=np.int32), sharding)
     num_axes = len(AXES)
     one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
-    state = jax.device_put(jax.tree.map(lambda x: jnp.stack([x] * num_devices), one), sharding)
+    state = jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * num_devices), one), sharding)
     page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
     arrays = ctx._replace(model=None)
 
     def run_chunk(state, start):
-        return sweep_chunk(state, arrays, jnp.asarray(grid.digits_of(start)), offsets, model=ctx.model, mesh=mesh, page_size=page_size)
+        return sweep_chunk(state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size)
 
     # sweep_chunk is jitted with the model, mesh and page size static: a second sweep with the same
     # shapes reuses the compiled kernel. compile_s is the first chunk's time (compile + one chunk).

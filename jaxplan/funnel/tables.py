@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NEG_INF = -jnp.inf
 
@@ -22,7 +23,7 @@ class BestTable(NamedTuple):
 
 
 def empty_table(num_segments: int, num_axes: int) -> BestTable:
-    return BestTable(jnp.full((num_segments,), NEG_INF, jnp.float32), jnp.full((num_segments, num_axes), -1, jnp.int32))
+    return BestTable(jax.device_put(np.full((num_segments,), -np.inf, np.float32)), jax.device_put(np.full((num_segments, num_axes), -1, np.int32)))
 
 
 def merge_chunk(table: BestTable, segment: jnp.ndarray, score: jnp.ndarray, digits: jnp.ndarray) -> BestTable:

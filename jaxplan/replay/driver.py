@@ -235,9 +235,19 @@ def replica_work(requests: Requests, configs: ReplayConfig, dp, window: int, ste
     return np.where(np.isfinite(hint) & (hint > 0), np.minimum(events, hint), events)
 
 
-@functools.partial(jax.jit, static_argnames=("num_slots", "max_dp"))
-def _start(requests: Requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int):
-    """Lane inputs and states [L], and each request's stream position [F, R] (its finalist's stream)."""
+def _on_lanes(tree, mesh: Mesh | None):
+    """`tree` (arrays with a leading lane axis) laid out over the mesh's lanes, inside a jit (one
+    program for every array, not a transfer program each)."""
+    if mesh is None:
+        return tree
+    lanes = NamedSharding(mesh, P("lanes"))
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, lanes), tree)
+
+
+@functools.partial(jax.jit, static_argnames=("num_slots", "max_dp", "mesh"))
+def _start(requests: Requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, mesh: Mesh | None = None):
+    """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
+    (its finalist's stream)."""
     if config.routing == LEAST_LOADED:
         lanes, submitted = build_balanced_lanes(requests, config, closed_concurrency, max_dp)
         position = lanes.position
@@ -266,7 +276,7 @@ def _start(requests: Requests, config: ReplayConfig, closed_concurrency, split: 
         first = split.first[:, None] == jnp.arange(max_dp)[None, :]
         seg_first = jnp.sum(jnp.where(first, lanes.seg_start, 0), axis=1)
         state = state._replace(replica=split.first, next_k=seg_first, submitted=seg_first + jnp.sum(jnp.where(first, lanes.seg_initial, 0), axis=1))
-    return inputs, state, position
+    return *_on_lanes((inputs, state), mesh), position
 
 
 def _lanes_done(state, inputs: LaneInput, routing: str):
@@ -299,10 +309,13 @@ def _loop(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_t
 @functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size", "routing", "mesh"), donate_argnames=("state",))
 def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, routing: str = "round_robin", mesh: Mesh | None = None):
     """`_loop` over every lane; with a mesh, each device loops over its share of the lanes on its
-    own (no synchronisation per iteration) and the iterations run are the most any device ran."""
+    own (no synchronisation per iteration) and the iterations run are the most any device ran.
+    Returns (state, iterations run, every lane done, a lane out of slot rows): the host reads
+    scalars only."""
     loop = functools.partial(_loop, step_time_fn=step_time_fn, window=window, block_size=block_size, routing=routing)
     if mesh is None:
-        return loop(inputs, state, step_params, max_iterations, grow)
+        state, ran = loop(inputs, state, step_params, max_iterations, grow)
+        return state, ran, jnp.all(_lanes_done(state, inputs, routing)), jnp.any(_lane_state(state, routing).overflow)
 
     def local(inputs, state, step_params, max_iterations, grow):
         state, ran = loop(inputs, state, step_params, max_iterations, grow)
@@ -311,7 +324,7 @@ def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, ste
     lanes = P("lanes")
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(lanes, lanes, lanes, P(), P()), out_specs=(lanes, lanes), check_vma=False)
     state, ran = sharded(inputs, state, step_params, max_iterations, grow)
-    return state, jnp.max(ran)
+    return state, jnp.max(ran), jnp.all(_lanes_done(state, inputs, routing)), jnp.any(_lane_state(state, routing).overflow)
 
 
 @functools.partial(jax.jit, static_argnames=("routing",))
@@ -332,9 +345,13 @@ def _demand(inputs: LaneInput, state, *, routing: str = "round_robin"):
     return jax.vmap(one)(state, inputs)
 
 
-@functools.partial(jax.jit, static_argnames=("num_slots", "routing"))
-def _grow(inputs: LaneInput, state, *, num_slots: int, routing: str = "round_robin"):
+@functools.partial(jax.jit, static_argnames=("num_slots", "routing", "mesh"))
+def _grow(inputs: LaneInput, state, *, num_slots: int, routing: str = "round_robin", mesh: Mesh | None = None):
     """The same lanes with `num_slots` slot rows (more than before); resumes exactly."""
+    return _on_lanes(_widen(inputs, state, num_slots=num_slots, routing=routing), mesh)
+
+
+def _widen(inputs: LaneInput, state, *, num_slots: int, routing: str):
     extra = num_slots - _lane_state(state, routing).run_i.shape[-1]
     if routing == LEAST_LOADED:
         return balanced_widen(inputs, state, extra)
@@ -537,7 +554,7 @@ def simulate_trace(
         raise bad_value("step_params", [np.shape(x) for x in leaves][:4], f"every leaf needs a leading finalist axis of {num_f}")
     closed = _closed_concurrency(workload)
     max_seqs = int(np.max(configs.max_num_seqs))
-    dp_routed = np.asarray(configs.data_parallel_size if routing == LEAST_LOADED else routing_dp(configs.data_parallel_size, closed))
+    dp_routed = np.asarray(configs.data_parallel_size if routing == LEAST_LOADED else routing_dp(np.asarray(configs.data_parallel_size), closed, xp=np))
     max_dp = _bucket(int(dp_routed.max())) if max_replicas is None else max_replicas
     if max_dp < int(dp_routed.max()):
         raise bad_value("max_replicas", max_replicas, f"must cover data_parallel_size {int(dp_routed.max())}")
@@ -611,24 +628,24 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
     )
     max_seqs = int(np.max(configs.max_num_seqs))
     slots = num_slots if num_slots is not None else min(_bucket(max_seqs), _bucket(initial_slots))
-    split = LaneSplit(*(jnp.asarray(x, jnp.int32) for x in split))
-    closed_conc = jnp.asarray(closed, jnp.int32)
-    inputs, state, position = _start(reqs, configs, closed_conc, split, num_slots=slots, max_dp=max_dp)
-    # params per lane: the lane's finalist's
-    step_params = jax.tree.map(lambda x: jnp.asarray(x)[split.finalist], step_params) if routing != LEAST_LOADED else step_params
+    finalist = np.asarray(split.finalist, np.int64)
+    split = LaneSplit(*(np.asarray(x, np.int32) for x in split))
+    closed_conc = np.int32(closed)
     mesh = _lane_mesh(int(split.finalist.shape[0]) if routing != LEAST_LOADED else configs.num_finalists, devices)
-    place = (lambda tree: tree) if mesh is None else (lambda tree: jax.device_put(tree, NamedSharding(mesh, P("lanes"))))  # noqa: E731
-    inputs, state, step_params = place((inputs, state, step_params))
+    inputs, state, position = _start(reqs, configs, closed_conc, split, num_slots=slots, max_dp=max_dp, mesh=mesh)
+    # params per lane (the lane's finalist's), gathered on the host and sent to the lanes' devices
+    step_params = jax.tree.map(lambda x: np.asarray(x)[finalist] if routing != LEAST_LOADED else np.asarray(x), jax.device_get(step_params))
+    step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
     used = 0
     while used < max_iterations:
         grow = num_slots is None and slots < max_seqs
         budget = min(chunk, max_iterations - used)
-        state, ran = _advance(
+        state, ran, done, overflow = _advance(
             inputs,
             state,
             step_params,
-            jnp.asarray(budget, jnp.int32),
-            jnp.asarray(grow),
+            np.int32(budget),
+            np.bool_(grow),
             step_time_fn=step_time_fn,
             window=window,
             block_size=configs.block_size,
@@ -636,13 +653,13 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
             mesh=mesh,
         )
         used += int(ran)
-        if bool(jnp.all(_lanes_done(state, inputs, routing))):
+        if bool(done):
             break
-        if grow and bool(jnp.any(_lane_state(state, routing).overflow)):
+        if grow and bool(overflow):
             # more requests in flight than rows: resume where it stopped, with more rows
             slots = min(max(2 * slots, _bucket(int(jnp.max(_demand(inputs, state, routing=routing))))), _bucket(max_seqs))
-            inputs, state = place(_grow(inputs, state, num_slots=slots, routing=routing))
-    dp = routing_dp(configs.data_parallel_size, closed_conc) if routing != LEAST_LOADED else jnp.asarray(configs.data_parallel_size, jnp.int32)
+            inputs, state = _grow(inputs, state, num_slots=slots, routing=routing, mesh=mesh)
+    dp = jnp.asarray(routing_dp(np.asarray(configs.data_parallel_size), closed, xp=np) if routing != LEAST_LOADED else configs.data_parallel_size, jnp.int32)
     return _finish(reqs, inputs, state, position, split, dp, routing=routing)
 
 

@@ -101,11 +101,12 @@ class Lanes(NamedTuple):
     num_kv_blocks: jnp.ndarray  # [F] int32
 
 
-def routing_dp(data_parallel_size, closed_concurrency):
-    """Replicas that receive requests: dp, or min(dp, concurrency) in closed loop. [F]."""
-    dp = jnp.asarray(data_parallel_size, jnp.int32)
-    conc = jnp.asarray(closed_concurrency, jnp.int32)
-    return jnp.where(conc > 0, jnp.minimum(dp, jnp.maximum(conc, 1)), dp)
+def routing_dp(data_parallel_size, closed_concurrency, xp=jnp):
+    """Replicas that receive requests: dp, or min(dp, concurrency) in closed loop. [F].
+    xp: jax.numpy (traced) or numpy (on the host, no XLA program)."""
+    dp = xp.asarray(data_parallel_size, xp.int32)
+    conc = xp.asarray(closed_concurrency, xp.int32)
+    return xp.where(conc > 0, xp.minimum(dp, xp.maximum(conc, 1)), dp)
 
 
 def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> Lanes:

@@ -42,7 +42,8 @@ def test_split_lanes_match_one_lane_per_finalist(closed):
         requests, config, params = _dp_case(seed, kv_scale)
         run = lambda **kw: simulate_trace(config, requests, _workload(closed), affine_step_time, params, window=8, **STATIC, **kw)  # noqa: E731
         whole = run()
-        for kw in ({"max_replicas_per_lane": 1}, {"max_replicas_per_lane": 2}, {"replica_steps_hint": np.full(config.num_finalists, 1e6)}):
+        hints = {"replica_steps_hint": np.full(config.num_finalists, 1e6), "replica_concurrency_hint": np.arange(config.num_finalists) + 1.0}
+        for kw in ({"max_replicas_per_lane": 1}, {"max_replicas_per_lane": 2}, {"replica_steps_hint": np.full(config.num_finalists, 1e6)}, hints):
             _same(whole, run(**kw), f"seed {seed} closed {closed} {kw}")
         preempted += int(np.asarray(whole.preemptions).sum())
         stalled += int(np.asarray(whole.replica_stalled).sum())
@@ -162,6 +163,20 @@ def test_bad_split_arguments():
         simulate_trace(config, requests, _workload(0), affine_step_time, params, max_replicas_per_lane=0)
     with pytest.raises(PlanError, match="replica_steps_hint"):
         simulate_trace(config, requests, _workload(0), affine_step_time, params, replica_steps_hint=np.ones(2))
+    with pytest.raises(PlanError, match="replica_concurrency_hint"):
+        simulate_trace(config, requests, _workload(0), affine_step_time, params, replica_concurrency_hint=np.ones(2))
+
+
+def test_work_estimate_falls_with_requests_in_flight():
+    """Iterations per request: 8 x in-flight^(-1/3) x (1 + OSL / window)^(1/4); at most the steps hint."""
+    from jaxplan.replay.driver import replica_work
+
+    config = ReplayConfig.create(64, 2048, 1000, [1, 2, 4])
+    requests = Requests(np.full(120, 100, np.int32), np.full(120, 128, np.int32), np.zeros(120, np.int32), np.zeros(120, np.float32))
+    work = replica_work(requests, config, np.array([1, 2, 4]), 128, concurrency_hint=np.array([1.0, 8.0, np.nan]))
+    np.testing.assert_allclose(work, [120 * 8 * 2**0.25, 60 * 8 / 2 * 2**0.25, 30 * 8 * 2**0.25], rtol=1e-9)  # nan: as 1
+    capped = replica_work(requests, config, np.array([1, 2, 4]), 128, steps_hint=np.array([50.0, np.inf, np.nan]))
+    np.testing.assert_allclose(capped, [50.0, 60 * 8 * 2**0.25, 30 * 8 * 2**0.25], rtol=1e-9)
 
 
 def test_stage_hint_is_finite_steps():

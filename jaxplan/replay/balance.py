@@ -21,8 +21,11 @@ or after it: a replica's requests finished by `a` are all but those of its
 last iteration, which count once it ended by `a`. An idle replica waits for a
 request (its next step starts at max(clock, arrival)).
 
-A decode jump stops before the next unrouted arrival (it might go to this
-replica), so jumps change nothing. Closed-loop replacements need no such
+A jump stops before the next unrouted arrival (it might go to this
+replica) unless this replica could admit nothing in the meantime (its queue's
+head is blocked, or admission is closed); the loads the router sees are the
+same either way, since a jump finishes requests only at its end, so jumps
+change nothing. Closed-loop replacements need no such
 stop: the N first requests all arrive at t = 0, so the loads start as the
 balanced vector (non-increasing in replica index, max - min <= 1) and routing
 keeps them so; the replacements released at a time E then refill exactly the
@@ -160,7 +163,7 @@ def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
     w_arr = jnp.where(ok, arrival[num_s + ids], jnp.inf)
     solo = lane._replace(closed=jnp.zeros_like(lane.closed))  # submissions are released above, not by the step
     queue = waiting_queue(view, solo, rep, (ids, w_i, w_arr))
-    queue = queue._replace(t_next=jnp.minimum(queue.t_next, a_next))  # a decode jump stops before it
+    queue = queue._replace(t_next=jnp.minimum(queue.t_next, a_next))  # a jump stops before it (unless admission is closed)
     plan = schedule(view, solo, rep, queue, block_size)
     live_step = rep.active & ~queue.nothing_left
     stall = live_step & plan.stall

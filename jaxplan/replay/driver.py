@@ -92,7 +92,7 @@ class ReplayTrace(NamedTuple):
     output_tokens: jnp.ndarray  # [R] int32
     replica_active: jnp.ndarray  # [F, D] bool (d < routed replicas)
     replica_steps: jnp.ndarray  # [F, D] int32 steps executed
-    replica_iterations: jnp.ndarray  # [F, D] int32 loop iterations (a decode jump counts once)
+    replica_iterations: jnp.ndarray  # [F, D] int32 loop iterations (a jump counts once)
     replica_clock_s: jnp.ndarray  # [F, D] float32 s when its last step ended
     replica_preemptions: jnp.ndarray  # [F, D] int32
     replica_tokens_out: jnp.ndarray  # [F, D] int32 output tokens produced
@@ -518,7 +518,7 @@ def simulate_trace(
         finalist's slice of `step_params`; it must be a hashable, reused function
         (it is a static argument: a new lambda per call recompiles).
     step_params: PyTree of arrays with leading axis [F].
-    window: most steps one decode jump may cover (1 = step by step).
+    window: most steps one jump may cover (1 = step by step).
     max_iterations: loop iterations before giving up (unfinished requests are reported).
     num_slots: rows for requests in flight per replica (static). Default: start at
         min(32, max_num_seqs) and, when a replica needs more, resume with enough for

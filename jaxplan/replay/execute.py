@@ -1,11 +1,15 @@
-"""Run a planned step: its StepBatch and time, decode jumps, and the new tables and records.
+"""Run a planned step: its StepBatch and time, jumps, and the new tables and records.
 
-Decode jumps: when a step is decode-only (every running request decodes and
-nothing is admitted), the next k steps are identical but for the growing
-context, as long as no request finishes before the k-th, the KV blocks they
-need are free, and no arrival could be admitted (waiting queue blocked, or
-the next arrival after the k-th step's start). One iteration then executes
-all k (<= window) steps at once; results are the same as stepping one by one.
+Jumps: when nothing is admitted or preempted and every running request would
+keep its grant in the next steps (a decode token, or a prompt chunk of the
+same size that completes no prompt: `Plan.steady`), the next k steps are
+identical but for the growing contexts and prompt prefixes, as long as no
+request finishes before the k-th, the KV blocks they need are free, and no
+arrival could be admitted (admission closed: the grants fill the step's
+budget or max_num_seqs run; or the waiting queue's head is blocked; or the
+next arrival comes after the k-th step's start). One iteration then executes
+all k (<= window) steps at once; results are the same as stepping one by one
+(bit for bit with dyadic step times: `tests/test_replay_reference.py`).
 
 A token is sampled at the end of a step for every request whose KV reaches
 prompt + outputs (the first token ends the step that completes the prefill);
@@ -68,7 +72,7 @@ class Timing(NamedTuple):
 
 
 def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *, step_time_fn, window: int, block_size: int) -> Timing:
-    """The step's StepBatch and time; if decode-only, how many identical steps to jump."""
+    """The step's StepBatch and time, and how many steps with the same grants to jump (k >= 1)."""
     bs = block_size
     r_i = st.run_i
     comp, out = r_i[COMP], r_i[OUT]

@@ -70,7 +70,7 @@ class LaneState(NamedTuple):
     overflow: jnp.ndarray  # bool: more than S requests in flight were needed; results invalid
     itl_hist: jnp.ndarray  # [ITL_BINS] int32 inter-token gaps
     rep_steps: jnp.ndarray  # [D] int32
-    rep_iterations: jnp.ndarray  # [D] int32 loop iterations (a decode jump is one)
+    rep_iterations: jnp.ndarray  # [D] int32 loop iterations (a jump is one)
     rep_clock: jnp.ndarray  # [D] float32 s when the replica's last step ended
     rep_preemptions: jnp.ndarray  # [D] int32
     rep_tokens_out: jnp.ndarray  # [D] int32 output tokens produced

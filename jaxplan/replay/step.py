@@ -11,7 +11,7 @@ from jaxplan.replay.state import LaneState
 
 
 def lane_step(st: LaneState, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int) -> LaneState:
-    """Advance one lane by one scheduler step, or by a decode jump of up to `window` steps.
+    """Advance one lane by one scheduler step, or by a jump of up to `window` steps with the same grants.
 
     params: this finalist's step-time parameters (a slice of step_params).
     freeze_on_overflow: a lane that runs out of slot rows keeps its state (flagged),

@@ -171,11 +171,10 @@ def test_work_estimate_falls_with_requests_in_flight():
     """Iterations per request: 8 x in-flight^(-1/3) x (1 + OSL / window)^(1/4); at most the steps hint."""
     from jaxplan.replay.driver import replica_work
 
-    config = ReplayConfig.create(64, 2048, 1000, [1, 2, 4])
     requests = Requests(np.full(120, 100, np.int32), np.full(120, 128, np.int32), np.zeros(120, np.int32), np.zeros(120, np.float32))
-    work = replica_work(requests, config, np.array([1, 2, 4]), 128, concurrency_hint=np.array([1.0, 8.0, np.nan]))
+    work = replica_work(requests, np.array([1, 2, 4]), 128, concurrency_hint=np.array([1.0, 8.0, np.nan]))
     np.testing.assert_allclose(work, [120 * 8 * 2**0.25, 60 * 8 / 2 * 2**0.25, 30 * 8 * 2**0.25], rtol=1e-9)  # nan: as 1
-    capped = replica_work(requests, config, np.array([1, 2, 4]), 128, steps_hint=np.array([50.0, np.inf, np.nan]))
+    capped = replica_work(requests, np.array([1, 2, 4]), 128, steps_hint=np.array([50.0, np.inf, np.nan]))
     np.testing.assert_allclose(capped, [50.0, 60 * 8 * 2**0.25, 30 * 8 * 2**0.25], rtol=1e-9)
 
 

@@ -216,7 +216,7 @@ CONCURRENCY_EXPONENT = -1.0 / 3.0
 DECODE_EXPONENT = 0.25
 
 
-def replica_work(requests: Requests, configs: ReplayConfig, dp, window: int, steps_hint=None, concurrency_hint=None) -> np.ndarray:
+def replica_work(requests: Requests, dp, window: int, steps_hint=None, concurrency_hint=None) -> np.ndarray:
     """Estimated loop iterations of one replica of each finalist [F] (host, for choose_split).
 
     Its requests times ITERATIONS_PER_REQUEST x in-flight^CONCURRENCY_EXPONENT x
@@ -573,7 +573,7 @@ def simulate_trace(
     if routing == LEAST_LOADED or (replica_steps_hint is None and max_replicas_per_lane is None):
         work, lanes_per_f = None, np.ones(num_f, np.int64)
     else:
-        work = replica_work(requests, configs, dp_routed, window, replica_steps_hint, replica_concurrency_hint) if max_replicas_per_lane is None else None
+        work = replica_work(requests, dp_routed, window, replica_steps_hint, replica_concurrency_hint) if max_replicas_per_lane is None else None
         lanes_per_f = choose_split(dp_routed, work, max_replicas_per_lane=max_replicas_per_lane, devices=devices)
     num_lanes = num_f if routing == LEAST_LOADED else lane_count_bucket(int(lanes_per_f.sum()), num_f, devices)
     shape = memory.ReplayShape(

@@ -191,3 +191,12 @@ def test_stage_hint_is_finite_steps():
     assert hint[2] == np.inf
     closed = Workload(name="c", isl_mean_tokens=10, osl_mean_tokens=11, arrival=Arrival.CLOSED, concurrency=10)
     np.testing.assert_allclose(replica_steps_hint(rows, closed, requests, config)[0], 10 * 0.7 / 0.02, rtol=1e-6)
+
+
+def test_stage_hints_read_stage_4_concurrency():
+    from jaxplan.funnel.replay_stage import concurrency_hint, initial_slots_hint
+
+    rows = [{"concurrency_per_replica": 10.2}, {"concurrency_per_replica": float("nan")}, {}]
+    np.testing.assert_array_equal(concurrency_hint(rows), [10.2, np.nan, np.nan])
+    assert initial_slots_hint(rows) == 21  # ceil(2 x 10.2)
+    assert initial_slots_hint([]) is None and initial_slots_hint([{"concurrency_per_replica": 0.0}]) is None

@@ -149,9 +149,9 @@ def initial_slots_hint(rows: list[dict]) -> int | None:
     """Slot rows for the replay to start with: twice stage 4's most requests in flight per replica
     (the replay widens them if a replica needs more, and only ever to the same results); None
     where stage 4 gave no estimate."""
-    inflight = [r.get("concurrency_per_replica", np.nan) for r in rows]
-    inflight = [x for x in inflight if np.isfinite(x) and x > 0]
-    return int(np.ceil(2.0 * max(inflight))) if inflight else None
+    inflight = concurrency_hint(rows)
+    inflight = inflight[np.isfinite(inflight) & (inflight > 0)]
+    return int(np.ceil(2.0 * inflight.max())) if inflight.size else None
 
 
 def rank_agreement(rows: list[dict]) -> float:

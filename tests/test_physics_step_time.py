@@ -5,7 +5,8 @@ function docstrings): per operator a smooth roofline of FLOPs over achievable FL
 achievable bandwidth, summed over layers for one PP micro-batch (batch / PP), plus two all-reduces
 per layer under TP, PP - 1 point-to-point hops, a latency per layer, and per-step and per-sequence
 overheads. It is organised differently from the code (a list of operators, each priced once) and
-computes in float64; the code computes in float32.
+computes in float64; the code computes in float32. FP8 GEMMs add the quantisation of their input
+(bytes per input element at the HBM bandwidth).
 """
 
 from __future__ import annotations
@@ -142,12 +143,20 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     ops.append((m.linear_layers, (micro["prefill"] + micro["decode"]) * m.linear_flops_per_token_per_layer / tp,
                 2 * seqs * m.linear_state_bytes_per_layer / tp, attn_rate))
     compute = sum(n * ref_roofline(f / rate, b / bw) for n, f, b, rate in ops)
+    # FP8 GEMMs first quantise their input (a kernel of its own, at the HBM bandwidth): per token the
+    # hidden state into QKV and into gate/up (or the experts), the TP shard of the attention output
+    # into O and of the FFN activation into the down projection.
+    inputs = (m.softmax_layers + m.linear_layers) * (h + h / tp) + (m.dense_mlp_layers + m.moe_layers) * (h + ffn)
+    compute = compute + np.where(fp8, T * inputs * hw["fp8_quant_bytes_per_element"] / bw, 0.0)
 
     # Communication: 2 ring all-reduces per layer of the micro-batch's hidden states (BF16).
     message = T * h * 2
     spans_tp = tp > hw["gpus_per_node"]
     link = np.where(spans_tp, hw["inter_node_bandwidth_bytes_per_s"], hw["intra_node_bandwidth_bytes_per_s"])
-    ring = 2 * (tp - 1) / tp * message / (link * hw["allreduce_bandwidth_efficiency"])
+    # The efficiency is the 8-GPU value; 2 GPUs reach `allreduce_two_gpu_ratio` times it, 4 GPUs the
+    # square root of that ratio times it.
+    group = np.select([tp <= 2, tp <= 4], [hw["allreduce_two_gpu_ratio"], np.sqrt(hw["allreduce_two_gpu_ratio"])], 1.0)
+    ring = 2 * (tp - 1) / tp * message / (link * hw["allreduce_bandwidth_efficiency"] * group)
     allreduce = np.where(tp > 1, hw["allreduce_latency_s"] * np.where(spans_tp, 4.0, 1.0) + ring, 0.0)
     spans_replica = tp * pp > hw["gpus_per_node"]
     p2p_link = np.where(spans_replica, hw["inter_node_bandwidth_bytes_per_s"], hw["intra_node_bandwidth_bytes_per_s"])

@@ -7,10 +7,12 @@ a pull towards the kernel-level values (the prior), so the fit cannot buy
 TTFT accuracy with an implausible GEMM efficiency.
 
 Stage 1 (`kernel_priors`, closed form over NVIDIA's per-kernel tables):
-GEMM FLOP efficiency from compute-bound GEMMs, bandwidth efficiency from
+GEMM FLOP efficiency from compute-bound GEMMs (FP8 ones less the quantisation
+of their input, whose bytes per element come from a least-squares split of
+the compute-bound FP8 GEMMs' times), bandwidth efficiency from
 weight-streaming GEMMs (few tokens, big weights), attention efficiency from
-long-context prefill attention, all-reduce latency and bandwidth from the
-collective tables. Stage 2 (`fit_serving`): optax Adam on the e2e rows.
+long-context prefill attention, all-reduce latency and bandwidth (in groups
+of 8 GPUs, and the ratio of groups of 2 to that) from the collective tables. Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from jaxplan.specs import load_gpu
 
 FIT_FIELDS = (
     "gemm_flops_efficiency",
+    "fp8_quant_bytes_per_element",
     "memory_bandwidth_efficiency",
     "attention_flops_efficiency",
     "layer_latency_s",
     "allreduce_latency_s",
     "allreduce_bandwidth_efficiency",
+    "allreduce_two_gpu_ratio",
     "step_overhead_s",
     "per_seq_overhead_s",
     "request_overhead_s",
@@ -87,14 +91,22 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     except Exception:  # noqa: BLE001 - no table for this GPU: keep the defaults
         return prior
     flops = kernels.gemm_flops(gemm)
-    peak = np.where(gemm.dtype == "fp8", spec.fp8_flops_per_s or spec.bf16_flops_per_s, spec.bf16_flops_per_s)
-    big = (gemm.m >= 4096) & (gemm.n >= 4096) & (gemm.k >= 4096)
-    if big.any():
-        prior["gemm_flops_efficiency"] = float(np.median(flops[big] / gemm.latency_s[big] / peak[big]))
+    fp8 = (gemm.dtype == "fp8") & bool(spec.fp8_flops_per_s)
+    peak = np.where(fp8, spec.fp8_flops_per_s or spec.bf16_flops_per_s, spec.bf16_flops_per_s)
     weight_bytes = gemm.n * gemm.k * np.where(gemm.dtype == "fp8", 1.0, 2.0)
     streaming = (gemm.m <= 16) & (weight_bytes >= 64e6)
     if streaming.any():
         prior["memory_bandwidth_efficiency"] = float(np.median(weight_bytes[streaming] / gemm.latency_s[streaming] / spec.hbm_bandwidth_bytes_per_s))
+    bytes_per_s = spec.hbm_bandwidth_bytes_per_s * prior["memory_bandwidth_efficiency"]
+    quant_s = np.zeros_like(gemm.latency_s)
+    compute = fp8 & (gemm.m >= 1024) & (gemm.n >= 1024) & (gemm.k >= 1024)
+    if compute.sum() >= 2:
+        prior["fp8_quant_bytes_per_element"], quant_s = fp8_quant_prior(gemm, compute, peak, bytes_per_s)
+        quant_s = np.where(fp8, quant_s, 0.0)
+    big = (gemm.m >= 4096) & (gemm.n >= 4096) & (gemm.k >= 4096)
+    if big.any():
+        compute_s = np.maximum(gemm.latency_s - quant_s, 0.05 * gemm.latency_s)
+        prior["gemm_flops_efficiency"] = float(np.median(flops[big] / compute_s[big] / peak[big]))
     try:
         ctx = kernels.load_context_attention(gpu, data_root=data_root)
         long = ctx.isl_tokens >= 4096
@@ -110,12 +122,29 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
         if small.any():
             prior["allreduce_latency_s"] = float(np.median(comm.latency_s[small]))
         large = comm.message_bytes >= 64 * 2**20
+        fraction = 2.0 * (n - 1.0) / n * comm.message_bytes / comm.latency_s / spec.intra_node_bandwidth_bytes_per_s
         if large.any():
-            ring = 2.0 * (n[large] - 1.0) / n[large] * comm.message_bytes[large]
-            prior["allreduce_bandwidth_efficiency"] = float(np.median(ring / comm.latency_s[large] / spec.intra_node_bandwidth_bytes_per_s))
+            prior["allreduce_bandwidth_efficiency"] = float(np.median(fraction[large]))
+        pair, eight = large & (n == 2), large & (n == 8)
+        if pair.any() and eight.any():
+            prior["allreduce_bandwidth_efficiency"] = float(np.median(fraction[eight]))
+            prior["allreduce_two_gpu_ratio"] = float(np.median(fraction[pair]) / prior["allreduce_bandwidth_efficiency"])
     except Exception:  # noqa: BLE001
         pass
     return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
+
+
+def fp8_quant_prior(gemm, rows, peak, bytes_per_s):
+    """(bytes per input element, quantisation seconds per row [N]) of FP8 GEMMs: least squares on the
+    relative error of latency = FLOPs / (e x peak) + m x k x bytes / bandwidth over the compute-bound
+    FP8 rows `rows` [N] bool (two unknowns, 1 / e and bytes; both kept >= 0)."""
+    from scipy.optimize import nnls
+
+    flops = 2.0 * gemm.m * gemm.n * gemm.k.astype(np.float64)
+    elements = gemm.m * gemm.k.astype(np.float64)
+    design = np.stack([flops / peak, elements / bytes_per_s], axis=1)[rows] / gemm.latency_s[rows, None]
+    (_, per_element), _ = nnls(design, np.ones(int(rows.sum())))
+    return float(per_element), elements * per_element / bytes_per_s
 
 
 # ---- stage 2: end-to-end rows ----------------------------------------------------------------

@@ -125,11 +125,13 @@ class Hardware(NamedTuple):
     price_usd_per_hour: jnp.ndarray
     # Calibrated (see jaxplan/physics/params.py).
     gemm_flops_efficiency: jnp.ndarray
+    fp8_quant_bytes_per_element: jnp.ndarray
     memory_bandwidth_efficiency: jnp.ndarray
     attention_flops_efficiency: jnp.ndarray
     layer_latency_s: jnp.ndarray
     allreduce_latency_s: jnp.ndarray
     allreduce_bandwidth_efficiency: jnp.ndarray
+    allreduce_two_gpu_ratio: jnp.ndarray
     step_overhead_s: jnp.ndarray
     per_seq_overhead_s: jnp.ndarray
     p2p_latency_s: jnp.ndarray

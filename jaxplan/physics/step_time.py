@@ -1,7 +1,8 @@
 """Step time: seconds for one scheduler step of one replica. The single source of truth.
 
 Per operator: time = roofline(FLOPs / achievable FLOP/s, bytes / achievable
-bandwidth), where `roofline` is a smooth maximum (never below the true max,
+bandwidth) (FP8 GEMMs add the quantisation of their input, a memory-bound kernel
+of its own), where `roofline` is a smooth maximum (never below the true max,
 at most 10% above it where both terms are equal, differentiable everywhere,
 and cheap: one square root). Added to that: a fixed latency per layer (kernel launches),
 two all-reduces per layer under TP (latency + ring bandwidth term, on the
@@ -52,10 +53,32 @@ class StepCost(NamedTuple):
     total_s: jnp.ndarray
 
 
+def uses_fp8_gemms(hw: Hardware, layout: Layout):
+    """FP8 weights on a GPU with FP8 tensor cores."""
+    return (layout.weight_bytes_per_param < 1.5) & (hw.fp8_flops_per_s > 0)
+
+
 def gemm_flops_per_s(hw: Hardware, layout: Layout):
     """Achievable GEMM FLOP/s: FP8 tensor cores for FP8 weights where the GPU has them."""
-    use_fp8 = (layout.weight_bytes_per_param < 1.5) & (hw.fp8_flops_per_s > 0)
-    return jnp.where(use_fp8, hw.fp8_flops_per_s, hw.bf16_flops_per_s) * hw.gemm_flops_efficiency
+    return jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_flops_per_s, hw.bf16_flops_per_s) * hw.gemm_flops_efficiency
+
+
+def gemm_input_elements_per_token(model: ModelShape, layout: Layout):
+    """Activation elements per token that enter the weight GEMMs of one forward (all layers):
+    the hidden state into QKV / gate-up, the TP shard of the attention output into O and of the
+    FFN activation into the down projection."""
+    tp = layout.tensor_parallel_size
+    h = model.hidden_size
+    attention = (model.softmax_layers + model.linear_layers) * h * (1.0 + 1.0 / tp)
+    ffn = (model.dense_mlp_layers + model.moe_layers) * (h + model.ffn_intermediate_per_token / tp)
+    return attention + ffn
+
+
+def fp8_quant_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens):
+    """FP8 GEMMs quantise their bf16 input first, a memory-bound kernel of its own:
+    tokens x input elements x `fp8_quant_bytes_per_element` at the achievable HBM bandwidth; 0 for bf16."""
+    moved = tokens * gemm_input_elements_per_token(model, layout) * hw.fp8_quant_bytes_per_element
+    return jnp.where(uses_fp8_gemms(hw, layout), moved / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency), 0.0)
 
 
 def _gemm(tokens, params_per_gpu, weight_bytes, in_width, out_width, flops_per_s, bytes_per_s):
@@ -87,7 +110,7 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     moe = model.moe_layers * roofline(moe_flops / flops_per_s, moe_bytes / bytes_per_s)
     head_params = model.vocab_size * h / tp
     head = _gemm(logit_tokens, head_params, EMBEDDING_BYTES_PER_PARAM, h, model.vocab_size / tp, hw.bf16_flops_per_s * hw.gemm_flops_efficiency, bytes_per_s)
-    return attn + linear + dense + moe + head
+    return attn + linear + dense + moe + head + fp8_quant_time_s(model, hw, layout, tokens)
 
 
 def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch):
@@ -114,11 +137,19 @@ def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: Ste
     return decode + prefill + linear
 
 
+def allreduce_efficiency(hw: Hardware, tp):
+    """Ring-equivalent fraction of the link an all-reduce over `tp` GPUs reaches: the 8-GPU value
+    times `allreduce_two_gpu_ratio` ^ ((3 - log2 tp) / 2), i.e. the ratio at 2 GPUs, its square root
+    at 4, 1 from 8 on."""
+    below_eight = jnp.clip(3.0 - jnp.log2(jnp.maximum(tp, 1.0)), 0.0, 2.0)
+    return hw.allreduce_bandwidth_efficiency * hw.allreduce_two_gpu_ratio ** (0.5 * below_eight)
+
+
 def allreduce_time_s(hw: Hardware, layout: Layout, message_bytes):
     """One ring all-reduce of `message_bytes` over the TP group; 0 when TP = 1."""
     tp = layout.tensor_parallel_size
     link = jnp.where(tp > hw.gpus_per_node, hw.inter_node_bandwidth_bytes_per_s, hw.intra_node_bandwidth_bytes_per_s)
-    ring = 2.0 * (tp - 1.0) / tp * message_bytes / (link * hw.allreduce_bandwidth_efficiency)
+    ring = 2.0 * (tp - 1.0) / tp * message_bytes / (link * allreduce_efficiency(hw, tp))
     # Crossing nodes adds network latency per ring hop that leaves the node.
     latency = hw.allreduce_latency_s * jnp.where(tp > hw.gpus_per_node, 4.0, 1.0)
     return jnp.where(tp > 1, latency + ring, 0.0)

@@ -13,6 +13,8 @@ from jaxplan.physics.params import DEFAULTS
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "calibration_report.json"
 GPUS = ("b200_sxm", "h200_sxm")
+# docs/accuracy.md, held out, rows where the KV cache holds the clients: analytical TTFT 17.9% / 22.2%.
+DOCUMENTED_KV_TTFT = {"b200_sxm": 0.185, "h200_sxm": 0.23}
 
 
 def needs_data():
@@ -62,7 +64,7 @@ def test_shipped_report_holds_the_documented_held_out_numbers():
         held = report["held_out"][f"{gpu}/llama-3.1-70b"]
         assert held["rows"] == 60
         assert held["tpot_mape"] <= 0.10 and held["throughput_spearman"] >= 0.9
-        assert held["kv_fits"]["ttft_mape"] <= 0.23
+        assert held["kv_fits"]["ttft_mape"] <= DOCUMENTED_KV_TTFT[gpu]
         replay = report["held_out_replay"][gpu]
         assert replay["rows"] == 60 and replay["kv_fits"]["tpot_mape"] <= 0.10
     assert report["fit_rows"] == 120
@@ -84,8 +86,8 @@ def held_out():
 @pytest.mark.slow
 def test_held_out_accuracy_analytical_and_replay(held_out):
     """Recomputes the documented held-out numbers (docs/accuracy.md), with margins for the
-    optimizer's float noise: analytical TTFT on the KV-fits rows ~22% on both GPUs, TPOT 8.0% / 6.4%;
-    the replay (predict's default) TTFT ~32-38% there."""
+    optimizer's float noise: analytical TTFT on the KV-fits rows 17.9% (B200) / 22.2% (H200), TPOT
+    8.4% / 5.9%; the replay (predict's default) TTFT 26% / 28% there."""
     from jaxplan.calibrate.run import accuracy
 
     fit_rows, params = held_out
@@ -93,10 +95,10 @@ def test_held_out_accuracy_analytical_and_replay(held_out):
         rows = [r for r in fit_rows if r["gpu"] == gpu]
         analytical = accuracy(rows, {gpu: params[gpu]})
         assert analytical["tpot_mape"] <= 0.10 and analytical["throughput_spearman"] >= 0.9, (gpu, analytical)
-        assert analytical["kv_fits"]["ttft_mape"] <= 0.24, (gpu, analytical)
+        assert analytical["kv_fits"]["ttft_mape"] <= DOCUMENTED_KV_TTFT[gpu] + 0.01, (gpu, analytical)
         replay = accuracy(rows, {gpu: params[gpu]}, replay=True)
         assert replay["kv_fits"]["tpot_mape"] <= 0.10, (gpu, replay)
-        assert replay["kv_fits"]["ttft_mape"] <= 0.45, (gpu, replay)
+        assert replay["kv_fits"]["ttft_mape"] <= 0.30, (gpu, replay)
 
 
 def test_calibrate_step_groups_count_the_replay_check():

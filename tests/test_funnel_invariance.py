@@ -105,8 +105,10 @@ def test_shortlist_is_one_per_layout_best_first(baseline):
     rows = baseline.shortlist
     layouts = [(r["gpu"], r["tensor_parallel_size"], r["pipeline_parallel_size"], r["data_parallel_size"]) for r in rows]
     assert len(set(layouts)) == len(layouts)
+    # Best first; scores within the tables' tie resolution (2^-17 relative, `rank_key`) may come in
+    # layout order, and a recomputed score may sit a few ulps off its table key.
     scores = [r["score"] for r in rows]
-    assert scores == sorted(scores, reverse=True)
+    assert all(later <= earlier * (1.0 + 2.0**-16) for earlier, later in zip(scores, scores[1:]))
     assert all(r["reason"] == Reason.ADMITTED for r in rows)
     assert baseline.winner == rows[0]
 

@@ -6,9 +6,12 @@ import numpy as np
 
 
 def top_layouts(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best finite scores, best first; ties to the lower index (stable)."""
+    """Indices of the k best finite scores, best first, compared as the tables compare them
+    (`rank_key`); ties to the lower index (stable)."""
+    from jaxplan.funnel.tables import rank_key
+
     finite = np.flatnonzero(np.isfinite(scores))
-    order = np.argsort(-scores[finite], kind="stable")
+    order = np.argsort(-rank_key(np.asarray(scores, np.float32)[finite]), kind="stable")
     return finite[order[:k]]
 
 

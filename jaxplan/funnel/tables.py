@@ -1,9 +1,14 @@
 """Streaming reductions that keep memory bounded by the tables, not the grid.
 
 `BestTable` keeps, per segment (a layout, or a frontier bin), the best score
-seen and the digits of the candidate that scored it. Ties go to the smallest
-grid index (digits compare lexicographically in index order), so the result
-is the same whatever the chunk size, the device count or the merge order.
+seen and the digits of the candidate that scored it. Scores are compared by
+`rank_key`: float32 with the last SCORE_BITS_DROPPED mantissa bits cleared, so
+two candidates closer than 2^-17 relative tie (differently shaped kernels, for
+other chunk sizes or device counts, round the same physics differently by a
+few ulps, ~1e-7). Ties go to the smallest grid index (digits compare
+lexicographically in index order), so the result is the same whatever the
+chunk size, the device count or the merge order. The table keeps the winner's
+own score.
 """
 
 from __future__ import annotations
@@ -15,6 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 
 NEG_INF = -jnp.inf
+SCORE_BITS_DROPPED = 6  # of float32's 23 mantissa bits: scores within 2^-17 (7.6e-6) relative tie
+
+
+def rank_key(score):
+    """What the tables compare: `score` (float32, any shape; numpy or jax) with its last
+    SCORE_BITS_DROPPED mantissa bits cleared. Monotone (never reverses an order), +-inf unchanged."""
+    mask = ~((1 << SCORE_BITS_DROPPED) - 1)
+    if isinstance(score, np.ndarray):
+        return (np.asarray(score, np.float32).view(np.int32) & np.int32(mask)).view(np.float32)
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(score, jnp.float32), jnp.int32)
+    return jax.lax.bitcast_convert_type(bits & jnp.int32(mask), jnp.float32)
 
 
 class BestTable(NamedTuple):
@@ -30,13 +46,14 @@ def merge_chunk(table: BestTable, segment: jnp.ndarray, score: jnp.ndarray, digi
     """Fold a chunk (segment [C], score [C] with -inf for rejected, digits [C, A] in ascending index
     order) into the table; ties resolve to the lowest grid index."""
     num_segments = table.score.shape[0]
-    chunk_best = jax.ops.segment_max(score, segment, num_segments=num_segments)
+    key = rank_key(score)
+    chunk_best = jax.ops.segment_max(key, segment, num_segments=num_segments)
     position = jnp.arange(score.shape[0], dtype=jnp.int32)
-    is_best = (score == chunk_best[segment]) & (score > NEG_INF)
+    is_best = (key == chunk_best[segment]) & (score > NEG_INF)
     first = jax.ops.segment_min(jnp.where(is_best, position, score.shape[0]), segment, num_segments=num_segments)
     found = first < score.shape[0]
-    chunk_digits = digits[jnp.clip(first, 0, score.shape[0] - 1)]
-    return merge_tables(table, BestTable(jnp.where(found, chunk_best, NEG_INF), chunk_digits))
+    winner = jnp.clip(first, 0, score.shape[0] - 1)
+    return merge_tables(table, BestTable(jnp.where(found, score[winner], NEG_INF), digits[winner]))
 
 
 def lex_less(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
@@ -50,6 +67,7 @@ def lex_less(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
 
 
 def merge_tables(old: BestTable, new: BestTable) -> BestTable:
-    """Entry-wise best of two tables (higher score; equal scores: lower grid index)."""
-    better = (new.score > old.score) | ((new.score == old.score) & (new.score > NEG_INF) & lex_less(new.digits, old.digits))
+    """Entry-wise best of two tables (higher `rank_key`; equal keys: lower grid index)."""
+    new_key, old_key = rank_key(new.score), rank_key(old.score)
+    better = (new_key > old_key) | ((new_key == old_key) & (new.score > NEG_INF) & lex_less(new.digits, old.digits))
     return BestTable(jnp.where(better, new.score, old.score), jnp.where(better[..., None], new.digits, old.digits))

@@ -41,3 +41,19 @@ def test_div_small_is_exact_floor_division():
     a = np.concatenate([rng.integers(0, 1 << 24, 20_000), np.arange(0, 5000)])
     b = np.concatenate([rng.integers(1, 5000, 20_000), np.full(5000, 7)])
     np.testing.assert_array_equal(np.asarray(div_small(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))), a // b)
+
+
+@pytest.mark.parametrize("n", [64, 128, 256, 512, 1024])
+def test_cumsum_matches_numpy_on_both_paths(n):
+    """One triangular matmul up to 128 slot rows, blocks of 16 past that: both give the exact integer
+    running sums (here up to ~2**22) and the same floats for integer-valued float32 input."""
+    from jaxplan.replay.ops import CUMSUM_BLOCK, SINGLE_MATMUL_MAX, cumsum
+
+    rng = np.random.default_rng(n)
+    x = rng.integers(0, 4096, (2, 3, n)).astype(np.int32)
+    x[0, 0, : n // 2] = 0  # runs of zeros and a block boundary inside them
+    got = np.asarray(cumsum(jnp.asarray(x)))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.cumsum(x, axis=-1))
+    np.testing.assert_array_equal(np.asarray(cumsum(jnp.asarray(x.astype(np.float32)))), np.cumsum(x, axis=-1).astype(np.float32))
+    assert (n > SINGLE_MATMUL_MAX) == (n >= 2 * SINGLE_MATMUL_MAX) and n % CUMSUM_BLOCK == 0

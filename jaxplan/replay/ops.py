@@ -38,9 +38,30 @@ def cumsum(x):
     once it passes it).
     """
     n = x.shape[-1]
-    upper = jnp.triu(jnp.ones((n, n), F32))
-    out = jnp.matmul(x.astype(F32), upper, precision=jax.lax.Precision.HIGHEST)
+    if n > SINGLE_MATMUL_MAX and n % CUMSUM_BLOCK == 0:
+        out = _blocked_cumsum(x.astype(F32))
+    else:
+        upper = jnp.triu(jnp.ones((n, n), F32))
+        out = jnp.matmul(x.astype(F32), upper, precision=jax.lax.Precision.HIGHEST)
     return out.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else out
+
+
+# One n x n triangular matmul costs n^2 per row: cheapest up to 128 slot rows; past that (256, 512
+# rows) the sums within blocks of 16, plus the running sum of the block totals, cost n x 16 + (n/16)^2.
+SINGLE_MATMUL_MAX = 128
+CUMSUM_BLOCK = 16
+
+
+def _blocked_cumsum(x):
+    """Inclusive cumsum along the last axis (n a multiple of CUMSUM_BLOCK): within blocks, then the
+    blocks' running totals added in. The same integer results as the single matmul while partial
+    sums stay below 2**24 (every partial sum is a sum of the same non-negative terms)."""
+    n = x.shape[-1]
+    blocks = x.reshape(x.shape[:-1] + (n // CUMSUM_BLOCK, CUMSUM_BLOCK))
+    within = jnp.matmul(blocks, jnp.triu(jnp.ones((CUMSUM_BLOCK, CUMSUM_BLOCK), F32)), precision=jax.lax.Precision.HIGHEST)
+    totals = within[..., -1]
+    before = jnp.matmul(totals, jnp.triu(jnp.ones((n // CUMSUM_BLOCK,) * 2, F32), k=1), precision=jax.lax.Precision.HIGHEST)
+    return (within + before[..., None]).reshape(x.shape)
 
 
 def materialize(*xs):

@@ -12,7 +12,8 @@ of their input, whose bytes per element come from a least-squares split of
 the compute-bound FP8 GEMMs' times), bandwidth efficiency from
 weight-streaming GEMMs (few tokens, big weights), attention efficiency from
 long-context prefill attention, all-reduce latency and bandwidth (in groups
-of 8 GPUs, and the ratio of groups of 2 to that) from the collective tables. Stage 2 (`fit_serving`): optax Adam on the e2e rows.
+of 8 GPUs, and the ratio of groups of 2 to that) from the collective tables.
+Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ KV_BLOCK_TOKENS = 16  # vLLM's default block size
 # report) takes these from its own kernel tables (`fit.kernel_priors`): they time the operations that
 # dominate prefill under serving conditions (compute-bound GEMMs and, for FP8, the quantisation of their
 # input; long-context attention; all-reduces of >= 64 MiB; a 1k-8k-token prefill all-reduces 16-128 MiB
-# per layer). Everything else comes from the
-# serving fit: the HBM fraction of CUDA-graph decode (the tables' weight-streaming GEMMs sit 0.10 below it
-# on both fitted GPUs), the small-message all-reduce latency (vLLM's custom all-reduce in CUDA graphs, not
-# the tables' NCCL), and the runtime's per-layer, per-step, per-sequence and per-request overheads.
+# per layer). Everything else comes from the serving fit: the HBM fraction of CUDA-graph decode (the
+# tables' weight-streaming GEMMs sit 0.10 below it on both fitted GPUs), the small-message all-reduce
+# latency (vLLM's custom all-reduce in CUDA graphs, not the tables' NCCL), and the runtime's per-layer,
+# per-step, per-sequence and per-request overheads.
 KERNEL_FIELDS = (
     "gemm_flops_efficiency", "fp8_quant_bytes_per_element", "attention_flops_efficiency",
     "allreduce_bandwidth_efficiency", "allreduce_two_gpu_ratio",

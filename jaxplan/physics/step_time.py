@@ -77,8 +77,7 @@ def gemm_input_elements_per_token(model: ModelShape, layout: Layout):
 def fp8_quant_s_per_token(model: ModelShape, hw: Hardware, layout: Layout):
     """FP8 GEMMs quantise their bf16 input first, a memory-bound kernel of its own: seconds per token
     = input elements x `fp8_quant_bytes_per_element` at the achievable HBM bandwidth; 0 for bf16.
-    Shaped like the layout and hardware (per configuration, not per step), so a caller that prices
-    many steps of one configuration multiplies once per step (the replay's loop is sensitive to that)."""
+    Shaped like the layout and hardware (per configuration, not per step)."""
     moved = gemm_input_elements_per_token(model, layout) * hw.fp8_quant_bytes_per_element
     return jnp.where(uses_fp8_gemms(hw, layout), moved / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency), 0.0)
 

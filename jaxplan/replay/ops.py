@@ -29,7 +29,8 @@ def mod(a, b: int):
 
 
 def cumsum(x):
-    """Inclusive cumulative sum along the last axis, as one matmul with a triangular matrix.
+    """Inclusive cumulative sum along the last axis, as one matmul with a triangular matrix (past
+    SINGLE_MATMUL_MAX, two smaller ones: `_blocked_cumsum`).
 
     XLA:CPU lowers jnp.cumsum to an O(n^2) reduce-window; a float32 dot is a
     single fast op. Integer inputs are exact while every partial sum stays

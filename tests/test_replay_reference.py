@@ -137,3 +137,27 @@ def test_growing_slot_rows_resumes_exactly(monkeypatch):
         if name != "replica_iterations":  # the frozen iteration before the widening counts
             np.testing.assert_array_equal(getattr(trace_small, name), getattr(trace_fixed, name), err_msg=name)
     assert not np.asarray(trace_small.replica_overflow).any()
+
+
+def test_slot_rows_past_64_grow_in_steps_of_64(monkeypatch):
+    """max_num_seqs 130 with 160 requests in a burst: the rows grow 64 -> 192, not to 256, and the
+    trace equals that of 256 fixed rows (the row count never changes a result)."""
+    from jaxplan.replay import driver
+
+    assert [driver._slot_bucket(v) for v in (1, 3, 33, 64, 65, 128, 130, 192, 193, 300)] == [1, 4, 64, 64, 128, 128, 192, 192, 256, 320]
+    grown = []
+    real_grow = driver._grow
+    monkeypatch.setattr(driver, "INITIAL_SLOTS", 64)
+    monkeypatch.setattr(driver, "_grow", lambda *a, **k: grown.append(k["num_slots"]) or real_grow(*a, **k))
+    rng = np.random.default_rng(5)
+    n = 160
+    requests = Requests(rng.integers(1, 20, n).astype(np.int32), rng.integers(1, 12, n).astype(np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32))
+    config = ReplayConfig.create(max_num_seqs=[130], max_num_batched_tokens=[4096], num_kv_blocks=[4096], data_parallel_size=[1], block_size=BLOCK)
+    params = dyadic_params(rng, 1, attention_seed=5)
+    grown_trace = simulate_trace(config, requests, _workload(0), affine_step_time, params, window=8, max_replicas=1)
+    fixed = simulate_trace(config, requests, _workload(0), affine_step_time, params, window=8, num_slots=256, max_replicas=1)
+    assert grown == [192]
+    assert not np.asarray(grown_trace.replica_overflow).any()
+    for name in grown_trace._fields:
+        if name != "replica_iterations":  # the frozen iteration before the widening counts
+            np.testing.assert_array_equal(getattr(grown_trace, name), getattr(fixed, name), err_msg=name)

@@ -200,3 +200,7 @@ def test_stage_hints_read_stage_4_concurrency():
     np.testing.assert_array_equal(concurrency_hint(rows), [10.2, np.nan, np.nan])
     assert initial_slots_hint(rows) == 21  # ceil(2 x 10.2)
     assert initial_slots_hint([]) is None and initial_slots_hint([{"concurrency_per_replica": 0.0}]) is None
+    # a finalist never runs more than its max_num_seqs: 2 x 110.3 in flight with 192 seqs starts at 192
+    capped = [{"concurrency_per_replica": 110.3, "max_num_seqs": 192}, {"concurrency_per_replica": 57.6, "max_num_seqs": 128}]
+    assert initial_slots_hint(capped) == 192
+    assert initial_slots_hint([{"concurrency_per_replica": 57.6, "max_num_seqs": 128}, {"concurrency_per_replica": 10.0, "max_num_seqs": 8}]) == 116

@@ -146,12 +146,14 @@ def concurrency_hint(rows: list[dict]) -> np.ndarray:
 
 
 def initial_slots_hint(rows: list[dict]) -> int | None:
-    """Slot rows for the replay to start with: twice stage 4's most requests in flight per replica
+    """Slot rows for the replay to start with: twice stage 4's requests in flight per replica, at
+    most the finalist's max_num_seqs (a replica never runs more), the largest over the finalists
     (the replay widens them if a replica needs more, and only ever to the same results); None
     where stage 4 gave no estimate."""
     inflight = concurrency_hint(rows)
-    inflight = inflight[np.isfinite(inflight) & (inflight > 0)]
-    return int(np.ceil(2.0 * inflight.max())) if inflight.size else None
+    seqs = np.array([float(r.get("max_num_seqs") or np.inf) for r in rows])
+    known = np.isfinite(inflight) & (inflight > 0)
+    return int(np.ceil(np.minimum(2.0 * inflight, seqs)[known].max())) if known.any() else None
 
 
 def rank_agreement(rows: list[dict]) -> float:

@@ -21,3 +21,20 @@ def test_replicas_split_the_clients():
 def test_open_loop_rows_are_always_kept():
     rows = [dict(BASE, request_rate=50.0, num_prompts=1000), dict(BASE, request_rate="inf", num_prompts=1000)]
     assert kv_holds_concurrency(rows, {"h100_sxm": DEFAULTS}) == [True, True]
+
+
+def test_the_fit_sees_only_rows_whose_kv_cache_holds_the_clients(monkeypatch):
+    """`calibrate` hands the serving fit the closed-loop rows up to the capacity (and open-loop rows),
+    and still scores every row in the report."""
+    from jaxplan.calibrate import fit, run
+
+    measured = dict(backend="vllm", dataset="user", measured_ttft_ms_mean=200.0, measured_tpot_ms_mean=30.0, measured_output_tok_s=100.0)
+    rows = [dict(BASE, **measured, concurrency=c) for c in (1, 8, 9, 64)] + [dict(BASE, **measured, request_rate=2.0, num_prompts=100)]
+    assert run.trained_rows(rows, {"h100_sxm": {}}) == [rows[0], rows[1], rows[4]]
+    seen = []
+    real = fit.fit_data
+    monkeypatch.setattr(fit, "fit_data", lambda r, gpus: seen.append([x.get("concurrency") for x in r]) or real(r, gpus))
+    _, report = run.calibrate(rows, steps=2, log=lambda *a: None)
+    assert seen == [[1, 8, None]]
+    assert report["fit_rows"] == 5 and report["fit_rows_kv_fits"] == 3
+    assert report["in_sample"]["h100_sxm"]["rows"] == 5 and report["in_sample"]["h100_sxm"]["kv_fits"]["rows"] == 3

@@ -38,3 +38,24 @@ def test_the_fit_sees_only_rows_whose_kv_cache_holds_the_clients(monkeypatch):
     assert seen == [[1, 8, None]]
     assert report["fit_rows"] == 5 and report["fit_rows_kv_fits"] == 3
     assert report["in_sample"]["h100_sxm"]["rows"] == 5 and report["in_sample"]["h100_sxm"]["kv_fits"]["rows"] == 3
+
+
+def test_a_gpu_whose_rows_cannot_be_fitted_is_named_with_a_fix(tmp_path):
+    """Only rows beyond the KV capacity: nothing is fitted, and `jaxplan calibrate` says why and what
+    to measure instead (exit 0, the priors written)."""
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate import run
+    from jaxplan.cli import app
+
+    measured = dict(backend="vllm", dataset="user", measured_ttft_ms_mean=900.0, measured_tpot_ms_mean=40.0, measured_output_tok_s=500.0)
+    rows = [dict(BASE, **measured, concurrency=c) for c in (16, 64)]
+    _, report = run.calibrate(rows, steps=2, log=lambda *a: None)
+    assert report["fit_rows_kv_fits"] == 0 and "in none of its 2 row(s)" in report["gpus_not_fitted"]["h100_sxm"]
+    path = tmp_path / "measured.csv"
+    columns = list(rows[0])
+    path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["calibrate", "--measurements", str(path), "--no-shared-data", "--steps", "2", "-o", str(tmp_path / "p.toml")])
+    assert result.exit_code == 0, result.output
+    assert "warning: h100_sxm not fitted: in none of its 2 row(s)" in " ".join(result.output.split())
+    assert (tmp_path / "p.toml").exists()

@@ -186,6 +186,14 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
         "fit_backend": FIT_BACKEND, "fit_rows": len(fit_rows), "fit_rows_kv_fits": len(train),
         "held_out": {}, "held_out_params": {}, "in_sample": {}, "not_fitted": {}, "other_backends": {},
     }  # fmt: skip
+    for g in sorted({r["gpu"] for r in fit_rows} - set(fitted_gpus)):
+        report.setdefault("gpus_not_fitted", {})[g] = (
+            f"in none of its {sum(r['gpu'] == g for r in fit_rows)} row(s) does the KV cache hold the clients "
+            "(concurrency / data_parallel_size x (isl + osl) tokens per replica), so their TTFT depends on how "
+            "long the benchmark ran; it keeps its kernel priors (and the other fitted GPUs' or the default "
+            "runtime values). "
+            "Measure at a concurrency the KV cache holds (lower concurrency, more TP or PP, FP8 KV)"
+        )
     if fitted_gpus:
         data = fit.fit_data(train, fitted_gpus)
         prior = np.stack([fit.free_vector(priors[g]) for g in fitted_gpus])

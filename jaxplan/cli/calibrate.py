@@ -50,6 +50,8 @@ def calibrate(
         params, report = run_calibration(rows, steps=steps, log=log)
         if replay_check and report.get("held_out_params"):
             report["held_out_replay"] = run_replay_check(rows, report, log=log)
+    for gpu, reason in report.get("gpus_not_fitted", {}).items():
+        out.print(f"warning: {gpu} not fitted: {reason}", highlight=False)
     target = output or default_output()
     write_params(params, target, provenance(rows, report, sources))
     out.print(json.dumps(report, indent=2, default=str))

@@ -41,7 +41,8 @@ def calibrate(
     if not rows:
         raise bad_value("--measurements", None, "no measurements found: pass --measurements FILE or provide ../shared/data")
     with progress_bar() as progress:
-        task = progress.add_task("calibrating (kernel priors, per-GPU fit, held-out fits)", total=fit_step_groups(rows, replay_check))
+        steps_total = fit_step_groups(rows, replay_check)
+        task = progress.add_task("calibrating (kernel priors, per-GPU fit, held-out fits)", total=steps_total)
 
         def log(line: str) -> None:  # one line per finished step group
             progress.console.print(line, highlight=False)
@@ -50,6 +51,7 @@ def calibrate(
         params, report = run_calibration(rows, steps=steps, log=log)
         if replay_check and report.get("held_out_params"):
             report["held_out_replay"] = run_replay_check(rows, report, log=log)
+        progress.update(task, completed=steps_total)  # a GPU with no fittable row skips its steps
     for gpu, reason in report.get("gpus_not_fitted", {}).items():
         out.print(f"warning: {gpu} not fitted: {reason}", highlight=False)
     target = output or default_output()

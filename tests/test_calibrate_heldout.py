@@ -76,11 +76,12 @@ def held_out():
     """Held-out parameters for both GPUs, as `jaxplan calibrate` builds them (two fits)."""
     needs_data()
     from jaxplan.calibrate import fit
-    from jaxplan.calibrate.run import held_out_params
+    from jaxplan.calibrate.run import held_out_params, trained_rows
 
     fit_rows = [r for r in vllm_rows() if not fit_excluded(r)]
     priors = {g: fit.kernel_priors(g) for g in GPUS}
-    return fit_rows, {g: held_out_params(fit_rows, g, priors) for g in GPUS}
+    train = trained_rows(fit_rows, priors)
+    return fit_rows, {g: held_out_params(train, g, priors) for g in GPUS}
 
 
 @pytest.mark.slow

@@ -391,7 +391,7 @@ def install_stub_fit(monkeypatch):
                 for column in OUTPUT_COLUMNS[:-1]:
                     assert row[column] is None or math.isfinite(row[column]), (column, row)
         bundled = load_efficiency()
-        return {g: dict(bundled.get(g, {})) for g in known("gpus")}, {"fit_backend": run.FIT_BACKEND, "fit_rows": len(usable)}
+        return {g: dict(bundled.get(g, {})) for g in known("gpus")}, {"fit_backend": run.FIT_BACKEND, "fit_rows": len(usable), "fit_rows_kv_fits": len(usable)}
 
     monkeypatch.setattr(run, "calibrate", fake)
 

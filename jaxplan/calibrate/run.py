@@ -86,11 +86,11 @@ def trained_rows(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[
     return [r for r, fits in zip(rows, kv_holds_concurrency(rows, complete)) if fits]
 
 
-def held_out_params(fit_rows: list[dict], held: str, priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS) -> dict[str, float]:
-    """Parameters for GPU `held` from one shared fit on the other GPUs' rows (`trained_rows` of them;
-    their kernel priors as the prior), applied as to a GPU without rows (`unfitted_gpu_params`): no
-    row of `held` is seen."""
-    train = trained_rows([r for r in fit_rows if r["gpu"] != held], priors)
+def held_out_params(train_rows: list[dict], held: str, priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS) -> dict[str, float]:
+    """Parameters for GPU `held` from one shared fit on the other GPUs' rows among `train_rows` (the
+    rows the fit may see, `trained_rows`; their kernel priors as the prior), applied as to a GPU
+    without rows (`unfitted_gpu_params`): no row of `held` is seen."""
+    train = [r for r in train_rows if r["gpu"] != held]
     train_gpus = sorted({r["gpu"] for r in train})
     z, _ = fit.fit_serving(fit.fit_data(train, train_gpus), train_gpus, np.stack([fit.free_vector(priors[g]) for g in train_gpus]), shared=True, steps=steps)
     return {**DEFAULTS, **unfitted_gpu_params(priors[held], fit.values_of(z[0]))}
@@ -191,8 +191,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             f"in none of its {sum(r['gpu'] == g for r in fit_rows)} row(s) does the KV cache hold the clients "
             "(concurrency / data_parallel_size x (isl + osl) tokens per replica), so their TTFT depends on how "
             "long the benchmark ran; it keeps its kernel priors (and the other fitted GPUs' or the default "
-            "runtime values). "
-            "Measure at a concurrency the KV cache holds (lower concurrency, more TP or PP, FP8 KV)"
+            "runtime values). Measure at a concurrency the KV cache holds (lower concurrency, more TP or PP, FP8 KV)"
         )
     if fitted_gpus:
         data = fit.fit_data(train, fitted_gpus)
@@ -212,7 +211,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
         log(f"per-GPU fit on {len(train)} of {len(fit_rows)} {FIT_BACKEND} rows, those whose KV cache holds the clients ({', '.join(fitted_gpus)}) in {time.perf_counter() - t0:.1f} s")
         for held in fitted_gpus if len(fitted_gpus) > 1 else []:
             held_params = {g: dict(priors[g]) for g in gpus}
-            held_params[held] = held_out_params(fit_rows, held, priors, steps=steps)
+            held_params[held] = held_out_params(train, held, priors, steps=steps)
             report["held_out_params"][held] = {**DEFAULTS, **held_params[held]}
             held_rows = [r for r in evaluated if r["gpu"] == held]  # none of them was fitted
             report["held_out"][held] = accuracy(held_rows, held_params)
@@ -279,7 +278,7 @@ def provenance(rows: list[dict], report: dict, sources: list[str]) -> dict:
         "datasets": datasets,
         "fit_backend": report["fit_backend"],
         "fit_rows": report["fit_rows"],
-        "fit_rows_kv_fits": report.get("fit_rows_kv_fits", report["fit_rows"]),
+        "fit_rows_kv_fits": report["fit_rows_kv_fits"],
         "final_loss": report.get("final_loss", float("nan")),
     }
 

@@ -8,6 +8,7 @@ the Hardware efficiency fields.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxplan.errors import bad_value
+from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
 from jaxplan.physics.steady_state import estimate
@@ -112,8 +113,43 @@ def _layout_arrays(rows: list[dict], wheres: list[str]) -> Layout:
     return Layout(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in columns.items()})
 
 
+# Row columns that replace a field of the named GPU's spec (the measured part differs from the bundled
+# one, e.g. A100-SXM4-40GB measured against jaxplan's 80 GB `a100_sxm`) -> the GpuSpec field.
+GPU_OVERRIDES = {
+    "gpu_hbm_bytes_override": "hbm_bytes",
+    "gpu_hbm_bandwidth_bytes_per_s_override": "hbm_bandwidth_bytes_per_s",
+}
+
+
+def _gpu_key(row: dict, where: str) -> tuple:
+    """(GPU name, override values or None in GPU_OVERRIDES order) of one row."""
+    name = str(row.get("gpu") or "").strip()
+    if not name:
+        raise bad_value("gpu", row.get("gpu"), "is required", where=where)
+    values = []
+    for column in GPU_OVERRIDES:
+        given = row.get(column)
+        values.append(None if given is None or (isinstance(given, str) and not given.strip()) else _number(row, column, where=where))
+    return (name, *values)
+
+
+def _row_gpu(key: tuple, where: str):
+    """The GpuSpec of a `_gpu_key`: the bundled spec with the row's overrides applied (checked by GpuSpec's
+    own ranges). Its `name` stays the bundled one, so it takes that GPU's fitted efficiencies."""
+    spec = load_gpu(key[0])
+    changes = {field: value for field, value in zip(GPU_OVERRIDES.values(), key[1:]) if value is not None}
+    if not changes:
+        return spec
+    label = ", ".join(f"{field} {value:.4g}" for field, value in changes.items())
+    try:
+        return dataclasses.replace(spec, display_name=f"{spec.display_name or spec.name} ({label})", **changes)
+    except PlanError as error:
+        raise PlanError(f"{where}: {error}") from None
+
+
 def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
-    """Group rows by model and turn each group into arrays (validating every field)."""
+    """Group rows by model and turn each group into arrays (validating every field). A row's
+    GPU_OVERRIDES columns give it a GPU of its own: the named spec with those fields replaced."""
     groups: dict[str, list[int]] = {}
     models = {}
     for i, row in enumerate(rows):
@@ -126,12 +162,10 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
     for name, ids in groups.items():
         group = [rows[i] for i in ids]
         wheres = [f"{source} row {i + 1}" for i in ids]
-        gpu_names = sorted({str(r.get("gpu") or "").strip() for r in group})
-        for row, where in zip(group, wheres):
-            if not str(row.get("gpu") or "").strip():
-                raise bad_value("gpu", row.get("gpu"), "is required", where=where)
-        gpus = tuple(load_gpu(g) for g in gpu_names)
-        index = np.array([gpu_names.index(str(r["gpu"]).strip()) for r in group], np.int32)
+        row_keys = [_gpu_key(r, where) for r, where in zip(group, wheres)]
+        keys = sorted(set(row_keys), key=lambda key: (key[0], [-1.0 if v is None else v for v in key[1:]]))
+        gpus = tuple(_row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
+        index = np.array([keys.index(key) for key in row_keys], np.int32)
         model = next(m for m in models.values() if m.name == name)
         batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres), _workload_arrays(group, wheres), np.array(ids)))
     return batches

@@ -290,6 +290,24 @@ def test_a100_40gb_rows_flag_hbm():
         assert 200 < row["isl"] < 230 and row["num_prompts"] == 200
 
 
+def test_cached_prompt_fraction_hand_computed():
+    # whole 16-token blocks before each prompt's last token: 17 -> 16, 16 -> 0, 1 -> 0, 40 -> 32
+    assert serving.cached_prompt_fraction([17, 16, 1, 40]) == pytest.approx(48 / 74)
+    assert serving.cached_prompt_fraction([33], block_tokens=8) == pytest.approx(32 / 33)
+    assert serving.cached_prompt_fraction([5, 15]) == 0.0
+
+
+def test_a100_runs_after_a_servers_first_see_their_prompts_cached():
+    real_data()
+    rows = serving.load_vllm_a100_rows()
+    first = [r for r in rows if r["request_rate"] == 1.0]  # each server ran QPS 1 first (raw files' dates)
+    assert len(first) == 4 and all(r["prefix_hit_rate"] == 0.0 for r in first)
+    later = [r for r in rows if r["request_rate"] != 1.0]
+    # the same 200 prompts in every run: 42,659 tokens, of which whole blocks before the last token
+    assert len(later) == 12 and {round(r["prefix_hit_rate"], 4) for r in later} == {0.9605}
+    assert all("prompts cached" in r["notes"] for r in later)
+
+
 def test_model_and_gpu_mapping():
     assert serving.map_model("meta-llama/Llama-3.3-70B-Instruct") == "llama-3.1-70b"
     assert serving.map_model("LLaMA v3.1 70B") == "llama-3.1-70b"

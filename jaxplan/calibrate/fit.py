@@ -30,7 +30,7 @@ import optax
 from jaxplan.physics.params import BOUNDS, DEFAULTS
 from jaxplan.physics.shapes import Hardware, hardware_table, take
 from jaxplan.physics.steady_state import estimate
-from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, RowBatch, row_batches
+from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, GPU_OVERRIDES, RowBatch, row_batches
 from jaxplan.specs import load_gpu
 
 FIT_FIELDS = (
@@ -154,19 +154,22 @@ class FitData(NamedTuple):
     batches: tuple  # RowBatch per model (gpu_index refers to the fit's GPU list)
     ttft_s: tuple  # [N] measured per batch
     tpot_s: tuple
+    peaks: tuple  # per batch, a [N] array per GPU_OVERRIDES field: the spec value each row was measured on
 
 
 def fit_data(rows: list[dict], gpus: list[str]) -> FitData:
-    """Row batches whose gpu_index refers to `gpus` (the order of the parameter table)."""
+    """Row batches whose gpu_index refers to `gpus` (the order of the parameter table); rows measured on
+    a variant of a GPU (`predict.GPU_OVERRIDES` columns) keep their own spec values in `peaks`."""
     usable = [r for r in rows if r.get("measured_ttft_ms_mean") and r.get("measured_tpot_ms_mean")]
-    batches, ttft, tpot = [], [], []
+    batches, ttft, tpot, peaks = [], [], [], []
     for batch in row_batches(usable, "measurements"):
         names = [g.name for g in batch.gpus]
         index = np.array([gpus.index(names[i]) for i in batch.gpu_index], np.int32)
+        peaks.append(tuple(np.array([getattr(batch.gpus[i], field) for i in batch.gpu_index], np.float32) for field in GPU_OVERRIDES.values()))
         batches.append(batch._replace(gpu_index=index, gpus=tuple(load_gpu(g) for g in gpus)))
         ttft.append(np.array([usable[i]["measured_ttft_ms_mean"] for i in batch.row_ids], np.float32) * 1e-3)
         tpot.append(np.array([usable[i]["measured_tpot_ms_mean"] for i in batch.row_ids], np.float32) * 1e-3)
-    return FitData(tuple(batches), tuple(ttft), tuple(tpot))
+    return FitData(tuple(batches), tuple(ttft), tuple(tpot), tuple(peaks))
 
 
 def hardware_from_free(gpus: list[str], z) -> Hardware:
@@ -176,16 +179,18 @@ def hardware_from_free(gpus: list[str], z) -> Hardware:
     return table._replace(**fitted)
 
 
-def predict_batch(batch: RowBatch, hw_table: Hardware):
+def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple):
+    """Stage 4 for a fit batch: [G] `hw_table` gathered per row, with the rows' own spec values (`peaks`)."""
     hw = take(hw_table, jnp.asarray(batch.gpu_index))
+    hw = hw._replace(**{field: jnp.asarray(value) for field, value in zip(GPU_OVERRIDES.values(), peaks)})
     return estimate(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION)
 
 
 def log_errors(data: FitData, hw_table: Hardware):
     """Concatenated log(pred/measured) for TTFT and TPOT over all rows: ([N], [N])."""
     ttft_err, tpot_err = [], []
-    for batch, ttft, tpot in zip(data.batches, data.ttft_s, data.tpot_s):
-        est = predict_batch(batch, hw_table)
+    for batch, ttft, tpot, peaks in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks):
+        est = predict_batch(batch, hw_table, peaks)
         ttft_err.append(jnp.log(jnp.maximum(est.ttft_mean_s, 1e-6) / ttft))
         tpot_err.append(jnp.log(jnp.maximum(est.tpot_mean_s, 1e-6) / tpot))
     return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
@@ -194,13 +199,13 @@ def log_errors(data: FitData, hw_table: Hardware):
 def _split(data: FitData):
     """(static, arrays): the model shapes and GPUs per batch (hashable), and everything else."""
     static = tuple((b.model, b.gpus) for b in data.batches)
-    arrays = tuple((b.gpu_index, b.layout, b.workload, t, p) for b, t, p in zip(data.batches, data.ttft_s, data.tpot_s))
+    arrays = tuple((b.gpu_index, b.layout, b.workload, t, p, k) for b, t, p, k in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks))
     return static, arrays
 
 
 def _join(static, arrays) -> FitData:
-    batches = tuple(RowBatch(model, gpus, index, layout, workload, None) for (model, gpus), (index, layout, workload, _, _) in zip(static, arrays))
-    return FitData(batches, tuple(a[3] for a in arrays), tuple(a[4] for a in arrays))
+    batches = tuple(RowBatch(model, gpus, index, layout, workload, None) for (model, gpus), (index, layout, workload, *_) in zip(static, arrays))
+    return FitData(batches, tuple(a[3] for a in arrays), tuple(a[4] for a in arrays), tuple(a[5] for a in arrays))
 
 
 def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bool = False, steps: int = STEPS):

@@ -17,12 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxplan.errors import PlanError, bad_value
+from jaxplan.errors import bad_value
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams
 from jaxplan.specs import load_gpu, load_model
+from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.space import DTYPE_BYTES
 
 # vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
@@ -134,17 +135,21 @@ def _gpu_key(row: dict, where: str) -> tuple:
 
 
 def _row_gpu(key: tuple, where: str):
-    """The GpuSpec of a `_gpu_key`: the bundled spec with the row's overrides applied (checked by GpuSpec's
-    own ranges). Its `name` stays the bundled one, so it takes that GPU's fitted efficiencies."""
+    """The GpuSpec of a `_gpu_key`: the bundled spec with the row's overrides applied (within GpuSpec's
+    ranges). Its `name` stays the bundled one, so it takes that GPU's fitted efficiencies."""
     spec = load_gpu(key[0])
-    changes = {field: value for field, value in zip(GPU_OVERRIDES.values(), key[1:]) if value is not None}
+    changes = {}
+    for (column, field), value in zip(GPU_OVERRIDES.items(), key[1:]):
+        if value is None:
+            continue
+        low, high = SANE_RANGES[field]
+        if not low <= value <= high:
+            raise bad_value(column, value, f"must lie in [{low:g}, {high:g}] ({'bytes' if field == 'hbm_bytes' else 'bytes/s'})", where=where)
+        changes[field] = value
     if not changes:
         return spec
     label = ", ".join(f"{field} {value:.4g}" for field, value in changes.items())
-    try:
-        return dataclasses.replace(spec, display_name=f"{spec.display_name or spec.name} ({label})", **changes)
-    except PlanError as error:
-        raise PlanError(f"{where}: {error}") from None
+    return dataclasses.replace(spec, display_name=f"{spec.display_name or spec.name} ({label})", **changes)
 
 
 def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:

@@ -359,6 +359,20 @@ def test_vllm_bench_json_closed_loop_with_metadata(tmp_path):
     assert override["gpu"] == "h200_sxm" and override["tensor_parallel_size"] == 4
 
 
+def test_vllm_bench_json_gpu_variant_from_metadata(tmp_path):
+    # vllm bench serve --metadata gpu=a100_sxm gpu_hbm_bytes_override=42949672960 ... (an A100-SXM4-40GB)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(bench_record(gpu="a100_sxm", tp="8", gpu_hbm_bytes_override="42949672960", gpu_hbm_bandwidth_bytes_per_s_override="1.555e12")))
+    (row,) = serving.read_vllm_bench_json(path)
+    assert row["gpu_hbm_bytes_override"] == 40 * 1024**3 and row["gpu_hbm_bandwidth_bytes_per_s_override"] == 1.555e12
+    (row,) = serving.read_vllm_bench_json(path, gpu_hbm_bandwidth_bytes_per_s_override=2e12)
+    assert row["gpu_hbm_bandwidth_bytes_per_s_override"] == 2e12
+    path.write_text(json.dumps(bench_record(gpu="a100_sxm", tp="8", gpu_hbm_bytes_override="40GB")))
+    with pytest.raises(PlanError) as excinfo:
+        serving.read_vllm_bench_json(path)
+    one_line_plan_error(excinfo, "run.json", "gpu_hbm_bytes_override", "'40GB'")
+
+
 def test_vllm_bench_json_open_loop_and_append_file(tmp_path):
     path = tmp_path / "runs.jsonl"
     lines = [bench_record(request_rate=4.0, max_concurrency=None), bench_record(request_rate="inf", max_concurrency=None, burstiness=0.5)]

@@ -143,6 +143,10 @@ PREDICT_BASES = {
         ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency"],
         ["meta-llama/Llama-3.1-8B", "l40s", "1", "128", "128", "1"],
     ],
+    "variant": [
+        ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override"],
+        ["llama-3.1-8b", "a100_sxm", "1", "1000", "200", "8", "42949672960", "1.555e12"],
+    ],
 }
 MEASURED_BASE = [
     ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency", "request_rate", "num_prompts", "measured_ttft_ms_mean", "measured_tpot_ms_mean", "measured_output_tok_s", "backend", "dataset"],

@@ -61,8 +61,9 @@ def test_override_values_are_checked():
     message = str(excinfo.value)
     assert "\n" not in message and "gpu_hbm_bandwidth_bytes_per_s_override" in message and "'fast'" in message
     with pytest.raises(PlanError) as excinfo:
-        predict_rows([dict(ROW, gpu_hbm_bytes_override=1.0)])
-    assert "hbm_bytes" in str(excinfo.value) and "row 1" in str(excinfo.value)
+        predict_rows([ROW, dict(ROW, gpu_hbm_bytes_override=1.0)])
+    message = str(excinfo.value)
+    assert "\n" not in message and "row 2: gpu_hbm_bytes_override = 1.0: must lie in [1e+09, 1e+13] (bytes)" in message
 
 
 def test_the_fit_prices_rows_on_their_own_variant():
@@ -76,3 +77,20 @@ def test_the_fit_prices_rows_on_their_own_variant():
     expected = [np.log(p["tpot_ms_mean"] / 30.0) for p in predicted]
     assert np.asarray(tpot_err)[order] == pytest.approx(expected, abs=1e-4)
     assert expected[1] > expected[0] + 0.25
+
+
+def test_predict_cli_reads_the_override_columns(tmp_path):
+    from typer.testing import CliRunner
+
+    from jaxplan.cli import app
+
+    columns = ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency", "gpu_hbm_bandwidth_bytes_per_s_override"]
+    lines = [",".join(columns), "llama-3.1-70b,a100_sxm,8,256,128,1,", f"llama-3.1-70b,a100_sxm,8,256,128,1,{A100.hbm_bandwidth_bytes_per_s / 2:.6g}"]
+    (tmp_path / "in.csv").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["predict", str(tmp_path / "in.csv"), "-o", str(tmp_path / "out.csv"), "--method", "analytical"])
+    assert result.exit_code == 0, result.output
+    import csv
+
+    spec, slow = list(csv.DictReader(open(tmp_path / "out.csv")))
+    assert slow["gpu_hbm_bandwidth_bytes_per_s_override"] and not spec["gpu_hbm_bandwidth_bytes_per_s_override"]
+    assert 1.3 < float(slow["tpot_ms_mean"]) / float(spec["tpot_ms_mean"]) < 2.0

@@ -369,7 +369,10 @@ _JSON_KEYS = {
     "max_num_seqs": ("max_num_seqs",),
     "max_num_batched_tokens": ("max_num_batched_tokens",),
     "prefix_hit_rate": ("prefix_hit_rate",),
+    "gpu_hbm_bytes_override": ("gpu_hbm_bytes_override",),
+    "gpu_hbm_bandwidth_bytes_per_s_override": ("gpu_hbm_bandwidth_bytes_per_s_override",),
 }
+_FLOAT_KEYS = ("prefix_hit_rate", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override")
 _FIX = {
     "model": "pass model='llama-3.1-8b' (or an HF id) to read_vllm_bench_json",
     "gpu": "pass gpu='h100_sxm' to read_vllm_bench_json, or rerun vllm bench serve with --metadata gpu=h100_sxm",
@@ -422,6 +425,8 @@ def read_vllm_bench_json(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     prefix_hit_rate: float | None = None,
+    gpu_hbm_bytes_override: float | None = None,
+    gpu_hbm_bandwidth_bytes_per_s_override: float | None = None,
     backend: str = "vllm",
     dataset: str = "vllm_bench_serve",
 ) -> list[dict]:
@@ -432,7 +437,8 @@ def read_vllm_bench_json(
     total_output_tokens (isl/osl = totals / completed), mean_ttft_ms,
     mean_tpot_ms, output_throughput, and any `--metadata KEY=VALUE` config keys
     (gpu, tensor_parallel_size/tp, pipeline_parallel_size/pp, data_parallel_size/dp,
-    weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens, prefix_hit_rate).
+    weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens, prefix_hit_rate, and for a GPU that
+    differs from the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
     Keyword arguments override the file. The engine config (GPU, TP, ...) is not
     in the file unless passed as metadata: a missing one is a one-line PlanError
     naming the field and the fix.
@@ -444,6 +450,7 @@ def read_vllm_bench_json(
         "model": model, "gpu": gpu, "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
         "data_parallel_size": data_parallel_size, "weight_dtype": weight_dtype, "kv_cache_dtype": kv_cache_dtype,
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "prefix_hit_rate": prefix_hit_rate,
+        "gpu_hbm_bytes_override": gpu_hbm_bytes_override, "gpu_hbm_bandwidth_bytes_per_s_override": gpu_hbm_bandwidth_bytes_per_s_override,
     }
     records = _load_json_records(path)
     rows = []
@@ -458,10 +465,10 @@ def read_vllm_bench_json(
         for field in ("model", "gpu", "tensor_parallel_size"):
             if config[field] is None:
                 raise PlanError(f"{path}: {field} missing: {_FIX[field]}")
-        for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "prefix_hit_rate"):
+        for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", *_FLOAT_KEYS):
             if isinstance(config[field], str):  # --metadata values arrive as text
                 number = _number(config, field, path, where)
-                config[field] = int(number) if field != "prefix_hit_rate" and number.is_integer() else number
+                config[field] = int(number) if field not in _FLOAT_KEYS and number.is_integer() else number
         resolved = map_model(str(config["model"]))
         if resolved is None and not str(config["model"]).endswith((".json", ".toml")):
             raise PlanError(f"{path}: model {short_repr(config['model'])} is not a bundled model or known HF id: {_FIX['model']}")

@@ -305,6 +305,8 @@ def test_a100_runs_after_a_servers_first_see_their_prompts_cached():
     later = [r for r in rows if r["request_rate"] != 1.0]
     # the same 200 prompts in every run: 42,659 tokens, of which whole blocks before the last token
     assert len(later) == 12 and {round(r["prefix_hit_rate"], 4) for r in later} == {0.9605}
+    tp8_burst = next(r for r in rows if r["source_id"] == "01_tp8_pp1:qpsinf")  # serving_summary.csv
+    assert tp8_burst["measured_ttft_ms_p99"] == pytest.approx(450.3786364301777) and tp8_burst["measured_tpot_ms_p99"] == pytest.approx(75.76524432244929)
     assert all("prompts cached" in r["notes"] for r in later)
 
 
@@ -355,6 +357,12 @@ def test_vllm_bench_json_closed_loop_with_metadata(tmp_path):
     assert row["concurrency"] == 32 and row["request_rate"] is None and row["num_prompts"] == 320
     assert (row["isl"], row["osl"]) == (1024.0, 256.0) and row["kv_cache_dtype"] == "fp8"
     assert row["measured_tpot_ms_mean"] == 22.5 and row["measured_output_tok_s_derived"] is False
+    assert row["measured_ttft_ms_p99"] == 300.0 and row["measured_tpot_ms_p99"] == 25.0
+    record = bench_record(gpu="h100_sxm", tp=1)
+    del record["p99_ttft_ms"], record["p99_tpot_ms"]  # --percentile-metrics without them
+    path.write_text(json.dumps(record))
+    (row,) = serving.read_vllm_bench_json(path)
+    assert row["measured_ttft_ms_p99"] is None and row["measured_tpot_ms_p99"] is None
     (override,) = serving.read_vllm_bench_json(path, gpu="h200_sxm", tensor_parallel_size=4)
     assert override["gpu"] == "h200_sxm" and override["tensor_parallel_size"] == 4
 

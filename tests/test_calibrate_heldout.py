@@ -86,6 +86,10 @@ def test_shipped_report_holds_the_documented_a100_numbers():
     assert analytical["ttft_mape"] == pytest.approx(0.34, abs=0.01) and replay["ttft_mape"] == pytest.approx(0.29, abs=0.01)
     assert analytical["tpot_mape"] == pytest.approx(0.38, abs=0.01) and replay["tpot_mape"] == pytest.approx(0.39, abs=0.01)
     assert analytical["throughput_spearman"] >= 0.89 and replay["throughput_spearman"] >= 0.96
+    # p99 (measured on these rows only): TTFT 47% / 50%, TPOT 54% / 54%, every row scored
+    assert analytical["ttft_p99_rows"] == replay["tpot_p99_rows"] == 16
+    assert analytical["ttft_p99_mape"] == pytest.approx(0.47, abs=0.01) and replay["ttft_p99_mape"] == pytest.approx(0.50, abs=0.01)
+    assert analytical["tpot_p99_mape"] == pytest.approx(0.54, abs=0.01) and replay["tpot_p99_mape"] == pytest.approx(0.54, abs=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +140,13 @@ def test_rows_without_a_prediction_are_counted_not_scored():
     row = {"measured_ttft_ms_mean": 2.0, "measured_tpot_ms_mean": 1.0, "tpot_ms_mean": 1.0}
     out = _accuracy([dict(row, ttft_ms_mean=None), dict(row, ttft_ms_mean=1.0)])
     assert out["rows"] == 2 and out["not_predicted"] == 1 and out["ttft_mape"] == 0.5
+    assert "ttft_p99_mape" not in out  # no measured p99: not scored
+
+
+def test_p99_is_scored_where_measured():
+    from jaxplan.calibrate.run import _accuracy
+
+    row = {"measured_ttft_ms_mean": 2.0, "measured_tpot_ms_mean": 1.0, "ttft_ms_mean": 2.0, "tpot_ms_mean": 1.0, "ttft_ms_p99": 300.0, "tpot_ms_p99": 3.0}
+    out = _accuracy([dict(row, measured_ttft_ms_p99=200.0, measured_tpot_ms_p99=4.0), dict(row, measured_ttft_ms_p99=None)])
+    assert out["ttft_p99_mape"] == 0.5 and out["ttft_p99_rows"] == 1
+    assert out["tpot_p99_mape"] == 0.25 and out["tpot_p99_rows"] == 1 and out["ttft_mape"] == 0.0

@@ -26,6 +26,7 @@ Column meanings:
                              set when the measured GPU differs from the jaxplan GPU spec (e.g. A100 40GB)
   measured_ttft_ms_mean, measured_tpot_ms_mean, measured_output_tok_s
   measured_output_tok_s_derived   true when throughput was computed from TTFT/TPOT, not measured
+  measured_ttft_ms_p99, measured_tpot_ms_p99   99th percentiles over the run's requests, when reported
   dataset, backend (vllm | sglang | trtllm), source_id, notes
 """
 
@@ -62,7 +63,10 @@ INPUT_COLUMNS = (
     "gpu_hbm_bytes_override",
     "gpu_hbm_bandwidth_bytes_per_s_override",
 )
-MEASURED_COLUMNS = ("measured_ttft_ms_mean", "measured_tpot_ms_mean", "measured_output_tok_s", "measured_output_tok_s_derived")
+MEASURED_COLUMNS = (
+    "measured_ttft_ms_mean", "measured_tpot_ms_mean", "measured_output_tok_s", "measured_output_tok_s_derived",
+    "measured_ttft_ms_p99", "measured_tpot_ms_p99",
+)
 PROVENANCE_COLUMNS = ("dataset", "backend", "source_id", "notes")
 COLUMNS = INPUT_COLUMNS + MEASURED_COLUMNS + PROVENANCE_COLUMNS
 REQUIRED_COLUMNS = ("model", "gpu", "tensor_parallel_size", "isl", "osl")
@@ -89,6 +93,8 @@ FLOAT_RANGES = {
     "gpu_hbm_bandwidth_bytes_per_s_override": (1e10, 1e14, "HBM bandwidth in bytes/s (e.g. 1.555e12)"),
     "measured_ttft_ms_mean": (1e-3, 1e8, "a positive time in ms"),
     "measured_tpot_ms_mean": (1e-3, 1e6, "a positive time in ms"),
+    "measured_ttft_ms_p99": (1e-3, 1e8, "a positive time in ms"),
+    "measured_tpot_ms_p99": (1e-3, 1e6, "a positive time in ms"),
     "measured_output_tok_s": (1e-6, 1e9, "a positive output tokens/s"),
 }
 INT_MAX = 10_000_000

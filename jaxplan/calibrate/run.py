@@ -163,10 +163,12 @@ def _accuracy(predicted: list[dict]) -> dict:
     missing = sum(1 for p in predicted if p.get("ttft_ms_mean") is None or p.get("tpot_ms_mean") is None)
     if missing:
         out["not_predicted"] = missing
-    for key, measured_key in (("ttft", "measured_ttft_ms_mean"), ("tpot", "measured_tpot_ms_mean")):
-        pairs = [(p[f"{key}_ms_mean"], p[measured_key]) for p in predicted if p.get(measured_key) and p.get(f"{key}_ms_mean") is not None]
+    for key, column in (("ttft", "ttft_ms_mean"), ("tpot", "tpot_ms_mean"), ("ttft_p99", "ttft_ms_p99"), ("tpot_p99", "tpot_ms_p99")):
+        pairs = [(p[column], p[f"measured_{column}"]) for p in predicted if p.get(f"measured_{column}") and p.get(column) is not None]
         if pairs:
             out[f"{key}_mape"] = mape(*zip(*pairs))
+            if key.endswith("_p99"):
+                out[f"{key}_rows"] = len(pairs)
     pairs = [(p["output_tok_s"], p["measured_output_tok_s"]) for p in predicted if p.get("measured_output_tok_s") and p.get("output_tok_s") is not None]
     if len(pairs) >= 3:
         out["throughput_mape"] = mape(*zip(*pairs))

@@ -304,6 +304,7 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
                 request_rate=rate, num_prompts=int(raw["num_prompts"]), prefix_hit_rate=hit,
                 gpu_hbm_bytes_override=A100_40GB_HBM_BYTES, gpu_hbm_bandwidth_bytes_per_s_override=A100_40GB_HBM_BANDWIDTH_BYTES_PER_S,
                 measured_ttft_ms_mean=float(raw["mean_ttft_ms"]), measured_tpot_ms_mean=float(raw["mean_tpot_ms"]),
+                measured_ttft_ms_p99=float(raw["p99_ttft_ms"]), measured_tpot_ms_p99=float(raw["p99_tpot_ms"]),
                 measured_output_tok_s=float(raw["output_throughput_tok_s"]),
                 dataset=VLLM_A100, backend="vllm", source_id=f"{raw['run_dir']}:qps{raw['request_rate_qps']}",
                 notes=f"A100-SXM4-40GB (not the 80 GB a100_sxm: use the override columns); vLLM {raw['vllm_version'].split()[0]}; "
@@ -435,7 +436,7 @@ def read_vllm_bench_json(
     Read from the file: model_id, num_prompts, request_rate ('inf' or req/s),
     max_concurrency, burstiness, completed, failed, total_input_tokens,
     total_output_tokens (isl/osl = totals / completed), mean_ttft_ms,
-    mean_tpot_ms, output_throughput, and any `--metadata KEY=VALUE` config keys
+    mean_tpot_ms, output_throughput, p99_ttft_ms and p99_tpot_ms when present, and any `--metadata KEY=VALUE` config keys
     (gpu, tensor_parallel_size/tp, pipeline_parallel_size/pp, data_parallel_size/dp,
     weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens, prefix_hit_rate, and for a GPU that
     differs from the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
@@ -492,7 +493,7 @@ def read_vllm_bench_json(
                 raise PlanError(f"{path}: {where}: field {key} = {short_repr(value)} is not a count; give a finite number >= 0 (max_concurrency: null for no limit)")
         if failed:
             notes.append(f"{int(failed)} failed requests")
-        ttft, tpot, tput = (_number(record, k, path, where) for k in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput"))
+        ttft, tpot, tput, ttft_p99, tpot_p99 = (_number(record, k, path, where) for k in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput", "p99_ttft_ms", "p99_tpot_ms"))
         row = dict(
             config,
             isl=totals["total_input_tokens"] / completed,
@@ -503,6 +504,8 @@ def read_vllm_bench_json(
             measured_ttft_ms_mean=ttft or None,
             measured_tpot_ms_mean=tpot or None,
             measured_output_tok_s=tput or None,
+            measured_ttft_ms_p99=ttft_p99 or None,
+            measured_tpot_ms_p99=tpot_p99 or None,
             dataset=dataset,
             backend=backend,
             source_id=f"{path.name}#{index}",

@@ -21,10 +21,11 @@ from jaxplan.errors import bad_value
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
 from jaxplan.physics.steady_state import estimate
-from jaxplan.physics.traffic import WorkloadParams
+from jaxplan.physics.traffic import WorkloadParams, workload_params
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.space import DTYPE_BYTES
+from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 
 # vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
 DEFAULT_MAX_NUM_SEQS = 1024
@@ -60,6 +61,22 @@ def _number(row: dict, field: str, default=None, *, where: str) -> float:
     return number
 
 
+def _length_shape(row: dict, where: str) -> dict:
+    """The row's length distributions as Workload fields (blank = fixed lengths), validated."""
+    shape = {}
+    for side in ("isl", "osl"):
+        name = str(row.get(f"{side}_distribution") or "fixed").strip().lower()
+        try:
+            distribution = LengthDistribution(name)
+        except ValueError:
+            raise bad_value(f"{side}_distribution", row.get(f"{side}_distribution"), f"use one of {', '.join(d.value for d in LengthDistribution)} (blank = fixed)", where=where) from None
+        spread = _number(row, f"{side}_spread", 0.0, where=where)
+        if spread > 5:
+            raise bad_value(f"{side}_spread", row.get(f"{side}_spread"), "must be in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)", where=where)
+        shape[f"{side}_distribution"], shape[f"{side}_spread"] = distribution, spread
+    return shape
+
+
 def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
     fields = {name: [] for name in WorkloadParams._fields}
     for row, where in zip(rows, wheres):
@@ -82,10 +99,11 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
         hit = _number(row, "prefix_hit_rate", 0.0, where=where)
         if hit >= 1:
             raise bad_value("prefix_hit_rate", hit, "must be in [0, 1)", where=where)
+        shape = workload_params(Workload(name="row", isl_mean_tokens=isl, osl_mean_tokens=osl, **_length_shape(row, where)))
         values = dict(
             isl_tokens=isl, osl_tokens=osl, prefix_hit_rate=hit, request_rate_per_s=rate_value, concurrency=conc,
-            arrival_code=code, max_context_factor=1.0, length_cv=0.0, ttft_slo_s=math.inf, tpot_slo_s=math.inf,
-            target_output_tokens_per_s=0.0,
+            arrival_code=code, max_context_factor=float(shape.max_context_factor), length_cv=float(shape.length_cv),
+            ttft_slo_s=math.inf, tpot_slo_s=math.inf, target_output_tokens_per_s=0.0,
         )
         for name, value in values.items():
             fields[name].append(value)
@@ -212,14 +230,14 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
 
 
 
-def _row_workload(batch: RowBatch, k: int, num_requests: int | None, num_prompts=None):
-    """The replay's Workload for row k of a batch (fixed lengths, the row's arrival process).
+def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
+    """The replay's Workload for row k of a batch, which is `row`: its lengths (mean and distribution)
+    and arrival process.
 
     Requests: `num_requests` if given, else the row's num_prompts, else DEFAULT_NUM_PROMPTS
     (at least the concurrency of a closed loop)."""
-    from jaxplan.specs.workload import Arrival, Workload
-
     w = jax.device_get(batch.workload)
+    num_prompts = row.get("num_prompts")
     code = int(w.arrival_code[k])
     arrival = {0: Arrival.POISSON, 1: Arrival.BURST, 2: Arrival.CLOSED}[code]
     given = num_prompts not in (None, "") and math.isfinite(float(num_prompts)) and float(num_prompts) >= 1
@@ -231,6 +249,7 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, num_prompts
         concurrency=int(w.concurrency[k]) if code == 2 else 0,
         num_requests=max(count, int(w.concurrency[k]) if code == 2 else 1),
         prefix_hit_rate=float(w.prefix_hit_rate[k]),
+        **_length_shape(row, f"row {int(batch.row_ids[k]) + 1}"),
     )
 
 
@@ -258,7 +277,7 @@ def replay_predict_rows(
             if blocks[k] < 1:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, status="does not fit: no KV cache left next to the weights; raise TP/PP or use FP8")
                 continue
-            workload = _row_workload(batch, k, num_requests, rows[i].get("num_prompts"))
+            workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
             config = replay_config(layout, blocks[k : k + 1], routing=routing)

@@ -305,6 +305,9 @@ def test_a100_runs_after_a_servers_first_see_their_prompts_cached():
     later = [r for r in rows if r["request_rate"] != 1.0]
     # the same 200 prompts in every run: 42,659 tokens, of which whole blocks before the last token
     assert len(later) == 12 and {round(r["prefix_hit_rate"], 4) for r in later} == {0.9605}
+    for row in rows:  # ShareGPT lengths: lognormal with the run's coefficients of variation (~1.10 and ~0.98)
+        assert row["isl_distribution"] == row["osl_distribution"] == "lognormal"
+        assert row["isl_spread"] == pytest.approx(1.0998, abs=1e-3) and 0.97 < row["osl_spread"] < 1.0
     tp8_burst = next(r for r in rows if r["source_id"] == "01_tp8_pp1:qpsinf")  # serving_summary.csv
     assert tp8_burst["measured_ttft_ms_p99"] == pytest.approx(450.3786364301777) and tp8_burst["measured_tpot_ms_p99"] == pytest.approx(75.76524432244929)
     assert all("prompts cached" in r["notes"] for r in later)
@@ -363,6 +366,19 @@ def test_vllm_bench_json_closed_loop_with_metadata(tmp_path):
     path.write_text(json.dumps(record))
     (row,) = serving.read_vllm_bench_json(path)
     assert row["measured_ttft_ms_p99"] is None and row["measured_tpot_ms_p99"] is None
+    assert row["isl_distribution"] is None and row["osl_spread"] is None  # no per-request lengths: fixed
+
+
+def test_vllm_bench_json_detailed_lengths_give_lognormal_spreads(tmp_path):
+    rng = np.random.default_rng(0)
+    inputs, outputs = rng.integers(10, 2000, 320).tolist(), rng.integers(1, 500, 320).tolist()
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(bench_record(gpu="h100_sxm", tp=1, input_lens=inputs, output_lens=outputs)))
+    (row,) = serving.read_vllm_bench_json(path)
+    assert row["isl_distribution"] == row["osl_distribution"] == "lognormal"
+    assert row["isl_spread"] == pytest.approx(np.std(inputs) / np.mean(inputs)) and row["osl_spread"] == pytest.approx(np.std(outputs) / np.mean(outputs))
+    (row,) = serving.read_vllm_bench_json(path, osl_distribution="uniform", osl_spread=0.5)
+    assert (row["osl_distribution"], row["osl_spread"]) == ("uniform", 0.5) and row["isl_distribution"] == "lognormal"
     (override,) = serving.read_vllm_bench_json(path, gpu="h200_sxm", tensor_parallel_size=4)
     assert override["gpu"] == "h200_sxm" and override["tensor_parallel_size"] == 4
 

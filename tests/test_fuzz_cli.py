@@ -144,8 +144,8 @@ PREDICT_BASES = {
         ["meta-llama/Llama-3.1-8B", "l40s", "1", "128", "128", "1"],
     ],
     "variant": [
-        ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override"],
-        ["llama-3.1-8b", "a100_sxm", "1", "1000", "200", "8", "42949672960", "1.555e12"],
+        ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override", "isl_distribution", "isl_spread", "osl_distribution", "osl_spread"],
+        ["llama-3.1-8b", "a100_sxm", "1", "1000", "200", "8", "42949672960", "1.555e12", "lognormal", "1.1", "uniform", "0.5"],
     ],
 }
 MEASURED_BASE = [

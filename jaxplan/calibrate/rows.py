@@ -22,6 +22,9 @@ Column meanings:
   num_prompts                requests in the run (required for request_rate = inf)
   max_num_seqs, max_num_batched_tokens   engine batching limits when known
   prefix_hit_rate            fraction of prompt tokens served from prefix cache, [0, 1)
+  isl_distribution, isl_spread, osl_distribution, osl_spread
+                             length distributions as in a workload file: fixed (blank) | uniform (mean +- spread x mean)
+                             | lognormal (spread = coefficient of variation), spread in [0, 5]
   gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override
                              set when the measured GPU differs from the jaxplan GPU spec (e.g. A100 40GB)
   measured_ttft_ms_mean, measured_tpot_ms_mean, measured_output_tok_s
@@ -60,6 +63,10 @@ INPUT_COLUMNS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "prefix_hit_rate",
+    "isl_distribution",
+    "isl_spread",
+    "osl_distribution",
+    "osl_spread",
     "gpu_hbm_bytes_override",
     "gpu_hbm_bandwidth_bytes_per_s_override",
 )
@@ -80,7 +87,8 @@ DEFAULTS: dict[str, Any] = {
     "prefix_hit_rate": 0.0,
     "measured_output_tok_s_derived": False,
 }
-STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "dataset", "backend", "source_id", "notes"})
+STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "dataset", "backend", "source_id", "notes"})
+LENGTH_DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
 INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens"})
 BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived"})
 # float column -> (low, high, fix); request_rate may also be inf.
@@ -89,6 +97,8 @@ FLOAT_RANGES = {
     "osl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
     "request_rate": (1e-6, 1e9, "requests/s > 0, or inf for all-at-once"),
     "prefix_hit_rate": (0.0, 0.999999, "a fraction in [0, 1)"),
+    "isl_spread": (0.0, 5.0, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
+    "osl_spread": (0.0, 5.0, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
     "gpu_hbm_bytes_override": (1e9, 1e13, "HBM capacity in BYTES (e.g. 42949672960 for 40 GiB)"),
     "gpu_hbm_bandwidth_bytes_per_s_override": (1e10, 1e14, "HBM bandwidth in bytes/s (e.g. 1.555e12)"),
     "measured_ttft_ms_mean": (1e-3, 1e8, "a positive time in ms"),
@@ -162,6 +172,9 @@ def check_row(row: dict, where: str) -> dict:
         raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (fp4/int4 are not modeled)", where=where)
     if row["kv_cache_dtype"] not in KV_CACHE_DTYPES:
         raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
+    for column in ("isl_distribution", "osl_distribution"):
+        if row[column] not in (None, "", *LENGTH_DISTRIBUTIONS):
+            raise bad_value(column, row[column], f"use one of {', '.join(LENGTH_DISTRIBUTIONS)} (blank = fixed)", where=where)
     if row["backend"] not in (None, "", *BACKENDS):
         raise bad_value("backend", row["backend"], f"use one of {', '.join(BACKENDS)} or leave empty", where=where)
     if row["concurrency"] is None and row["request_rate"] is None:

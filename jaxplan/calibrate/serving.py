@@ -97,6 +97,17 @@ A100_40GB_HBM_BANDWIDTH_BYTES_PER_S = 1.555e12
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default KV block: the prefix cache hits whole blocks
 
 
+def _positive_counts(values) -> bool:
+    return isinstance(values, list) and len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 1 for v in values)
+
+
+def coefficient_of_variation(lengths: list[int]) -> float:
+    """Standard deviation over mean of a run's per-request token counts (population form)."""
+    values = [float(n) for n in lengths]
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean
+
+
 def cached_prompt_fraction(input_lens: list[int], block_tokens: int = PREFIX_BLOCK_TOKENS) -> float:
     """Fraction of the prompt tokens vLLM's prefix cache serves when every prompt was seen before: the
     whole blocks before each prompt's last token (which is always recomputed), over all prompt tokens."""
@@ -294,7 +305,8 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
         rate = math.inf if raw["request_rate_qps"].strip().lower() == "inf" else float(raw["request_rate_qps"])
         network = "1 node" if raw["num_nodes"] == "1" else f"{raw['num_nodes']} nodes, InfiniBand between nodes: {raw['infiniband_between_nodes']}"
         repeated = raw["date"] != first_run[raw["run_dir"], raw["model"]]
-        hit = cached_prompt_fraction(json.loads(require_file(root / "vllm_a100_tp_vs_pp" / raw["raw_file"]).read_text())["input_lens"]) if repeated else 0.0
+        detail = json.loads(require_file(root / "vllm_a100_tp_vs_pp" / raw["raw_file"]).read_text())
+        hit = cached_prompt_fraction(detail["input_lens"]) if repeated else 0.0
         cache_note = f"prompts cached by the same server's earlier runs (prefix_hit_rate {hit:.3f})" if repeated else "first run of this server: prompts not cached"
         rows.append(
             make_row(
@@ -302,13 +314,15 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
                 weight_dtype="bf16", kv_cache_dtype="auto",
                 isl=float(raw["total_input_tokens"]) / completed, osl=float(raw["total_output_tokens"]) / completed,
                 request_rate=rate, num_prompts=int(raw["num_prompts"]), prefix_hit_rate=hit,
+                isl_distribution="lognormal", isl_spread=coefficient_of_variation(detail["input_lens"]),
+                osl_distribution="lognormal", osl_spread=coefficient_of_variation(detail["output_lens"]),
                 gpu_hbm_bytes_override=A100_40GB_HBM_BYTES, gpu_hbm_bandwidth_bytes_per_s_override=A100_40GB_HBM_BANDWIDTH_BYTES_PER_S,
                 measured_ttft_ms_mean=float(raw["mean_ttft_ms"]), measured_tpot_ms_mean=float(raw["mean_tpot_ms"]),
                 measured_ttft_ms_p99=float(raw["p99_ttft_ms"]), measured_tpot_ms_p99=float(raw["p99_tpot_ms"]),
                 measured_output_tok_s=float(raw["output_throughput_tok_s"]),
                 dataset=VLLM_A100, backend="vllm", source_id=f"{raw['run_dir']}:qps{raw['request_rate_qps']}",
                 notes=f"A100-SXM4-40GB (not the 80 GB a100_sxm: use the override columns); vLLM {raw['vllm_version'].split()[0]}; "
-                f"ShareGPT, variable lengths (isl/osl are means); Poisson arrivals; {network}; dtype not pinned (bf16 assumed); {cache_note}",
+                f"ShareGPT, variable lengths (isl/osl are means; lognormal with the run's coefficients of variation); Poisson arrivals; {network}; dtype not pinned (bf16 assumed); {cache_note}",
             )
         )
     return tuple(rows), tuple(sorted(dropped.items()))
@@ -370,10 +384,14 @@ _JSON_KEYS = {
     "max_num_seqs": ("max_num_seqs",),
     "max_num_batched_tokens": ("max_num_batched_tokens",),
     "prefix_hit_rate": ("prefix_hit_rate",),
+    "isl_distribution": ("isl_distribution",),
+    "isl_spread": ("isl_spread",),
+    "osl_distribution": ("osl_distribution",),
+    "osl_spread": ("osl_spread",),
     "gpu_hbm_bytes_override": ("gpu_hbm_bytes_override",),
     "gpu_hbm_bandwidth_bytes_per_s_override": ("gpu_hbm_bandwidth_bytes_per_s_override",),
 }
-_FLOAT_KEYS = ("prefix_hit_rate", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override")
+_FLOAT_KEYS = ("prefix_hit_rate", "isl_spread", "osl_spread", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override")
 _FIX = {
     "model": "pass model='llama-3.1-8b' (or an HF id) to read_vllm_bench_json",
     "gpu": "pass gpu='h100_sxm' to read_vllm_bench_json, or rerun vllm bench serve with --metadata gpu=h100_sxm",
@@ -426,6 +444,10 @@ def read_vllm_bench_json(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     prefix_hit_rate: float | None = None,
+    isl_distribution: str | None = None,
+    isl_spread: float | None = None,
+    osl_distribution: str | None = None,
+    osl_spread: float | None = None,
     gpu_hbm_bytes_override: float | None = None,
     gpu_hbm_bandwidth_bytes_per_s_override: float | None = None,
     backend: str = "vllm",
@@ -436,7 +458,9 @@ def read_vllm_bench_json(
     Read from the file: model_id, num_prompts, request_rate ('inf' or req/s),
     max_concurrency, burstiness, completed, failed, total_input_tokens,
     total_output_tokens (isl/osl = totals / completed), mean_ttft_ms,
-    mean_tpot_ms, output_throughput, p99_ttft_ms and p99_tpot_ms when present, and any `--metadata KEY=VALUE` config keys
+    mean_tpot_ms, output_throughput, p99_ttft_ms and p99_tpot_ms when present, the per-request
+    input_lens / output_lens of a --save-detailed file (-> lognormal lengths with their coefficient of
+    variation, unless the length columns are given), and any `--metadata KEY=VALUE` config keys
     (gpu, tensor_parallel_size/tp, pipeline_parallel_size/pp, data_parallel_size/dp,
     weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens, prefix_hit_rate, and for a GPU that
     differs from the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
@@ -452,6 +476,7 @@ def read_vllm_bench_json(
         "data_parallel_size": data_parallel_size, "weight_dtype": weight_dtype, "kv_cache_dtype": kv_cache_dtype,
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "prefix_hit_rate": prefix_hit_rate,
         "gpu_hbm_bytes_override": gpu_hbm_bytes_override, "gpu_hbm_bandwidth_bytes_per_s_override": gpu_hbm_bandwidth_bytes_per_s_override,
+        "isl_distribution": isl_distribution, "isl_spread": isl_spread, "osl_distribution": osl_distribution, "osl_spread": osl_spread,
     }
     records = _load_json_records(path)
     rows = []
@@ -466,6 +491,10 @@ def read_vllm_bench_json(
         for field in ("model", "gpu", "tensor_parallel_size"):
             if config[field] is None:
                 raise PlanError(f"{path}: {field} missing: {_FIX[field]}")
+        for side in ("isl", "osl"):  # --save-detailed files list every request's lengths
+            lengths = record.get("input_lens" if side == "isl" else "output_lens")
+            if config[f"{side}_distribution"] is None and config[f"{side}_spread"] is None and _positive_counts(lengths):
+                config[f"{side}_distribution"], config[f"{side}_spread"] = "lognormal", coefficient_of_variation(lengths)
         for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", *_FLOAT_KEYS):
             if isinstance(config[field], str):  # --metadata values arrive as text
                 number = _number(config, field, path, where)

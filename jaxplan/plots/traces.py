@@ -39,7 +39,7 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
             step(f"replaying row {int(i) + 1} for its timeline")
             if blocks[k] < 1:
                 continue
-            workload = _row_workload(batch, k, num_requests)
+            workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree, k=k: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             config = replay_config(pick(batch.layout), blocks[k : k + 1])
             trace = simulate_trace(config, sample_requests(workload, None, seed), workload, physics_step_fn(batch.model), (pick(hw_all), pick(batch.layout)))

@@ -21,7 +21,7 @@ from jaxplan.errors import bad_value
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
 from jaxplan.physics.steady_state import estimate
-from jaxplan.physics.traffic import WorkloadParams, workload_params
+from jaxplan.physics.traffic import WorkloadParams, length_shape
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.space import DTYPE_BYTES
@@ -99,10 +99,10 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
         hit = _number(row, "prefix_hit_rate", 0.0, where=where)
         if hit >= 1:
             raise bad_value("prefix_hit_rate", hit, "must be in [0, 1)", where=where)
-        shape = workload_params(Workload(name="row", isl_mean_tokens=isl, osl_mean_tokens=osl, **_length_shape(row, where)))
+        max_context_factor, length_cv = length_shape(Workload(name="row", isl_mean_tokens=isl, osl_mean_tokens=osl, **_length_shape(row, where)))
         values = dict(
             isl_tokens=isl, osl_tokens=osl, prefix_hit_rate=hit, request_rate_per_s=rate_value, concurrency=conc,
-            arrival_code=code, max_context_factor=float(shape.max_context_factor), length_cv=float(shape.length_cv),
+            arrival_code=code, max_context_factor=max_context_factor, length_cv=length_cv,
             ttft_slo_s=math.inf, tpot_slo_s=math.inf, target_output_tokens_per_s=0.0,
         )
         for name, value in values.items():

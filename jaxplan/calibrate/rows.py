@@ -46,6 +46,7 @@ import numpy as np
 from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
+from jaxplan.specs.workload import LengthDistribution
 
 INPUT_COLUMNS = (
     "model",
@@ -88,7 +89,7 @@ DEFAULTS: dict[str, Any] = {
     "measured_output_tok_s_derived": False,
 }
 STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "dataset", "backend", "source_id", "notes"})
-LENGTH_DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
+LENGTH_DISTRIBUTIONS = tuple(d.value for d in LengthDistribution)
 INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens"})
 BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived"})
 # float column -> (low, high, fix); request_rate may also be inf.

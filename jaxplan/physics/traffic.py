@@ -47,10 +47,16 @@ def _cv(distribution: LengthDistribution, spread: float) -> float:
     return 0.0
 
 
-def workload_params(w: Workload, **overrides) -> WorkloadParams:
-    """The Workload's continuous parameters; keyword overrides replace fields (e.g. for scenarios)."""
+def length_shape(w: Workload) -> tuple[float, float]:
+    """(max_context_factor, length_cv) of the Workload's length distributions, plain floats."""
     isl_max = w.isl_mean_tokens * _p99_factor(w.isl_distribution, w.isl_spread)
     osl_max = w.osl_mean_tokens * _p99_factor(w.osl_distribution, w.osl_spread)
+    return (isl_max + osl_max) / (w.isl_mean_tokens + w.osl_mean_tokens), _cv(w.osl_distribution, w.osl_spread)
+
+
+def workload_params(w: Workload, **overrides) -> WorkloadParams:
+    """The Workload's continuous parameters; keyword overrides replace fields (e.g. for scenarios)."""
+    max_context_factor, length_cv = length_shape(w)
     concurrency = {Arrival.CLOSED: w.concurrency, Arrival.BURST: w.num_requests}.get(w.arrival, 0)
     values = dict(
         isl_tokens=w.isl_mean_tokens,
@@ -59,8 +65,8 @@ def workload_params(w: Workload, **overrides) -> WorkloadParams:
         request_rate_per_s=w.request_rate_per_s if w.arrival == Arrival.POISSON else 0.0,
         concurrency=concurrency,
         arrival_code=ARRIVAL_CODES[w.arrival],
-        max_context_factor=(isl_max + osl_max) / (w.isl_mean_tokens + w.osl_mean_tokens),
-        length_cv=_cv(w.osl_distribution, w.osl_spread),
+        max_context_factor=max_context_factor,
+        length_cv=length_cv,
         ttft_slo_s=w.ttft_slo_s,
         tpot_slo_s=w.tpot_slo_s,
         target_output_tokens_per_s=w.target_output_tokens_per_s,

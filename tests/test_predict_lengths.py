@@ -1,7 +1,8 @@
 """Length distributions in predict rows (`isl_distribution`, `isl_spread`, `osl_distribution`,
 `osl_spread`, as in a workload file): the replay samples them, stage 4 takes their p99 context and
-output-length spread. Before 2026-12-01 every predict row had fixed lengths, and a 200-request
-ShareGPT run (lengths' coefficient of variation ~1) was predicted at 1.4-1.9x its measured throughput."""
+output-length spread. Before 2026-12-01 every predict row had fixed lengths, and the 200-request
+ShareGPT runs (lengths' coefficient of variation ~1) were replayed at up to 5.6x their measured
+throughput (MAPE 142%; 16% with their lognormal lengths)."""
 
 import numpy as np
 import pytest

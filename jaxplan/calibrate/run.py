@@ -73,6 +73,20 @@ def _usable(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("measured_ttft_ms_mean") and r.get("measured_tpot_ms_mean")]
 
 
+def evaluated_rows(rows: list[dict]) -> list[dict]:
+    """The fit backend's rows with TTFT and TPOT measured: those the report scores as vLLM rows."""
+    return _usable([r for r in rows if r.get("backend") == FIT_BACKEND])
+
+
+def not_fitted_groups(evaluated: list[dict]) -> dict[str, list[dict]]:
+    """`evaluated` rows that are `fit_excluded`, grouped by campaign, keyed "gpu/dataset/model" (sorted)."""
+    groups: dict[str, list[dict]] = {}
+    for r in evaluated:
+        if fit_excluded(r):
+            groups.setdefault("/".join((r["gpu"], r["dataset"], r["model"])), []).append(r)
+    return dict(sorted(groups.items()))
+
+
 def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float]) -> dict[str, float]:
     """Parameters of a GPU whose serving rows were not fitted: its kernel priors for KERNEL_FIELDS,
     `fitted` (a serving fit on other GPUs) for the other fitted fields."""
@@ -182,9 +196,8 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     gpus = known("gpus")
     priors = {g: fit.kernel_priors(g, data_root) for g in gpus}
     log(f"kernel priors for {len(gpus)} GPUs in {time.perf_counter() - t0:.1f} s")
-    evaluated = _usable([r for r in rows if r.get("backend") == FIT_BACKEND])
+    evaluated = evaluated_rows(rows)
     fit_rows = [r for r in evaluated if not fit_excluded(r)]
-    excluded = [r for r in evaluated if fit_excluded(r)]
     train = trained_rows(fit_rows, priors)
     fitted_gpus = sorted({r["gpu"] for r in train})
     params = {g: dict(priors[g]) for g in gpus}
@@ -210,9 +223,8 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             if g not in fitted_gpus:
                 params[g] = unfitted_gpu_params(priors[g], shared)
         report["in_sample"] = {g: accuracy([r for r in fit_rows if r["gpu"] == g], params) for g in fitted_gpus}
-        for key in sorted({(r["gpu"], r["dataset"], r["model"]) for r in excluded}):
-            group = [r for r in excluded if (r["gpu"], r["dataset"], r["model"]) == key]
-            report["not_fitted"]["/".join(key)] = {"reason": fit_excluded(group[0]), **accuracy(group, params)}
+        for key, group in not_fitted_groups(evaluated).items():
+            report["not_fitted"][key] = {"reason": fit_excluded(group[0]), **accuracy(group, params)}
         report["final_loss"] = loss
         log(f"per-GPU fit on {len(train)} of {len(fit_rows)} {FIT_BACKEND} rows, those whose KV cache holds the clients ({', '.join(fitted_gpus)}) in {time.perf_counter() - t0:.1f} s")
         for held in fitted_gpus if len(fitted_gpus) > 1 else []:
@@ -234,13 +246,9 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
 def unseen_gpu_groups(rows: list[dict]) -> dict[str, list[dict]]:
     """The `fit_excluded` campaigns of the fit backend measured on a GPU none of whose rows is fitted,
     keyed "gpu/dataset/model": a check of a GPU no fit sees (priced as `unfitted_gpu_params`)."""
-    evaluated = _usable([r for r in rows if r.get("backend") == FIT_BACKEND])
+    evaluated = evaluated_rows(rows)
     fitted_gpus = {r["gpu"] for r in evaluated if not fit_excluded(r)}
-    groups: dict[str, list[dict]] = {}
-    for r in evaluated:
-        if fit_excluded(r) and r["gpu"] not in fitted_gpus:
-            groups.setdefault("/".join((r["gpu"], r["dataset"], r["model"])), []).append(r)
-    return dict(sorted(groups.items()))
+    return {key: group for key, group in not_fitted_groups(evaluated).items() if group[0]["gpu"] not in fitted_gpus}
 
 
 def replay_check(rows: list[dict], report: dict, params: dict[str, dict[str, float]] | None = None, log=print) -> dict:
@@ -249,7 +257,7 @@ def replay_check(rows: list[dict], report: dict, params: dict[str, dict[str, flo
     (`report["held_out_params"]`, from `calibrate`). GPU -> accuracy (see `accuracy`).
     With `params` (the final fit) it also replays `unseen_gpu_groups` into report["not_fitted_replay"]."""
     t0 = time.perf_counter()
-    fit_rows = [r for r in _usable([r for r in rows if r.get("backend") == FIT_BACKEND]) if not fit_excluded(r)]
+    fit_rows = [r for r in evaluated_rows(rows) if not fit_excluded(r)]
     out = {}
     for held, values in report.get("held_out_params", {}).items():
         out[held] = accuracy([r for r in fit_rows if r["gpu"] == held], {held: values}, replay=True)

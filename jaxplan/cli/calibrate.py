@@ -65,9 +65,9 @@ def calibrate(
 def fit_step_groups(rows: list[dict], replay_check: bool = False) -> int:
     """Step groups `calibrate` logs: kernel priors, the per-GPU fit, one held-out fit per GPU (if several),
     and with replay_check one held-out replay per GPU and one replay per campaign on a GPU no fit sees."""
-    from jaxplan.calibrate.run import FIT_BACKEND, _usable, fit_excluded, unseen_gpu_groups
+    from jaxplan.calibrate.run import evaluated_rows, fit_excluded, unseen_gpu_groups
 
-    gpus = {r["gpu"] for r in _usable([r for r in rows if r.get("backend") == FIT_BACKEND]) if not fit_excluded(r)}
+    gpus = {r["gpu"] for r in evaluated_rows(rows) if not fit_excluded(r)}
     held = len(gpus) if len(gpus) > 1 else 0
     unseen = len(unseen_gpu_groups(rows)) if replay_check and held else 0
     return 1 + (1 if gpus else 0) + held * (2 if replay_check else 1) + unseen

@@ -17,13 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxplan.errors import bad_value
+from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams, length_shape
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.gpu import SANE_RANGES
+from jaxplan.specs.lengths import read_lengths
 from jaxplan.specs.space import DTYPE_BYTES
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 
@@ -62,7 +63,7 @@ def _number(row: dict, field: str, default=None, *, where: str) -> float:
 
 
 def _length_shape(row: dict, where: str) -> dict:
-    """The row's length distributions as Workload fields (blank = fixed lengths), validated."""
+    """The row's length distributions, or its lengths_file, as Workload fields (blank = fixed lengths), validated."""
     shape = {}
     for side in ("isl", "osl"):
         name = str(row.get(f"{side}_distribution") or "fixed").strip().lower()
@@ -74,20 +75,41 @@ def _length_shape(row: dict, where: str) -> dict:
         if spread > 5:
             raise bad_value(f"{side}_spread", row.get(f"{side}_spread"), "must be in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)", where=where)
         shape[f"{side}_distribution"], shape[f"{side}_spread"] = distribution, spread
+    lengths_file = row.get("lengths_file")
+    if lengths_file not in (None, ""):
+        if not isinstance(lengths_file, str):
+            raise bad_value("lengths_file", lengths_file, "must be text (a file path)", where=where)
+        for side in ("isl", "osl"):
+            if shape[f"{side}_distribution"] != LengthDistribution.FIXED or shape[f"{side}_spread"] > 0:
+                raise bad_value(f"{side}_distribution", row.get(f"{side}_distribution"), "lengths_file gives each request's lengths; leave the distribution and spread blank", where=where)
+        try:
+            read_lengths(lengths_file)  # read once here so a bad file is named with its row (cached)
+        except PlanError as err:
+            raise PlanError(f"{where}: {err}") from None
+        shape["lengths_file"] = lengths_file
     return shape
+
+
+def _default_num_prompts(shape: dict) -> int:
+    """Requests of a row without num_prompts: its lengths_file's count, else DEFAULT_NUM_PROMPTS."""
+    return len(read_lengths(shape["lengths_file"]).input_tokens) if "lengths_file" in shape else DEFAULT_NUM_PROMPTS
 
 
 def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
     fields = {name: [] for name in WorkloadParams._fields}
     for row, where in zip(rows, wheres):
-        isl = _number(row, "isl", where=where)
-        osl = _number(row, "osl", where=where)
+        shape = _length_shape(row, where)
+        file_means = (None, None)
+        if "lengths_file" in shape and any(row.get(side) in (None, "") for side in ("isl", "osl")):
+            file_means = read_lengths(shape["lengths_file"]).means()  # blank isl/osl: the file's means, as rows.check_row gives
+        isl = _number(row, "isl", file_means[0], where=where)
+        osl = _number(row, "osl", file_means[1], where=where)
         if isl < 1 or osl < 1:
             raise bad_value("isl" if isl < 1 else "osl", isl if isl < 1 else osl, "token counts must be >= 1", where=where)
         concurrency = row.get("concurrency")
         has_concurrency = concurrency not in (None, "") and float(concurrency) > 0
         rate = _number(row, "request_rate", math.inf, where=where) if not has_concurrency else 0.0
-        num_prompts = _number(row, "num_prompts", DEFAULT_NUM_PROMPTS, where=where)
+        num_prompts = _number(row, "num_prompts", _default_num_prompts(shape), where=where)
         if has_concurrency:
             code, conc, rate_value = 2.0, _number(row, "concurrency", where=where), 0.0
         elif math.isinf(rate):
@@ -99,7 +121,7 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
         hit = _number(row, "prefix_hit_rate", 0.0, where=where)
         if hit >= 1:
             raise bad_value("prefix_hit_rate", hit, "must be in [0, 1)", where=where)
-        max_context_factor, length_cv = length_shape(Workload(name="row", isl_mean_tokens=isl, osl_mean_tokens=osl, **_length_shape(row, where)))
+        max_context_factor, length_cv = length_shape(Workload(name="row", isl_mean_tokens=isl, osl_mean_tokens=osl, **shape))
         values = dict(
             isl_tokens=isl, osl_tokens=osl, prefix_hit_rate=hit, request_rate_per_s=rate_value, concurrency=conc,
             arrival_code=code, max_context_factor=max_context_factor, length_cv=length_cv,
@@ -234,14 +256,15 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
     """The replay's Workload for row k of a batch, which is `row`: its lengths (mean and distribution)
     and arrival process.
 
-    Requests: `num_requests` if given, else the row's num_prompts, else DEFAULT_NUM_PROMPTS
-    (at least the concurrency of a closed loop)."""
+    Requests: `num_requests` if given, else the row's num_prompts, else its lengths_file's count,
+    else DEFAULT_NUM_PROMPTS (at least the concurrency of a closed loop)."""
     w = jax.device_get(batch.workload)
     num_prompts = row.get("num_prompts")
     code = int(w.arrival_code[k])
     arrival = {0: Arrival.POISSON, 1: Arrival.BURST, 2: Arrival.CLOSED}[code]
     given = num_prompts not in (None, "") and math.isfinite(float(num_prompts)) and float(num_prompts) >= 1
-    count = num_requests or (int(w.concurrency[k]) if code == 1 else int(float(num_prompts)) if given else DEFAULT_NUM_PROMPTS)
+    shape = _length_shape(row, f"row {int(batch.row_ids[k]) + 1}")
+    count = num_requests or (int(w.concurrency[k]) if code == 1 else int(float(num_prompts)) if given else _default_num_prompts(shape))
     return Workload(
         name=f"row {int(batch.row_ids[k]) + 1}",
         isl_mean_tokens=float(w.isl_tokens[k]), osl_mean_tokens=float(w.osl_tokens[k]), arrival=arrival,
@@ -249,7 +272,7 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
         concurrency=int(w.concurrency[k]) if code == 2 else 0,
         num_requests=max(count, int(w.concurrency[k]) if code == 2 else 1),
         prefix_hit_rate=float(w.prefix_hit_rate[k]),
-        **_length_shape(row, f"row {int(batch.row_ids[k]) + 1}"),
+        **shape,
     )
 
 

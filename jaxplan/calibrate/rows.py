@@ -19,12 +19,16 @@ Column meanings:
   isl, osl                   mean input / output tokens per request
   concurrency                closed loop: requests kept in flight (whole deployment)
   request_rate               open loop: requests/s (Poisson unless noted); inf = all at once (burst)
-  num_prompts                requests in the run (required for request_rate = inf)
+  num_prompts                requests in the run (required for request_rate = inf, unless a lengths_file gives them)
   max_num_seqs, max_num_batched_tokens   engine batching limits when known
   prefix_hit_rate            fraction of prompt tokens served from prefix cache, [0, 1)
   isl_distribution, isl_spread, osl_distribution, osl_spread
                              length distributions as in a workload file: fixed (blank) | uniform (mean +- spread x mean)
                              | lognormal (spread = coefficient of variation), spread in [0, 5]
+  lengths_file               instead of the distributions: a file with every request's lengths (a vllm bench serve
+                             --save-detailed JSON, FILE#K for record K, or a CSV input_tokens,output_tokens), replayed in
+                             order and scaled to isl/osl (blank isl/osl = the file's means: the lengths exactly);
+                             a relative path is relative to the predict CSV's folder
   gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override
                              set when the measured GPU differs from the jaxplan GPU spec (e.g. A100 40GB)
   measured_ttft_ms_mean, measured_tpot_ms_mean, measured_output_tok_s
@@ -45,6 +49,7 @@ import numpy as np
 
 from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
+from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
 from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
 from jaxplan.specs.workload import LengthDistribution
 
@@ -68,6 +73,7 @@ INPUT_COLUMNS = (
     "isl_spread",
     "osl_distribution",
     "osl_spread",
+    "lengths_file",
     "gpu_hbm_bytes_override",
     "gpu_hbm_bandwidth_bytes_per_s_override",
 )
@@ -88,7 +94,7 @@ DEFAULTS: dict[str, Any] = {
     "prefix_hit_rate": 0.0,
     "measured_output_tok_s_derived": False,
 }
-STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "dataset", "backend", "source_id", "notes"})
+STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "lengths_file", "dataset", "backend", "source_id", "notes"})
 LENGTH_DISTRIBUTIONS = tuple(d.value for d in LengthDistribution)
 INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens"})
 BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived"})
@@ -132,6 +138,8 @@ def check_row(row: dict, where: str) -> dict:
     for column in COLUMNS:
         if row.get(column) is None:
             row[column] = DEFAULTS.get(column)
+    if row["lengths_file"] not in (None, ""):
+        _fill_means_from_lengths_file(row, where)
     for column in REQUIRED_COLUMNS:
         if row[column] is None or row[column] == "":
             raise bad_value(column, row[column], "is required; fill it in", where=where)
@@ -180,12 +188,28 @@ def check_row(row: dict, where: str) -> dict:
         raise bad_value("backend", row["backend"], f"use one of {', '.join(BACKENDS)} or leave empty", where=where)
     if row["concurrency"] is None and row["request_rate"] is None:
         raise bad_value("concurrency", None, "give concurrency (closed loop) or request_rate (requests/s, inf = burst)", where=where)
-    if row["request_rate"] == math.inf and row["concurrency"] is None and row["num_prompts"] is None:
-        raise bad_value("num_prompts", None, "request_rate = inf (all requests at once) needs num_prompts", where=where)
+    if row["request_rate"] == math.inf and row["concurrency"] is None and row["num_prompts"] is None and not row["lengths_file"]:
+        raise bad_value("num_prompts", None, "request_rate = inf (all requests at once) needs num_prompts (or a lengths_file, whose requests it sends)", where=where)
     ordered = {column: row[column] for column in COLUMNS}
     row.clear()
     row.update(ordered)
     return row
+
+
+def _fill_means_from_lengths_file(row: dict, where: str) -> None:
+    """A row with a lengths_file: blank isl/osl become the file's means; no distribution beside it."""
+    if not isinstance(row["lengths_file"], str):
+        raise bad_value("lengths_file", row["lengths_file"], "must be text (a file path)", where=where)
+    for side in ("isl", "osl"):
+        if row[f"{side}_distribution"] not in (None, "", "fixed") or row[f"{side}_spread"] not in (None, 0, 0.0):
+            raise bad_value(f"{side}_distribution", row[f"{side}_distribution"], "lengths_file gives each request's lengths; leave the distribution and spread blank", where=where)
+    try:
+        means = read_lengths(row["lengths_file"]).means()
+    except PlanError as err:
+        raise PlanError(f"{where}: {err}") from None
+    for side, mean in zip(("isl", "osl"), means):
+        if row[side] is None or row[side] == "":
+            row[side] = mean
 
 
 def make_row(**fields) -> dict:
@@ -217,6 +241,9 @@ def write_predict_csv(rows, path: str | Path, extra_columns: tuple[str, ...] = (
         {**check_row({k: v for k, v in row.items() if k not in extra_columns}, where=f"{path}: rows[{index}]"), **{c: row.get(c) for c in extra_columns}}
         for index, row in enumerate(rows)
     ]
+    for row in checked:  # lengths files beside the CSV are written relative to it (read_predict_csv resolves them)
+        if row["lengths_file"]:
+            row["lengths_file"] = relative_to(row["lengths_file"], Path(path).parent)
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(COLUMNS + tuple(extra_columns))
@@ -285,6 +312,8 @@ def read_predict_csv(path: str | Path) -> list[dict]:
         if len(cells) != len(header):
             raise PlanError(f"{where}: has {len(cells)} cells but the header has {len(header)}; check for a stray or missing comma")
         row = {column: _parse_cell(column, cell, where) for column, cell in zip(header, cells)}
+        if row.get("lengths_file"):  # relative to the CSV's folder, as a workload TOML's is to its own
+            row["lengths_file"] = resolve_against(row["lengths_file"], path.parent)
         rows.append(check_row(row, where))
     return rows
 

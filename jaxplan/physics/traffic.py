@@ -48,7 +48,15 @@ def _cv(distribution: LengthDistribution, spread: float) -> float:
 
 
 def length_shape(w: Workload) -> tuple[float, float]:
-    """(max_context_factor, length_cv) of the Workload's length distributions, plain floats."""
+    """(max_context_factor, length_cv) of the Workload's length distributions, plain floats.
+
+    With a `lengths_file`, the file's own p99 / mean of each side (scale-free, so it holds at any
+    isl/osl mean) and the CV of its outputs."""
+    lengths = w.lengths()
+    if lengths is not None:
+        isl_factor, osl_factor = lengths.p99_over_mean()
+        isl_max, osl_max = w.isl_mean_tokens * isl_factor, w.osl_mean_tokens * osl_factor
+        return (isl_max + osl_max) / (w.isl_mean_tokens + w.osl_mean_tokens), lengths.output_cv()
     isl_max = w.isl_mean_tokens * _p99_factor(w.isl_distribution, w.isl_spread)
     osl_max = w.osl_mean_tokens * _p99_factor(w.osl_distribution, w.osl_spread)
     return (isl_max + osl_max) / (w.isl_mean_tokens + w.osl_mean_tokens), _cv(w.osl_distribution, w.osl_spread)

@@ -58,7 +58,8 @@ def _lengths(rng: np.random.Generator, dist: LengthDistribution, mean: float, sp
 def sample_requests(workload: Workload, num_requests: int | None = None, seed: int = 0) -> Requests:
     """Sample `num_requests` (default `workload.num_requests`) requests with numpy seed `seed`.
 
-    ISL/OSL follow the workload's distributions; prefix hits are
+    ISL/OSL follow the workload's distributions (or its lengths_file, in order, repeated as needed
+    and scaled to the isl/osl means); prefix hits are
     `floor(prefix_hit_rate * ISL)` tokens; Poisson arrivals start at t = 0 with
     exponential gaps of mean 1 / request_rate_per_s seconds.
     """
@@ -66,8 +67,12 @@ def sample_requests(workload: Workload, num_requests: int | None = None, seed: i
     if not isinstance(n, (int, np.integer)) or not 1 <= n <= 10_000_000:
         raise bad_value("num_requests", n, "must be an integer in 1..10,000,000", where="sample_requests")
     rng = np.random.default_rng(seed)
-    prompt = _lengths(rng, workload.isl_distribution, workload.isl_mean_tokens, workload.isl_spread, n)
-    output = _lengths(rng, workload.osl_distribution, workload.osl_mean_tokens, workload.osl_spread, n)
+    recorded = workload.lengths()
+    if recorded is not None:
+        prompt, output = recorded.scaled(n, workload.isl_mean_tokens, workload.osl_mean_tokens)
+    else:
+        prompt = _lengths(rng, workload.isl_distribution, workload.isl_mean_tokens, workload.isl_spread, n)
+        output = _lengths(rng, workload.osl_distribution, workload.osl_mean_tokens, workload.osl_spread, n)
     hit = np.floor(workload.prefix_hit_rate * prompt).astype(np.int32)
     if workload.arrival == Arrival.POISSON:
         gaps = rng.exponential(1.0 / workload.request_rate_per_s, n)

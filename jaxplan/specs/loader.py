@@ -20,6 +20,7 @@ except ModuleNotFoundError:  # Python 3.10
 from jaxplan.errors import PlanError, bad_value, short_repr, unknown_name
 from jaxplan.specs.gpu import GpuSpec
 from jaxplan.specs.hf_config import model_from_hf_file
+from jaxplan.specs.lengths import read_lengths, resolve_against
 from jaxplan.specs.model import ModelSpec
 from jaxplan.specs.space import SearchSpace
 from jaxplan.specs.workload import Workload
@@ -142,11 +143,31 @@ def _load_named(kind: str, cls, name: str, label: str):
     if name.endswith(".toml") or (path.suffix and _is(Path.exists, path)):
         if not _is(Path.is_file, path):
             raise PlanError(f"{label} file {short_repr(name)} does not exist; give a bundled name ({', '.join(known(kind))}) or an existing .toml path")
-        return build(cls, read_toml(path), name=path.stem, where=str(path))
+        data = read_toml(path)
+        if kind == "workloads":
+            data = _with_lengths_file(data, path.parent, str(path))
+        return build(cls, data, name=path.stem, where=str(path))
     bundled = _bundled(kind)
     if name not in bundled:
         raise unknown_name(label, name, bundled)
     return build(cls, read_toml(bundled[name]), name=name, where=f"{bundled[name].name}")
+
+
+def _with_lengths_file(data: dict, base: Path, where: str) -> dict:
+    """A workload table's `lengths_file` made relative to the TOML file's folder, and its isl/osl
+    means taken from that file when the table leaves them out."""
+    spec = data.get("lengths_file")
+    if not isinstance(spec, str) or not spec.strip():
+        return data
+    data = {**data, "lengths_file": resolve_against(spec, base)}
+    if "isl_mean_tokens" not in data or "osl_mean_tokens" not in data:
+        try:
+            isl, osl = read_lengths(data["lengths_file"]).means()
+        except PlanError as err:
+            raise PlanError(f"{where}: {err}") from None
+        data.setdefault("isl_mean_tokens", isl)
+        data.setdefault("osl_mean_tokens", osl)
+    return data
 
 
 @functools.cache

@@ -6,7 +6,8 @@ import dataclasses
 import enum
 import math
 
-from jaxplan.errors import bad_value
+from jaxplan.errors import PlanError, bad_value
+from jaxplan.specs.lengths import RequestLengths, read_lengths
 
 
 class Arrival(str, enum.Enum):
@@ -26,7 +27,9 @@ class Workload:
     """Token lengths in tokens, rates in requests/s, latencies in seconds.
 
     isl/osl are means; `*_spread` shapes the distribution the replay samples
-    from (uniform: +-spread*mean; lognormal: coefficient of variation).
+    from (uniform: +-spread*mean; lognormal: coefficient of variation), or
+    `lengths_file` gives every request's lengths (see specs/lengths.py; they
+    are scaled to the isl/osl means, exact at the file's own means).
     SLOs of 0 or inf mean "none".
     """
 
@@ -47,6 +50,7 @@ class Workload:
     slo_percentile: float = 99.0
     target_output_tokens_per_s: float = 0.0
     description: str = ""
+    lengths_file: str = ""
 
     def __post_init__(self) -> None:
         where = f"workload {self.name!r}"
@@ -76,8 +80,20 @@ class Workload:
             raise bad_value("request_rate_per_s", self.request_rate_per_s, "Poisson arrivals need a finite rate > 0 requests/s", where=where)
         if self.arrival == Arrival.CLOSED and not (isinstance(self.concurrency, int) and self.concurrency >= 1):
             raise bad_value("concurrency", self.concurrency, "closed-loop arrivals need concurrency >= 1", where=where)
+        if self.lengths_file:
+            for side in ("isl", "osl"):
+                if getattr(self, f"{side}_distribution") != LengthDistribution.FIXED or getattr(self, f"{side}_spread") != 0:
+                    raise bad_value(f"{side}_distribution", getattr(self, f"{side}_distribution").value, "lengths_file gives each request's lengths; leave the distribution and spread out", where=where)
+            try:
+                self.lengths()
+            except PlanError as err:
+                raise PlanError(f"{where}: {err}") from None
         if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or not 1 <= self.num_requests <= 10_000_000:
             raise bad_value("num_requests", self.num_requests, "must be an integer in 1..10,000,000", where=where)
+
+    def lengths(self) -> RequestLengths | None:
+        """The per-request lengths of `lengths_file` (None without one)."""
+        return read_lengths(self.lengths_file) if self.lengths_file else None
 
     @property
     def has_slo(self) -> bool:
@@ -95,8 +111,9 @@ class Workload:
         if math.isfinite(self.tpot_slo_s):
             slo.append(f"p{self.slo_percentile:g} TPOT <= {self.tpot_slo_s * 1e3:g} ms")
         target = f", target {self.target_output_tokens_per_s:,.0f} output tok/s" if self.target_output_tokens_per_s else ""
+        source = f" (lengths from {self.lengths_file})" if self.lengths_file else ""
         return (
-            f"{self.name}: ISL ~{self.isl_mean_tokens:,.0f}, OSL ~{self.osl_mean_tokens:,.0f}, {arrival}, "
+            f"{self.name}: ISL ~{self.isl_mean_tokens:,.0f}, OSL ~{self.osl_mean_tokens:,.0f}{source}, {arrival}, "
             f"prefix hit {self.prefix_hit_rate:.0%}{', ' + ', '.join(slo) if slo else ''}{target}"
         )
 

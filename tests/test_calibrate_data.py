@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from jaxplan.calibrate import _data, kernels, metrics, rows as R, serving
 from jaxplan.calibrate.fixtures import KERNEL_GPUS, serving_subset
 from jaxplan.errors import PlanError
 from jaxplan.specs import load_gpu
+from jaxplan.specs.lengths import read_lengths
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -305,9 +307,12 @@ def test_a100_runs_after_a_servers_first_see_their_prompts_cached():
     later = [r for r in rows if r["request_rate"] != 1.0]
     # the same 200 prompts in every run: 42,659 tokens, of which whole blocks before the last token
     assert len(later) == 12 and {round(r["prefix_hit_rate"], 4) for r in later} == {0.9605}
-    for row in rows:  # ShareGPT lengths: lognormal with the run's coefficients of variation (~1.10 and ~0.98)
-        assert row["isl_distribution"] == row["osl_distribution"] == "lognormal"
-        assert row["isl_spread"] == pytest.approx(1.0998, abs=1e-3) and 0.97 < row["osl_spread"] < 1.0
+    for row in rows:  # ShareGPT lengths: each run's own (coefficients of variation ~1.10 and ~0.98), at their means
+        assert row["isl_distribution"] is None and row["lengths_file"].endswith(".json")
+        lengths = read_lengths(row["lengths_file"])
+        assert len(lengths.input_tokens) == row["num_prompts"] == 200
+        assert lengths.means() == pytest.approx((row["isl"], row["osl"]), rel=1e-12)
+        assert np.std(lengths.input_tokens) / np.mean(lengths.input_tokens) == pytest.approx(1.0998, abs=1e-3) and 0.97 < lengths.output_cv() < 1.0
     tp8_burst = next(r for r in rows if r["source_id"] == "01_tp8_pp1:qpsinf")  # serving_summary.csv
     assert tp8_burst["measured_ttft_ms_p99"] == pytest.approx(450.3786364301777) and tp8_burst["measured_tpot_ms_p99"] == pytest.approx(75.76524432244929)
     assert all("prompts cached" in r["notes"] for r in later)
@@ -369,16 +374,27 @@ def test_vllm_bench_json_closed_loop_with_metadata(tmp_path):
     assert row["isl_distribution"] is None and row["osl_spread"] is None  # no per-request lengths: fixed
 
 
-def test_vllm_bench_json_detailed_lengths_give_lognormal_spreads(tmp_path):
+def test_vllm_bench_json_detailed_lengths_are_replayed_from_the_file(tmp_path):
     rng = np.random.default_rng(0)
     inputs, outputs = rng.integers(10, 2000, 320).tolist(), rng.integers(1, 500, 320).tolist()
+    outputs[7] = 0  # a failed request: vLLM's totals leave it out, and so do the lengths
     path = tmp_path / "run.json"
-    path.write_text(json.dumps(bench_record(gpu="h100_sxm", tp=1, input_lens=inputs, output_lens=outputs)))
+    totals = dict(total_input_tokens=sum(inputs) - inputs[7], total_output_tokens=sum(outputs), completed=319, failed=1)
+    path.write_text(json.dumps(bench_record(gpu="h100_sxm", tp=1, input_lens=inputs, output_lens=outputs, **totals)))
     (row,) = serving.read_vllm_bench_json(path)
-    assert row["isl_distribution"] == row["osl_distribution"] == "lognormal"
-    assert row["isl_spread"] == pytest.approx(np.std(inputs) / np.mean(inputs)) and row["osl_spread"] == pytest.approx(np.std(outputs) / np.mean(outputs))
+    assert row["lengths_file"] == str(path) and row["isl_distribution"] is None and row["osl_spread"] is None
+    lengths = read_lengths(row["lengths_file"])
+    assert lengths.input_tokens.tolist() == inputs[:7] + inputs[8:] and lengths.output_tokens.tolist() == outputs[:7] + outputs[8:]
+    assert lengths.means() == pytest.approx((row["isl"], row["osl"]), rel=1e-12)
+    # one side's distribution given: no lengths file; the other side keeps the file's spread as a lognormal
     (row,) = serving.read_vllm_bench_json(path, osl_distribution="uniform", osl_spread=0.5)
-    assert (row["osl_distribution"], row["osl_spread"]) == ("uniform", 0.5) and row["isl_distribution"] == "lognormal"
+    assert (row["osl_distribution"], row["osl_spread"]) == ("uniform", 0.5) and row["lengths_file"] is None
+    assert row["isl_distribution"] == "lognormal" and row["isl_spread"] == pytest.approx(np.std(inputs) / np.mean(inputs))
+    appended = tmp_path / "runs.jsonl"  # --append-result: one record per line; each row names its record
+    appended.write_text(json.dumps(bench_record(gpu="h100_sxm", tp=1, input_lens=[5, 6], output_lens=[7, 8], completed=2, total_input_tokens=11, total_output_tokens=15)) + "\n" + path.read_text().replace("\n", " ") + "\n")
+    first, second = serving.read_vllm_bench_json(appended)
+    assert (first["lengths_file"], second["lengths_file"]) == (f"{appended}#0", f"{appended}#1")
+    assert read_lengths(first["lengths_file"]).output_tokens.tolist() == [7, 8] and len(read_lengths(second["lengths_file"]).input_tokens) == 319
     (override,) = serving.read_vllm_bench_json(path, gpu="h200_sxm", tensor_parallel_size=4)
     assert override["gpu"] == "h200_sxm" and override["tensor_parallel_size"] == 4
 
@@ -444,14 +460,27 @@ def test_fixture_serving_rows_round_trip(tmp_path):
     rows = R.read_predict_csv(FIXTURES / "serving_rows.csv")
     assert len(rows) == 100
     assert {r["dataset"] for r in rows} == set(serving.DATASETS)
-    R.write_predict_csv(rows, tmp_path / "again.csv")
-    assert R.read_predict_csv(tmp_path / "again.csv") == rows
+    # lengths files are named relative to the CSV and resolved against its folder on reading
+    with_lengths = [r for r in rows if r["lengths_file"]]
+    assert with_lengths and all(Path(r["lengths_file"]).is_absolute() and Path(r["lengths_file"]).parent == FIXTURES / "lengths" for r in with_lengths)
+    R.write_predict_csv(rows, tmp_path / "elsewhere.csv")  # another folder: the absolute paths are kept
+    assert R.read_predict_csv(tmp_path / "elsewhere.csv") == rows
+    shutil.copytree(FIXTURES / "lengths", tmp_path / "lengths")
+    rows_here = R.read_predict_csv(shutil.copy(FIXTURES / "serving_rows.csv", tmp_path / "serving_rows.csv"))
+    R.write_predict_csv(rows_here, tmp_path / "again.csv")
+    assert R.read_predict_csv(tmp_path / "again.csv") == rows_here
     assert (tmp_path / "again.csv").read_text() == (FIXTURES / "serving_rows.csv").read_text()
+
+
+def _with_lengths_read(rows: list[dict]) -> list[dict]:
+    """Rows with each lengths_file replaced by its (input, output) lengths, to compare copies of a file."""
+    return [dict(r, lengths_file=r["lengths_file"] and tuple(map(tuple, read_lengths(r["lengths_file"])))) for r in rows]
 
 
 def test_fixture_serving_rows_are_up_to_date():
     real_data()
-    assert R.read_predict_csv(FIXTURES / "serving_rows.csv") == serving_subset(serving.load_serving_rows()), "rerun python -m jaxplan.calibrate.fixtures"
+    fixture, data = R.read_predict_csv(FIXTURES / "serving_rows.csv"), serving_subset(serving.load_serving_rows())
+    assert _with_lengths_read(fixture) == _with_lengths_read(data), "rerun python -m jaxplan.calibrate.fixtures"
 
 
 def test_real_rows_round_trip(tmp_path):

@@ -2,7 +2,7 @@
 `osl_spread`, as in a workload file): the replay samples them, stage 4 takes their p99 context and
 output-length spread. Before 2026-12-01 every predict row had fixed lengths, and the 200-request
 ShareGPT runs (lengths' coefficient of variation ~1) were replayed at up to 5.6x their measured
-throughput (MAPE 142%; 16% with their lognormal lengths)."""
+throughput (MAPE 142%; see test_lengths_file.py for their own lengths)."""
 
 import numpy as np
 import pytest

@@ -8,6 +8,7 @@ Fixtures let tests of the fit and of predict run without ../shared. Same data
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from jaxplan.calibrate import kernels
 from jaxplan.calibrate.rows import write_predict_csv
 from jaxplan.calibrate.serving import load_serving_rows
+from jaxplan.specs.lengths import read_lengths
 
 SEED = 0
 ROWS_PER_GROUP = 4  # serving rows kept per (dataset, model, gpu, backend, weight dtype)
@@ -44,7 +46,16 @@ def write_fixtures(out_dir: str | Path, data_root=None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     path = out / "serving_rows.csv"
-    write_predict_csv(serving_subset(load_serving_rows(data_root)), path)
+    rows = serving_subset(load_serving_rows(data_root))
+    for row in rows:  # the rows' per-request lengths travel with them: lengths/<source>.csv, named relative to the CSV
+        if row["lengths_file"]:
+            lengths = read_lengths(row["lengths_file"])
+            copy = out / "lengths" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", row["source_id"]) + ".csv")
+            copy.parent.mkdir(exist_ok=True)
+            copy.write_text("input_tokens,output_tokens\n" + "".join(f"{i},{o}\n" for i, o in zip(lengths.input_tokens, lengths.output_tokens)))
+            row["lengths_file"] = str(copy.resolve())
+            written.append(copy)
+    write_predict_csv(rows, path)
     written.append(path)
     for gpu in KERNEL_GPUS:
         tables = {

@@ -21,6 +21,8 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 from jaxplan.calibrate._data import require_file, resolve_root
 from jaxplan.calibrate.rows import (
     COLUMNS,
@@ -97,15 +99,11 @@ A100_40GB_HBM_BANDWIDTH_BYTES_PER_S = 1.555e12
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default KV block: the prefix cache hits whole blocks
 
 
-def _positive_counts(values) -> bool:
-    return isinstance(values, list) and len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 1 for v in values)
-
-
-def coefficient_of_variation(lengths: list[int]) -> float:
-    """Standard deviation over mean of a run's per-request token counts (population form)."""
-    values = [float(n) for n in lengths]
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean
+def _coefficient_of_variation(lengths: list) -> float | None:
+    """Standard deviation over mean (population form) of a run's token counts >= 1 (failed requests'
+    0 left out); None unless there are two or more plain numbers."""
+    values = [float(v) for v in lengths if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 1]
+    return float(np.std(values) / np.mean(values)) if len(values) > 1 else None
 
 
 def cached_prompt_fraction(input_lens: list[int], block_tokens: int = PREFIX_BLOCK_TOKENS) -> float:
@@ -314,15 +312,14 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
                 weight_dtype="bf16", kv_cache_dtype="auto",
                 isl=float(raw["total_input_tokens"]) / completed, osl=float(raw["total_output_tokens"]) / completed,
                 request_rate=rate, num_prompts=int(raw["num_prompts"]), prefix_hit_rate=hit,
-                isl_distribution="lognormal", isl_spread=coefficient_of_variation(detail["input_lens"]),
-                osl_distribution="lognormal", osl_spread=coefficient_of_variation(detail["output_lens"]),
+                lengths_file=str(root / "vllm_a100_tp_vs_pp" / raw["raw_file"]),
                 gpu_hbm_bytes_override=A100_40GB_HBM_BYTES, gpu_hbm_bandwidth_bytes_per_s_override=A100_40GB_HBM_BANDWIDTH_BYTES_PER_S,
                 measured_ttft_ms_mean=float(raw["mean_ttft_ms"]), measured_tpot_ms_mean=float(raw["mean_tpot_ms"]),
                 measured_ttft_ms_p99=float(raw["p99_ttft_ms"]), measured_tpot_ms_p99=float(raw["p99_tpot_ms"]),
                 measured_output_tok_s=float(raw["output_throughput_tok_s"]),
                 dataset=VLLM_A100, backend="vllm", source_id=f"{raw['run_dir']}:qps{raw['request_rate_qps']}",
                 notes=f"A100-SXM4-40GB (not the 80 GB a100_sxm: use the override columns); vLLM {raw['vllm_version'].split()[0]}; "
-                f"ShareGPT, variable lengths (isl/osl are means; lognormal with the run's coefficients of variation); Poisson arrivals; {network}; dtype not pinned (bf16 assumed); {cache_note}",
+                f"ShareGPT, variable lengths (isl/osl are means; lengths_file: the run's own per-request lengths); Poisson arrivals; {network}; dtype not pinned (bf16 assumed); {cache_note}",
             )
         )
     return tuple(rows), tuple(sorted(dropped.items()))
@@ -459,8 +456,8 @@ def read_vllm_bench_json(
     max_concurrency, burstiness, completed, failed, total_input_tokens,
     total_output_tokens (isl/osl = totals / completed), mean_ttft_ms,
     mean_tpot_ms, output_throughput, p99_ttft_ms and p99_tpot_ms when present, the per-request
-    input_lens / output_lens of a --save-detailed file (-> lognormal lengths with their coefficient of
-    variation, unless the length columns are given), and any `--metadata KEY=VALUE` config keys
+    input_lens / output_lens of a --save-detailed file (-> `lengths_file`: the replay sends those very
+    requests, unless the length columns are given), and any `--metadata KEY=VALUE` config keys
     (gpu, tensor_parallel_size/tp, pipeline_parallel_size/pp, data_parallel_size/dp,
     weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens, prefix_hit_rate, and for a GPU that
     differs from the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
@@ -491,10 +488,16 @@ def read_vllm_bench_json(
         for field in ("model", "gpu", "tensor_parallel_size"):
             if config[field] is None:
                 raise PlanError(f"{path}: {field} missing: {_FIX[field]}")
-        for side in ("isl", "osl"):  # --save-detailed files list every request's lengths
-            lengths = record.get("input_lens" if side == "isl" else "output_lens")
-            if config[f"{side}_distribution"] is None and config[f"{side}_spread"] is None and _positive_counts(lengths):
-                config[f"{side}_distribution"], config[f"{side}_spread"] = "lognormal", coefficient_of_variation(lengths)
+        lengths_file = None  # --save-detailed files list every request's lengths: replay those
+        inputs, outputs = record.get("input_lens"), record.get("output_lens")
+        free = [side for side in ("isl", "osl") if config[f"{side}_distribution"] is None and config[f"{side}_spread"] is None]
+        if isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs) > 0:
+            if len(free) == 2:
+                lengths_file = f"{path}#{index}" if len(records) > 1 else str(path)
+            for side in free if len(free) == 1 else ():  # the other side's distribution was given: this one lognormal
+                spread = _coefficient_of_variation(inputs if side == "isl" else outputs)
+                if spread is not None:
+                    config[f"{side}_distribution"], config[f"{side}_spread"] = "lognormal", spread
         for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", *_FLOAT_KEYS):
             if isinstance(config[field], str):  # --metadata values arrive as text
                 number = _number(config, field, path, where)
@@ -530,6 +533,7 @@ def read_vllm_bench_json(
             concurrency=int(max_concurrency) if max_concurrency is not None else None,
             request_rate=None if (max_concurrency is not None and rate == math.inf) else rate,
             num_prompts=int(totals["num_prompts"]),
+            lengths_file=lengths_file,
             measured_ttft_ms_mean=ttft or None,
             measured_tpot_ms_mean=tpot or None,
             measured_output_tok_s=tput or None,

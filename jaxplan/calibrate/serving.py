@@ -35,6 +35,7 @@ from jaxplan.calibrate.rows import (
 )
 from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
+from jaxplan.specs.lengths import json_records
 
 SILICON = "aiconfigurator_silicon"
 TRTLLM = "trtllm_perf_overview"
@@ -404,13 +405,9 @@ def _load_json_records(path: Path) -> list[dict]:
     except UnicodeDecodeError as err:
         raise PlanError(f"{path}: byte {err.start}: not UTF-8 text ({err.reason}); give the JSON file vllm bench serve --save-result wrote") from None
     try:
-        data = json.loads(text)
-        records = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        try:  # --append-result writes one JSON object per line
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as err:
-            raise PlanError(f"{path}: not valid JSON (line {err.lineno}: {err.msg}); give a vllm bench serve --save-result file") from None
+        records = json_records(text)
+    except json.JSONDecodeError as err:
+        raise PlanError(f"{path}: not valid JSON (line {err.lineno}: {err.msg}); give a vllm bench serve --save-result file") from None
     if not records or not all(isinstance(r, dict) for r in records):
         raise PlanError(f"{path}: expected a JSON object (or one object per line) from vllm bench serve --save-result")
     return records

@@ -155,15 +155,21 @@ def _csv_lengths(path: Path, text: str) -> tuple[list, list]:
     return inputs, outputs
 
 
-def _json_lengths(path: Path, text: str, record: int | None) -> tuple[list, list]:
+def json_records(text: str) -> list:
+    """The records of a vllm bench serve result: one JSON document (an object, or a list of them) or,
+    as --append-result writes, one JSON object per line. Raises json.JSONDecodeError."""
     try:
         data = json.loads(text)
-        records = data if isinstance(data, list) else [data]
+        return data if isinstance(data, list) else [data]
     except json.JSONDecodeError:
-        try:  # --append-result writes one JSON object per line
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as err:
-            raise PlanError(f"lengths_file {path}: not valid JSON (line {err.lineno}: {err.msg}); {_FIX}") from None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _json_lengths(path: Path, text: str, record: int | None) -> tuple[list, list]:
+    try:
+        records = json_records(text)
+    except json.JSONDecodeError as err:
+        raise PlanError(f"lengths_file {path}: not valid JSON (line {err.lineno}: {err.msg}); {_FIX}") from None
     if record is None:
         if len(records) != 1:
             raise PlanError(f"lengths_file {path}: holds {len(records)} records; name one as {path.name}#K (K from 0 to {len(records) - 1})")

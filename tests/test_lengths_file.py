@@ -60,6 +60,7 @@ def test_reads_bench_json_and_csv_in_order(tmp_path):
         ("a.json", {"input_lens": [], "output_lens": []}, "", ("no requests",)),
         ("a.json", [{"input_lens": [1], "output_lens": [1]}] * 2, "", ("holds 2 records", "a.json#K")),
         ("a.json", {"input_lens": [1], "output_lens": [1]}, "#3", ("holds 1 records", "K from 0 to 0")),
+        ("a.json", {"input_lens": [1], "output_lens": [1]}, "#\u00b2", ("no such file",)),  # not a record number
         ("a.json", "not json {", "", ("not valid JSON",)),
         ("a.csv", "prompt,completion\n1,2\n", "", ("lacks input_tokens", "input_tokens,output_tokens")),
         ("a.csv", "input_tokens,output_tokens\n1,2\n3\n", "", ("line 3", "not two token counts")),

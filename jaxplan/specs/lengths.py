@@ -66,7 +66,7 @@ class RequestLengths(NamedTuple):
 def split_record(spec: str) -> tuple[str, int | None]:
     """'runs.json#2' -> ('runs.json', 2); 'runs.json' -> ('runs.json', None)."""
     path, sep, index = str(spec).rpartition("#")
-    if not sep or not index.isdigit():
+    if not sep or not (index.isascii() and index.isdigit()):
         return str(spec), None
     return path, int(index)
 
@@ -116,7 +116,7 @@ def read_lengths(spec: str) -> RequestLengths:
     return _read_cached(resolved, record, stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # the files of one calibration (16 A100 runs); a 10M-request file is 160 MB
 def _read_cached(path_text: str, record: int | None, _mtime_ns: int, _size: int) -> RequestLengths:
     path = Path(path_text)
     try:

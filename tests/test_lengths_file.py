@@ -123,7 +123,7 @@ def test_workload_toml_names_the_file_relative_to_itself_and_takes_its_means(tmp
     toml.write_text('lengths_file = "lengths.csv"\narrival = "poisson"\nrequest_rate_per_s = 3.0\n')
     w = load_workload(str(toml))
     assert w.lengths_file == str(tmp_path / "traffic" / "lengths.csv")
-    assert (w.isl_mean_tokens, w.osl_mean_tokens) == (np.mean(INPUTS), np.mean(OUTPUTS))
+    assert (w.isl_mean_tokens, w.osl_mean_tokens, w.num_requests) == (np.mean(INPUTS), np.mean(OUTPUTS), len(INPUTS))
     assert float(workload_params(w).max_context_factor) == pytest.approx(length_shape(w)[0]) and "lengths from" in w.describe()
     bad = tmp_path / "traffic" / "bad.toml"
     bad.write_text('lengths_file = "missing.csv"\n')

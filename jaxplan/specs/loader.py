@@ -155,18 +155,20 @@ def _load_named(kind: str, cls, name: str, label: str):
 
 def _with_lengths_file(data: dict, base: Path, where: str) -> dict:
     """A workload table's `lengths_file` made relative to the TOML file's folder, and its isl/osl
-    means taken from that file when the table leaves them out."""
+    means and request count (a burst's size) taken from that file when the table leaves them out."""
     spec = data.get("lengths_file")
     if not isinstance(spec, str) or not spec.strip():
         return data
     data = {**data, "lengths_file": resolve_against(spec, base)}
-    if "isl_mean_tokens" not in data or "osl_mean_tokens" not in data:
+    if not {"isl_mean_tokens", "osl_mean_tokens", "num_requests"} <= set(data):
         try:
-            isl, osl = read_lengths(data["lengths_file"]).means()
+            lengths = read_lengths(data["lengths_file"])
         except PlanError as err:
             raise PlanError(f"{where}: {err}") from None
+        isl, osl = lengths.means()
         data.setdefault("isl_mean_tokens", isl)
         data.setdefault("osl_mean_tokens", osl)
+        data.setdefault("num_requests", len(lengths.input_tokens))
     return data
 
 

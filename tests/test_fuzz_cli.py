@@ -6,11 +6,11 @@ explanation names the sieve). Exit code 3 (internal error), a traceback, an exce
 command, a hang, or a NaN/inf in a written CSV fails the test with the case that caused it.
 
 Families (seeded `random.Random`, reproducible; the `slow` tests try 10x as many, opt in with --run-slow):
-  predict CSV, analytical     mutated cells, headers and bytes of 3 base files        N_PREDICT   =   800
+  predict CSV, analytical     mutated cells, headers and bytes of 5 base files        N_PREDICT   =   800
   measurement CSV, calibrate  mutated cells/headers/bytes of a measured-rows file      N_MEASURED  =   300
   vllm bench serve JSON       mutated keys/values/bytes of 3 --save-result files        N_JSON      =   600
   argument lists              one or two options of each command set to junk           N_ARGS      =   600
-  predict/simulate replay     extreme-but-valid rows (--requests 10), real replays      N_REPLAY    =     6
+  predict/simulate replay     extreme-but-valid rows (--requests 10), real replays      N_REPLAY    =     7
   calibrate, real fit         valid JSON/CSV files through the real optax fit           N_REAL_FIT  =     1
 The calibrate families run the command with the fit replaced by a stub that builds the fit's row
 batches (every field the fit reads is validated there) and predicts each usable row, because the
@@ -40,7 +40,7 @@ from time_limit import Hang, time_limit
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_SECONDS = 240.0  # a first call compiles (~15 s on 2 busy cores); 16x that is a hang
-N_PREDICT, N_MEASURED, N_JSON, N_ARGS, N_REPLAY, N_REAL_FIT = 800, 300, 600, 600, 6, 1
+N_PREDICT, N_MEASURED, N_JSON, N_ARGS, N_REPLAY, N_REAL_FIT = 800, 300, 600, 600, 7, 1
 SLOW = 10
 
 runner = CliRunner()
@@ -147,6 +147,11 @@ PREDICT_BASES = {
         ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override", "isl_distribution", "isl_spread", "osl_distribution", "osl_spread"],
         ["llama-3.1-8b", "a100_sxm", "1", "1000", "200", "8", "42949672960", "1.555e12", "lognormal", "1.1", "uniform", "0.5"],
     ],
+    "lengths": [  # files beside the CSV (write_lengths_files): a CSV of lengths and a --save-detailed bench result
+        ["model", "gpu", "tensor_parallel_size", "isl", "osl", "request_rate", "num_prompts", "lengths_file"],
+        ["llama-3.1-8b", "h100_sxm", "1", "", "", "inf", "", "lengths.csv"],
+        ["llama-3.1-8b", "h100_sxm", "1", "300", "", "2", "40", "bench.json"],
+    ],
 }
 MEASURED_BASE = [
     ["model", "gpu", "tensor_parallel_size", "isl", "osl", "concurrency", "request_rate", "num_prompts", "measured_ttft_ms_mean", "measured_tpot_ms_mean", "measured_output_tok_s", "backend", "dataset"],
@@ -182,7 +187,14 @@ PLAUSIBLE = {
     "measured_output_tok_s": ["1e-6", "1e9", "1e10"],
     "measured_output_tok_s_derived": ["true", "false", "yes", "no", "1", "0", "maybe"],
     "backend": ["vllm", "sglang", "trtllm", "tgi", ""],
+    "lengths_file": ["lengths.csv", "bench.json", "bench.json#0", "bench.json#1", "bench.json#\u00b2", "missing.csv", "lengths.txt", "../lengths.csv", "/", "in0.csv"],
 }
+
+
+def write_lengths_files(folder: Path) -> None:
+    """The files the "lengths" base names, relative to the CSVs in `folder`."""
+    (folder / "lengths.csv").write_text("input_tokens,output_tokens\n" + "".join(f"{10 + 37 * k % 900},{1 + 13 * k % 300}\n" for k in range(60)))
+    (folder / "bench.json").write_text(json.dumps({"input_lens": [120, 800, 33, 2000], "output_lens": [40, 0, 250, 90]}))
 
 
 def mutate_table(table: list[list[str]], rng: random.Random) -> list[list[str]]:
@@ -295,6 +307,7 @@ def data_rows(data: bytes) -> int:
 
 def run_predict_cases(tmp_path: Path, n: int, seed: int) -> dict[str, int]:
     rng = random.Random(seed)
+    write_lengths_files(tmp_path)
     counts = {0: 0, 1: 0, 2: 0}
     for case in range(n):
         name = rng.choice(sorted(PREDICT_BASES))
@@ -332,12 +345,14 @@ REPLAY_ROWS = [  # extreme but valid: every one must give a finite prediction or
     {"model": "llama-3.1-8b", "gpu": "h100_sxm", "tensor_parallel_size": "1", "isl": "100", "osl": "10", "request_rate": "inf", "num_prompts": "1"},
     {"model": "llama-3.1-8b", "gpu": "h100_sxm", "tensor_parallel_size": "1", "isl": "100000", "osl": "10", "concurrency": "4", "max_num_batched_tokens": "16", "max_num_seqs": "1"},
     {"model": "llama-3.1-8b", "gpu": "l40s", "tensor_parallel_size": "1", "isl": "200", "osl": "20", "concurrency": "8", "prefix_hit_rate": "0.999999", "data_parallel_size": "3"},
+    {"model": "llama-3.1-8b", "gpu": "h100_sxm", "tensor_parallel_size": "1", "isl": "", "osl": "", "request_rate": "inf", "lengths_file": "bench.json"},
     {"model": "llama-3.1-70b", "gpu": "l40s", "tensor_parallel_size": "1", "isl": "200", "osl": "20", "concurrency": "8"},
     {"model": "llama-3.1-8b", "gpu": "h100_sxm", "tensor_parallel_size": "1", "isl": "50", "osl": "5", "concurrency": "10000000"},
 ]
 
 
 def run_replay_cases(tmp_path: Path, rows: list[dict]) -> None:
+    write_lengths_files(tmp_path)
     for case, row in enumerate(rows):
         path, out = tmp_path / f"replay{case}.csv", tmp_path / f"replay_out{case}.csv"
         path.write_bytes(csv_bytes([list(row), list(row.values())]))

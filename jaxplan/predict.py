@@ -278,18 +278,24 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
 
 def replay_predict_rows(
     rows: list[dict], params_path: str | None = None, source: str = "input", num_requests: int | None = None, seed: int = 0, routing: str = "round_robin",
-    efficiency: dict | None = None,
+    efficiency: dict | None = None, max_seconds: float | None = None, started_at: float | None = None,
 ) -> list[dict]:
     """Like `predict_rows`, but each row is replayed step by step (one replay per row's workload).
 
     routing: how requests reach data-parallel replicas, "round_robin" or "least_loaded".
-    efficiency: GPU -> parameter fields, as for `predict_rows` (else the TOML at `params_path`)."""
+    efficiency: GPU -> parameter fields, as for `predict_rows` (else the TOML at `params_path`).
+    max_seconds: stop (PlanError) a replay whose measured pace projects past this many seconds from
+    `started_at` (time.perf_counter(); default: now), so that several calls can share one limit."""
+    import time
+
+    from jaxplan.deadline import Deadline
     from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.replay import sample_requests, simulate
     from jaxplan.replay.clients import closed_loop_start_times, request_lifetime_s
 
     results = [dict(row) for row in rows]
+    started_at = time.perf_counter() if started_at is None else started_at
     analytical = None  # stage 4's rows, for closed-loop client lifetimes (computed when first needed)
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
@@ -312,7 +318,11 @@ def replay_predict_rows(
                 lifetime_s = request_lifetime_s(a["ttft_ms_mean"], a["tpot_ms_mean"], workload.osl_mean_tokens)
                 starts = closed_loop_start_times(workload.concurrency, float(hw.closed_loop_sync_fraction[0]), lifetime_s, seed)
                 requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
-            m = jax.device_get(simulate(config, requests, workload, physics_step_fn(batch.model), (hw, layout)))
+            deadline = Deadline(
+                max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",
+                fix="replay fewer requests (--requests, or the row's num_prompts / concurrency) or use predict --method analytical",
+            )  # fmt: skip
+            m = jax.device_get(simulate(config, requests, workload, physics_step_fn(batch.model), (hw, layout), progress=deadline if max_seconds is not None else None))
             overhead_s = float(hw.request_overhead_s[0])
             results[i].update(
                 ttft_ms_mean=(float(m.ttft.mean_s[0]) + overhead_s) * 1e3,

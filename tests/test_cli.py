@@ -116,3 +116,27 @@ def test_simulate_routes_least_loaded_on_request(runner, tmp_path):
     assert results["round_robin"] != results["least_loaded"]  # the option reaches the replay
     res = runner.invoke(app, ["simulate", str(csv), "--routing", "random"])
     assert res.exit_code != 0
+
+
+def test_max_seconds_stops_a_long_replay_with_one_line(runner, tmp_path, monkeypatch):
+    """predict, simulate and sweep's stage 7 stop a replay past --max-seconds: exit 1 and one line
+    naming the job, the limit and the fix. The same predict with room finishes."""
+    from jaxplan.funnel import budget
+    from jaxplan.replay import driver
+
+    monkeypatch.setattr(driver, "PROGRESS_FIRST_ITERATIONS", 1)  # the first report comes before the end
+    csv = tmp_path / "rows.csv"
+    csv.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency,num_prompts\nllama-3.1-8b,h100_sxm,1,100,200,1,50\n")
+    for command in (["predict", str(csv), "-o", str(tmp_path / "out.csv")], ["simulate", str(csv)]):
+        res = runner.invoke(app, [*command, "--max-seconds", "0.001"])
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert res.exit_code == 1 and len(lines) == 1, res.output
+        assert lines[0].startswith(f"error: stopped the replay of {csv} row 1 (50 requests) after "), lines[0]
+        assert "output tokens, beyond --max-seconds = 0.001; replay fewer requests" in lines[0] and lines[0].endswith("or raise --max-seconds")
+    res = runner.invoke(app, ["predict", str(csv), "-o", str(tmp_path / "out.csv"), "--max-seconds", "600"])
+    assert res.exit_code == 0, res.output
+    monkeypatch.setattr(budget, "COMPILE_S", 0.0)  # the sweep's up-front estimate would refuse 1 s
+    res = runner.invoke(app, [*SMALL[:-1], "--top", "2", "--replay-requests", "20000", "--max-seconds", "1"])  # SMALL's funnel: compiled already
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 1 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
+    assert "use fewer --replay-requests, a smaller --top or --no-replay, or raise --max-seconds" in lines[-1]

@@ -269,6 +269,54 @@ def test_no_recompilation_for_new_per_finalist_values(chat):
     assert not np.array_equal(np.asarray(metrics.ttft.mean_s), np.asarray(second.ttft.mean_s))
 
 
+def test_progress_reports_output_tokens_and_leaves_the_replay_unchanged(chat, monkeypatch):
+    """With a progress callback the loop runs in short calls (the first of 8 iterations here) and
+    reports output tokens after each: monotone, ending at every finalist's tokens; the trace is
+    the same bit for bit. A memory limit that forces two finalists per call still counts up to the
+    whole replay."""
+    from jaxplan.replay import driver, memory
+
+    requests, config, params, workload, trace, _ = chat
+    monkeypatch.setattr(driver, "PROGRESS_FIRST_ITERATIONS", 8)
+    calls: list[tuple[int, int]] = []
+    again = simulate_trace(config, requests, workload, _counting_step_time, params, progress=lambda d, t: calls.append((d, t)), **CHAT_STATIC)
+    for name in trace._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(again, name)), np.asarray(getattr(trace, name)), err_msg=name)
+    total = 4 * int(np.asarray(requests.output_tokens).sum())
+    done = [d for d, _ in calls]
+    assert len(calls) >= 3 and {t for _, t in calls} == {total}
+    assert done == sorted(done) and done[-1] == total and done[0] < total
+
+    per_f, shared = memory.replay_bytes(memory.ReplayShape(4, NUM_R, 4, 64, driver.DEFAULT_WINDOW, "round_robin"))
+    calls.clear()
+    chunked = simulate_trace(config, requests, workload, _counting_step_time, params, progress=lambda d, t: calls.append((d, t)), memory_limit_bytes=shared + 2 * per_f, **CHAT_STATIC)
+    np.testing.assert_array_equal(np.asarray(chunked.ttft_s), np.asarray(trace.ttft_s))
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and done[-1] == total and {t for _, t in calls} == {total}
+    assert total // 2 in done  # the first call of two finalists ends at half the tokens
+
+
+def test_deadline_stops_a_replay_that_projects_past_the_limit(chat, monkeypatch):
+    """A Deadline on a clock that runs 10 s per loop call: a 60 s limit stops the replay with a
+    one-line PlanError naming the limit and the fix, before its end; a generous one lets it finish."""
+    from jaxplan.deadline import Deadline
+    from jaxplan.replay import driver
+
+    requests, config, params, workload, trace, _ = chat
+    monkeypatch.setattr(driver, "PROGRESS_FIRST_ITERATIONS", 4)
+    monkeypatch.setattr(driver, "PROGRESS_CALL_S", 0.0)  # never grow the calls: many reports
+    ticks = iter(range(0, 10**6, 10))
+    deadline = Deadline(60.0, clock=lambda: float(next(ticks)), what="the replay of row 1", unit="output tokens", fix="replay fewer requests")
+    with pytest.raises(PlanError, match=r"^stopped the replay of row 1 after .* output tokens.* beyond --max-seconds = 60; replay fewer requests, or raise --max-seconds$"):
+        simulate_trace(config, requests, workload, _counting_step_time, params, progress=deadline, **CHAT_STATIC)
+    assert next(ticks) < 200  # stopped after a few calls, not at the end
+    ok = simulate_trace(config, requests, workload, _counting_step_time, params, progress=Deadline(1e9), **CHAT_STATIC)
+    np.testing.assert_array_equal(np.asarray(ok.e2e_s), np.asarray(trace.e2e_s))
+    for bad in (float("nan"), 0.0, -1.0, "60", True):
+        with pytest.raises(PlanError, match=r"--max-seconds = .*: give a positive number \(inf: no limit\)"):
+            Deadline(bad)
+
+
 # --- traffic and inputs -------------------------------------------------------------------------
 
 

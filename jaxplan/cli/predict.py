@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli.common import ParamsOption, Routing, RoutingOption, app, clean_errors, err, out, progress_bar
+from jaxplan.deadline import check_limit
 from jaxplan.errors import bad_value
 
 
@@ -26,17 +27,19 @@ def predict(
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,
     params: ParamsOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Stop a replay whose measured pace projects past this many seconds in all (default: no limit).")] = None,
 ) -> None:
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
     from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
 
+    check_limit(max_seconds)
     rows = read_predict_csv(input_csv)
     if not rows:
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
     params_path = str(params) if params else None
     if method == Method.REPLAY:
-        predicted = replay_rows_with_progress(rows, "predicting", params_path=params_path, source=str(input_csv), num_requests=requests, routing=routing.value)
+        predicted = replay_rows_with_progress(rows, "predicting", params_path=params_path, source=str(input_csv), num_requests=requests, routing=routing.value, max_seconds=max_seconds)
     else:
         with err.status(f"predicting {len(rows)} rows ({method.value})"):
             predicted = predict_rows(rows, params_path=params_path, source=str(input_csv))
@@ -54,6 +57,7 @@ def simulate(
     params: ParamsOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write each row's replay timeline here (PNG + SVG; replays each row once more).")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Stop a replay whose measured pace projects past this many seconds in all (default: no limit).")] = None,
 ) -> None:
     """Replay explicit configurations step by step (the vLLM-style scheduler) and print their metrics."""
     from rich.table import Table
@@ -61,6 +65,7 @@ def simulate(
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
     from jaxplan.predict import OUTPUT_COLUMNS
 
+    check_limit(max_seconds)
     rows = read_predict_csv(input_csv)
     if not rows:
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
@@ -68,7 +73,7 @@ def simulate(
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)  # a bad --plot fails before the replay
-    replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed, routing=routing.value)
+    replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed, routing=routing.value, max_seconds=max_seconds)
     table = Table(title=f"Replayed {len(rows)} configurations")
     for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "status"):
         table.add_column(name)
@@ -94,10 +99,14 @@ def simulate(
 
 def replay_rows_with_progress(rows: list[dict], label: str, *, source: str, **kwargs) -> list[dict]:
     """`replay_predict_rows` one row at a time under a progress bar (same results: every row is its
-    own replay). All rows are validated first, so an error names the right row."""
+    own replay). All rows are validated first, so an error names the right row. A `max_seconds`
+    keyword is one limit for all the rows together."""
+    import time
+
     from jaxplan.predict import replay_predict_rows, row_batches
 
     row_batches(rows, source)
+    kwargs.setdefault("started_at", time.perf_counter())
     done = []
     with progress_bar() as progress:
         task = progress.add_task(f"{label} {len(rows)} configurations", total=len(rows))

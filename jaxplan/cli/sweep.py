@@ -52,7 +52,7 @@ def sweep(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the replay's request sample.")] = 0,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
-    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep estimated to take longer (default: no limit).")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep, its replay included, estimated to take longer (default: no limit).")] = None,
     max_memory_gib: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write figures here (PNG + SVG): funnel, frontier, splits, replay timelines.")] = None,
 ) -> None:
@@ -66,17 +66,23 @@ def sweep(
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)  # a bad --plot fails now, not after the sweep
+    import time as _time
+
+    started = _time.perf_counter()
     result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size, params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     out.print(funnel_table(result))
     replayed = None
     if replay and result.shortlist:
-        import time as _time
-
+        from jaxplan.deadline import Deadline
         from jaxplan.funnel.replay_stage import replay_rows
 
         t0 = _time.perf_counter()
         with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
-            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value)
+            deadline = Deadline(
+                max_seconds, start=started, what=f"stage 7 (the replay of {len(result.shortlist)} finalists x {replay_requests:,} requests)", unit="output tokens",
+                fix="use fewer --replay-requests, a smaller --top or --no-replay",
+            )  # fmt: skip
+            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value, progress=deadline if max_seconds is not None else None)
         replay_seconds = _time.perf_counter() - t0
         from jaxplan.funnel.replay_stage import rank_agreement
 

@@ -9,7 +9,7 @@ Memory is bounded by the streamed chunk and the per-layout table, not by the gri
 
 The effective chunk is the one `stream` uses: at least one whole run of the DP axis per device.
 Time is the grid at a conservative streaming rate plus a compilation allowance; while the sweep runs,
-`Deadline` re-estimates from the measured rate and stops it once the projection exceeds the limit.
+`jaxplan.deadline.Deadline` re-estimates from the measured rate and stops it once the projection exceeds the limit.
 The constants are deliberately pessimistic (bench/README.md measured 2.8e6-5.7e6 candidates/s and
 0.7-0.9 GiB peak RSS with 65,536-candidate chunks on 2 cores).
 """
@@ -17,10 +17,8 @@ The constants are deliberately pessimistic (bench/README.md measured 2.8e6-5.7e6
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
-from collections.abc import Callable
 
+from jaxplan.deadline import check_limit
 from jaxplan.errors import PlanError
 from jaxplan.grid import AXES, DP_AXIS, Grid
 
@@ -31,8 +29,6 @@ LAYOUT_BYTES = 4 * (1 + len(AXES))  # float32 score + int32 digits per table ent
 LAYOUT_COPIES = 6
 CANDIDATES_PER_S = 2.0e6  # conservative streaming rate on 2 busy cores (measured: 2.8e6-5.7e6)
 COMPILE_S = 20.0  # first chunk: compilation on a busy machine (measured: 4.5-14 s)
-REFINE_AFTER_S = 2.0  # measure at least this long before trusting the measured rate
-REFINE_SLACK = 1.25  # stop only when the projection exceeds the limit by 25%
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +75,7 @@ def _fixes(grid: Grid, estimate: SweepEstimate) -> str:
 def check_limits(grid: Grid, chunk_size: int, *, max_seconds: float | None = None, max_memory_bytes: float | None = None, num_devices: int | None = None) -> SweepEstimate:
     """The estimate; a one-line PlanError (estimates + fix) when it exceeds a limit (None = no limit)."""
     for name, value in (("--max-seconds", max_seconds), ("--max-memory-gib", max_memory_bytes)):
-        if value is not None and not (isinstance(value, (int, float)) and not math.isnan(value) and value > 0):
-            raise PlanError(f"{name} = {value!r}: give a positive number (inf: no limit)")
+        check_limit(value, name)
     estimate = estimate_sweep(grid, chunk_size, num_devices)
     if max_memory_bytes is not None and estimate.memory_bytes > max_memory_bytes:
         chunk_fix = ""
@@ -97,34 +92,3 @@ def check_limits(grid: Grid, chunk_size: int, *, max_seconds: float | None = Non
             f"above --max-seconds = {max_seconds:g}; use {_fixes(grid, estimate)}, or raise --max-seconds"
         )
     return estimate
-
-
-class Deadline:
-    """A `progress(done, total)` wrapper that stops the sweep (PlanError) when the measured rate
-    projects past `max_seconds` (by REFINE_SLACK), or when `max_seconds` has passed."""
-
-    def __init__(self, max_seconds: float | None, progress: Callable[[int, int], None] | None = None, clock=time.perf_counter):
-        self.max_seconds, self.progress, self.clock = max_seconds, progress, clock
-        self.start = clock()
-        self.first: tuple[float, int] | None = None  # (time, done) after the first chunk (compilation)
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.progress:
-            self.progress(done, total)
-        if self.max_seconds is None or done >= total:
-            return
-        now = self.clock()
-        elapsed = now - self.start
-        if self.first is None:
-            self.first = (now, done)
-            projected = None
-        else:
-            t1, d1 = self.first
-            rate = (done - d1) / max(now - t1, 1e-9)
-            projected = elapsed + (total - done) / rate if now - t1 >= REFINE_AFTER_S and rate > 0 else None
-        if elapsed > self.max_seconds or (projected is not None and projected > REFINE_SLACK * self.max_seconds):
-            rate_text = f"; at the measured {(done - self.first[1]) / max(now - self.first[0], 1e-9):,.0f} candidates/s the whole grid needs about {projected:,.0f} s" if projected else ""
-            raise PlanError(
-                f"stopped the sweep after {elapsed:,.1f} s at {done:,} of {total:,} candidates{rate_text}, "
-                f"beyond --max-seconds = {self.max_seconds:g}; use a smaller --space or fewer --gpus, or raise --max-seconds"
-            )

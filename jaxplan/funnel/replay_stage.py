@@ -72,8 +72,11 @@ def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "ro
     )
 
 
-def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin") -> list[dict]:
+def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin", progress=None) -> list[dict]:
     """The rows with replayed metrics added (`replay_*` keys), re-ranked best first.
+
+    progress: `progress(output tokens done, total)` during the replay (see `simulate_trace`),
+    e.g. a `jaxplan.deadline.Deadline` that stops it.
 
     routing: "round_robin" (request i to replica i % dp) or "least_loaded" (to the replica
     with the fewest waiting + running requests when it arrives)."""
@@ -92,7 +95,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
         requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
 
     hint = replica_steps_hint(rows, workload, requests, configs)
-    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(rows), initial_slots=initial_slots_hint(rows)))
+    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(rows), initial_slots=initial_slots_hint(rows), progress=progress))
     # The API server's per-request time is outside the engine steps the replay re-enacts; it is the
     # same calibrated constant stage 4 adds (physics params `request_overhead_s`).
     overhead_s = np.asarray(params[0].request_overhead_s)

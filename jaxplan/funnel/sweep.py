@@ -21,7 +21,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxplan.errors import PlanError
-from jaxplan.funnel.budget import Deadline, check_limits
+from jaxplan.deadline import Deadline
+from jaxplan.funnel.budget import check_limits
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import DESCRIPTION, NUM_REASONS, RELAX, STAGE_OF, Reason

@@ -12,7 +12,10 @@ which runs as long as the busiest lane, is shorter; `_finish` merges the lanes
 back into one trace per finalist, the same bit for bit. The loop runs at most `chunk` iterations per call; the
 host calls it again on the returned state (same shapes, same compiled program)
 until all lanes finish or `max_iterations` is spent, in which case the
-unfinished requests are reported.
+unfinished requests are reported. With a `progress(done, total)` callback (in
+output tokens; e.g. a `jaxplan.deadline.Deadline`), calls are kept short instead
+(PROGRESS_FIRST_ITERATIONS, doubled while a call takes under PROGRESS_CALL_S)
+and the callback hears after each one; the replay is the same either way.
 Slot rows (requests in flight per replica) are a fixed capacity too: a lane
 that needs more stops before that step, and the host widens every lane's
 tables (one more compile) and resumes where it stopped.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -75,6 +79,8 @@ from jaxplan.specs.workload import Arrival, Workload
 
 DEFAULT_WINDOW = 128
 INITIAL_SLOTS = 32  # slot rows per lane to start with
+PROGRESS_FIRST_ITERATIONS = 256  # with a progress callback: loop iterations of the first call
+PROGRESS_CALL_S = 0.5  # ... doubled while a call takes less than this
 
 
 class ReplayTrace(NamedTuple):
@@ -520,6 +526,7 @@ def simulate_trace(
     replica_concurrency_hint=None,
     max_replicas_per_lane: int | None = None,
     initial_slots: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ReplayTrace:
     """Replay `requests` on every finalist; raw per-request and per-replica results.
 
@@ -553,6 +560,9 @@ def simulate_trace(
     initial_slots: with num_slots None, the slot rows to start with instead of INITIAL_SLOTS
         (e.g. stage 4's estimate of the requests in flight per replica): each width the rows grow
         through is one more program to trace and compile. Results do not depend on it.
+    progress: called as progress(output tokens produced, output tokens of the whole call) after
+        every loop call, which are then short (see the module docstring); it may raise (e.g. a
+        `jaxplan.deadline.Deadline` past its limit) to stop the replay. Results do not depend on it.
     """
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
@@ -595,8 +605,16 @@ def simulate_trace(
         _replay, reqs, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
         num_slots=num_slots, max_dp=max_dp, routing=routing, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
     )  # fmt: skip
+    tokens_per_finalist = int(np.sum(np.asarray(reqs.output_tokens, np.int64)))
+    parts_total = -(-num_f // per_call) * per_call * tokens_per_finalist  # finalists padded to whole calls
+
+    def part_progress(first: int):
+        if progress is None:
+            return None
+        return lambda done, _total: progress(first * tokens_per_finalist + done, parts_total)
+
     if per_call >= num_f:
-        return run(configs, step_params, lane_split(dp_routed, lanes_per_f, max_dp, num_lanes))
+        return run(configs, step_params, lane_split(dp_routed, lanes_per_f, max_dp, num_lanes), progress=part_progress(0))
     # Too many finalists at once for the memory limit: equal chunks (the last padded), one program;
     # each chunk's replicas are split again over a fixed number of lanes.
     chunk_lanes = memory.lanes_per_call(shape, per_call)
@@ -609,7 +627,7 @@ def simulate_trace(
         else:
             k = np.ones(per_call, np.int64)
         split = lane_split(sub_dp, k, max_dp, chunk_lanes)
-        part = jax.device_get(run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params), split))
+        part = jax.device_get(run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params), split, progress=part_progress(start)))
         keep = min(per_call, num_f - start)
         parts.append(part._replace(**{name: getattr(part, name)[:keep] for name in ReplayTrace._fields if name not in _SHARED_FIELDS}))
     return ReplayTrace(*(p[0] if name in _SHARED_FIELDS else np.concatenate(p) for name, p in zip(ReplayTrace._fields, zip(*parts))))
@@ -631,9 +649,10 @@ def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots) -> ReplayTrace:
+def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots, progress=None) -> ReplayTrace:
     """One replay call over configs [F] on the lanes of `split` (see simulate_trace), sharded over
-    `devices` local devices when the lanes split evenly over them."""
+    `devices` local devices when the lanes split evenly over them; `progress(done, total)` in output
+    tokens after every loop call."""
     configs = ReplayConfig(
         configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=routing
     )
@@ -648,9 +667,12 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
     step_params = jax.tree.map(lambda x: np.asarray(x)[finalist] if routing != LEAST_LOADED else np.asarray(x), jax.device_get(step_params))
     step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
     used = 0
+    total_tokens = configs.num_finalists * int(np.sum(np.asarray(reqs.output_tokens, np.int64)))
+    per_call = chunk if progress is None else min(chunk, PROGRESS_FIRST_ITERATIONS)
     while used < max_iterations:
         grow = num_slots is None and slots < max_seqs
-        budget = min(chunk, max_iterations - used)
+        budget = min(per_call, max_iterations - used)
+        t0 = time.perf_counter()
         state, ran, done, overflow = _advance(
             inputs,
             state,
@@ -664,6 +686,11 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
             mesh=mesh,
         )
         used += int(ran)
+        if progress is not None:
+            produced = int(np.sum(np.asarray(_lane_state(state, routing).rep_tokens_out, np.int64)))
+            progress(total_tokens if bool(done) else min(produced, total_tokens - 1), total_tokens)
+            if time.perf_counter() - t0 < PROGRESS_CALL_S:
+                per_call = min(chunk, 2 * per_call)
         if bool(done):
             break
         if grow and bool(overflow):

@@ -1,6 +1,9 @@
-"""Which measured rows the accuracy report keeps under "kv_fits" (hand-computed capacity)."""
+"""Which measured rows the accuracy report keeps under "kv_fits" (hand-computed capacity), and the held-out configurations."""
+
+import pytest
 
 from jaxplan.calibrate.run import kv_holds_concurrency
+from jaxplan.errors import PlanError
 from jaxplan.physics.params import DEFAULTS
 
 # Llama-3.1-70B BF16 at TP=2 on H100-80GB holds 8.98 requests of 2,500 tokens (test_funnel_sieves).
@@ -35,7 +38,8 @@ def test_the_fit_sees_only_rows_whose_kv_cache_holds_the_clients(monkeypatch):
     real = fit.fit_data
     monkeypatch.setattr(fit, "fit_data", lambda r, gpus: seen.append([x.get("concurrency") for x in r]) or real(r, gpus))
     _, report = run.calibrate(rows, steps=2, log=lambda *a: None)
-    assert seen == [[1, 8, None]]
+    assert seen[0] == [1, 8, None]  # the shipped fit (then the held-out-configurations fit, on a subset)
+    assert set(map(tuple, seen[1:])) <= {(1, 8, None), (8, None), (1, None), (1, 8)}
     assert report["fit_rows"] == 5 and report["fit_rows_kv_fits"] == 3
     assert report["in_sample"]["h100_sxm"]["rows"] == 5 and report["in_sample"]["h100_sxm"]["kv_fits"]["rows"] == 3
 
@@ -59,3 +63,39 @@ def test_a_gpu_whose_rows_cannot_be_fitted_is_named_with_a_fix(tmp_path):
     assert result.exit_code == 0, result.output
     assert "warning: h100_sxm not fitted: in none of its 2 row(s)" in " ".join(result.output.split())
     assert (tmp_path / "p.toml").exists()
+
+
+def test_held_out_configurations_are_scored_by_a_fit_that_never_saw_them(monkeypatch):
+    """One GPU, four layouts x two concurrencies: the extra fit sees the rows of three layouts and the
+    report scores the fourth with it; four folds score every layout once, each by a fit without it.
+    With one layout, rows are dealt into the folds instead."""
+    from jaxplan.calibrate import fit, run
+
+    measured = dict(backend="vllm", dataset="user", measured_ttft_ms_mean=200.0, measured_tpot_ms_mean=30.0, measured_output_tok_s=100.0)
+    rows = [dict(BASE, **measured, tensor_parallel_size=tp, concurrency=c) for tp in (2, 4, 8) for c in (1, 4)]
+    rows += [dict(BASE, **measured, tensor_parallel_size=4, pipeline_parallel_size=2, concurrency=c) for c in (1, 4)]
+    labels = {run.layout_label(r) for r in rows}
+    assert "llama-3.1-70b TP4xPP2xDP1 bf16/auto" in labels and len(labels) == 4
+    seen = []
+    real = fit.fit_data
+    monkeypatch.setattr(fit, "fit_data", lambda r, gpus: seen.append({run.layout_label(x) for x in r}) or real(r, gpus))
+    _, report = run.calibrate(rows, steps=2, log=lambda *a: None)
+    result = report["held_out_configurations"]["h100_sxm"]
+    assert len(result["held_out"]) == 1 and result["rows"] == 2 and result["folds"] == 1
+    assert len(seen) == 2 and seen[0] == labels and seen[1] == labels - set(result["held_out"])  # the shipped fit, then one without it
+    assert result["ttft_mape"] >= 0 and "tpot_mape" in result
+
+    seen.clear()
+    _, report = run.calibrate(rows, steps=2, log=lambda *a: None, folds=4)
+    result = report["held_out_configurations"]["h100_sxm"]
+    assert sorted(result["held_out"]) == sorted(labels) and result["rows"] == 8 and len(seen) == 5
+    assert all(len(fold) == 3 for fold in seen[1:]) and set.union(*[labels - fold for fold in seen[1:]]) == labels
+
+    one_layout = [dict(BASE, **measured, concurrency=c) for c in (1, 2, 4, 6, 8, 9, 64, 128)]
+    _, report = run.calibrate(one_layout, steps=2, log=lambda *a: None)
+    result = report["held_out_configurations"]["h100_sxm"]
+    assert result["held_out"] == ["2 of 8 rows (one layout: llama-3.1-70b TP2xPP1xDP1 bf16/auto)"] and result["rows"] == 2
+    _, report = run.calibrate(one_layout[:1], steps=2, log=lambda *a: None)
+    assert report["held_out_configurations"]["h100_sxm"]["skipped"].startswith("one measured row")
+    with pytest.raises(PlanError, match="folds"):
+        run.calibrate(one_layout, steps=2, log=lambda *a: None, folds=5)

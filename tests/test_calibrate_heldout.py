@@ -94,6 +94,34 @@ def test_shipped_report_holds_the_documented_a100_numbers():
     assert analytical["tpot_p99_mape"] == pytest.approx(0.54, abs=0.01) and replay["tpot_p99_mape"] == pytest.approx(0.54, abs=0.01)
 
 
+def test_shipped_report_holds_the_documented_held_out_configurations():
+    """docs/accuracy.md, held-out configurations (the default single fold: TP4 of Llama-3.1-70B left
+    out of each GPU's fit): TTFT 10% (B200) / 5.2% (H200), TPOT 6.6% / 5.8%, Spearman 0.98 / 0.996."""
+    report = json.loads(REPORT.read_text())
+    for gpu, ttft, tpot in (("b200_sxm", 0.10, 0.066), ("h200_sxm", 0.052, 0.058)):
+        result = report["held_out_configurations"][gpu]
+        assert result["held_out"] == ["llama-3.1-70b TP4xPP1xDP1 fp8/auto"] and result["rows"] == 15 and result["folds"] == 1
+        assert result["ttft_mape"] == pytest.approx(ttft, abs=0.005) and result["tpot_mape"] == pytest.approx(tpot, abs=0.005)
+        assert result["throughput_spearman"] >= 0.97
+
+
+@pytest.mark.slow
+def test_held_out_configurations_recomputed():
+    """The default fold recomputed (one per-GPU fit without TP4), within float noise of the report."""
+    needs_data()
+    from jaxplan.calibrate import fit
+    from jaxplan.calibrate.run import held_out_configurations, trained_rows
+
+    fit_rows = [r for r in vllm_rows() if not fit_excluded(r)]
+    priors = {g: fit.kernel_priors(g) for g in GPUS}
+    result = held_out_configurations(fit_rows, trained_rows(fit_rows, priors), priors)
+    shipped = json.loads(REPORT.read_text())["held_out_configurations"]
+    for gpu in GPUS:
+        assert result[gpu]["held_out"] == shipped[gpu]["held_out"]
+        for key in ("ttft_mape", "tpot_mape"):
+            assert result[gpu][key] == pytest.approx(shipped[gpu][key], abs=0.01), (gpu, key)
+
+
 @pytest.fixture(scope="module")
 def held_out():
     """Held-out parameters for both GPUs, as `jaxplan calibrate` builds them (two fits)."""
@@ -129,11 +157,11 @@ def test_calibrate_step_groups_count_the_replay_check():
     from jaxplan.cli.calibrate import fit_step_groups
 
     rows = [{"backend": "vllm", "gpu": g, "measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0} for g in GPUS]
-    assert fit_step_groups(rows, replay_check=True) == 1 + 1 + 2 * 2  # priors, fit, per GPU: held-out fit and replay
-    assert fit_step_groups(rows[:1], replay_check=True) == 2  # one GPU: nothing held out
+    assert fit_step_groups(rows, replay_check=True) == 1 + 2 + 2 * 2  # priors, fit, held-out configurations, per GPU: held-out fit and replay
+    assert fit_step_groups(rows[:1], replay_check=True) == 3  # one GPU: no held-out GPU
     unseen = dict(rows[0], gpu="a100_sxm", dataset="vllm_a100_tp_vs_pp", model="llama-3.1-70b")
-    assert fit_step_groups(rows + [unseen], replay_check=True) == 1 + 1 + 2 * 2 + 1  # and its replay
-    assert fit_step_groups(rows + [unseen], replay_check=False) == 1 + 1 + 2
+    assert fit_step_groups(rows + [unseen], replay_check=True) == 1 + 2 + 2 * 2 + 1  # and its replay
+    assert fit_step_groups(rows + [unseen], replay_check=False) == 1 + 2 + 2
 
 
 def test_rows_without_a_prediction_are_counted_not_scored():

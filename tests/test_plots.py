@@ -278,6 +278,6 @@ def test_calibrate_step_groups():
     rows = [
         {"backend": "vllm", "gpu": g, "measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0} for g in ("h100_sxm", "h200_sxm")
     ]
-    assert fit_step_groups(rows) == 1 + 1 + 2  # priors, per-GPU fit, two held-out fits
-    assert fit_step_groups(rows[:1]) == 2  # one GPU: no held-out fit
+    assert fit_step_groups(rows) == 1 + 2 + 2  # priors, per-GPU fit, held-out configurations, two held-out GPU fits
+    assert fit_step_groups(rows[:1]) == 3  # one GPU: no held-out GPU fit
     assert fit_step_groups([{"backend": "sglang", "gpu": "h100_sxm"}]) == 1

@@ -5,6 +5,10 @@ fitted on the other GPUs' rows (and their kernel priors) and evaluated on the
 held-out GPU's rows, so the reported error is that of a fit that never saw the
 evaluated GPU; with `replay_check` the same parameters also drive `jaxplan predict`'s
 default method, the step-by-step replay, on the held-out GPU's fitted campaign rows.
+Held-out configurations: one more per-GPU fit leaves out a seeded quarter of each GPU's
+configurations (its layouts; its rows when it has one layout) and scores them (with
+`folds=4`, four fits score every configuration once), which is what a user fitting their
+own measurements of one GPU gets: the error on layouts they did not measure.
 Other backends (SGLang, TRT-LLM) are reported with the final fit as out-of-sample checks.
 
 Rows whose stated workload the physics cannot be asked to match (`fit_excluded`), and
@@ -25,6 +29,7 @@ import numpy as np
 
 from jaxplan.calibrate import fit
 from jaxplan.calibrate.metrics import mape, spearman
+from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_PATH
 from jaxplan.physics.shapes import hardware_table, model_shape, take
@@ -32,6 +37,9 @@ from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, predict_rows, replay
 from jaxplan.specs import known
 
 FIT_BACKEND = "vllm"
+HELD_OUT_FOLDS = 4  # each fitted GPU's configurations are dealt into this many folds (a quarter each)
+HELD_OUT_SEED = 0
+LAYOUT_COLUMNS = ("model", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "weight_dtype", "kv_cache_dtype")
 KV_BLOCK_TOKENS = 16  # vLLM's default block size
 
 # A GPU whose serving rows were not fitted (one without rows, or the held-out GPU of the accuracy
@@ -114,6 +122,69 @@ def held_out_params(train_rows: list[dict], held: str, priors: dict[str, dict[st
     return {**DEFAULTS, **unfitted_gpu_params(priors[held], fit.values_of(z[0]))}
 
 
+def layout_label(row: dict) -> str:
+    """A row's configuration: model, TP x PP x DP and dtypes, e.g. 'llama-3.1-70b TP8xPP1xDP1 fp8/fp8'."""
+    model, tp, pp, dp, weights, kv = (row.get(c) for c in LAYOUT_COLUMNS)
+    number = lambda v: int(float(v)) if v not in (None, "") else 1  # noqa: E731
+    return f"{model} TP{number(tp)}xPP{number(pp)}xDP{number(dp)} {weights or 'bf16'}/{kv or 'auto'}"
+
+
+def configuration_folds(rows: list[dict]) -> tuple[list[int], list[str]]:
+    """Fold (0..HELD_OUT_FOLDS-1) of each of one GPU's rows, and a label per fold: its configurations
+    (layouts, `layout_label`; the rows themselves when the GPU has one layout) in a seeded order, dealt
+    out in turn, so every fold holds about a quarter of them and all of a layout's rows share a fold."""
+    layouts = sorted({layout_label(r) for r in rows})
+    keys = [layout_label(r) for r in rows] if len(layouts) >= 2 else list(range(len(rows)))
+    groups = sorted(set(keys), key=repr)
+    order = np.random.default_rng(HELD_OUT_SEED).permutation(len(groups))
+    fold_of = {groups[g]: i % HELD_OUT_FOLDS for i, g in enumerate(order)}
+    folds = [fold_of[k] for k in keys]
+    if len(layouts) >= 2:
+        labels = [", ".join(sorted(str(k) for k in groups if fold_of[k] == f)) for f in range(HELD_OUT_FOLDS)]
+    else:
+        labels = [f"{folds.count(f)} of {len(rows)} rows (one layout: {layouts[0] if layouts else '-'})" for f in range(HELD_OUT_FOLDS)]
+    return folds, labels
+
+
+def held_out_configurations(fit_rows: list[dict], train: list[dict], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, folds: int = 1) -> dict:
+    """GPU -> accuracy (see `accuracy`) on configurations left out of a per-GPU fit (the shipped fit's
+    method, on the other configurations' rows among `train`): the first `folds` of HELD_OUT_FOLDS
+    (`configuration_folds`; 1: a quarter of each GPU's configurations, HELD_OUT_FOLDS: every
+    configuration once, each fold by its own fit), pooled; with the held-out labels. A GPU with a
+    single row is skipped with the reason."""
+    if not 1 <= folds <= HELD_OUT_FOLDS:
+        raise bad_value("folds", folds, f"must be 1 to {HELD_OUT_FOLDS}")
+    gpus = sorted({r["gpu"] for r in train})
+    out: dict[str, dict] = {}
+    fold_of: dict[int, int] = {}  # id(row) -> fold
+    labels: dict[str, list[str]] = {}
+    for g in gpus:
+        rows = [r for r in fit_rows if r["gpu"] == g]
+        if len(rows) < 2:
+            out[g] = {"rows": 0, "skipped": "one measured row: nothing to hold out"}
+            continue
+        assigned, labels[g] = configuration_folds(rows)
+        fold_of.update({id(r): f for r, f in zip(rows, assigned)})
+    predicted: dict[str, list] = {g: [] for g in labels}
+    for f in range(folds):
+        rest = [r for r in train if fold_of.get(id(r)) != f]
+        fitted = sorted({r["gpu"] for r in rest})
+        params = {g: dict(priors[g]) for g in gpus}
+        if fitted:
+            z, _ = fit.fit_serving(fit.fit_data(rest, fitted), fitted, np.stack([fit.free_vector(priors[g]) for g in fitted]), steps=steps)
+            for g, vector in zip(fitted, z):
+                params[g].update(fit.values_of(vector))
+        for g in labels:
+            held = [r for r in fit_rows if r["gpu"] == g and fold_of.get(id(r)) == f]
+            if held:
+                predicted[g].append(_predicted(held, {g: params[g]}))
+    for g in labels:
+        rows = [p for part, _ in predicted[g] for p in part]
+        fits = [x for _, part in predicted[g] for x in part]
+        out[g] = {"held_out": labels[g][:folds], "folds": folds, **_summary(rows, fits)}
+    return out
+
+
 def fit_excluded(row: dict) -> str | None:
     """Why `row` is evaluated but not fitted (None: it is fitted)."""
     return FIT_EXCLUDED.get((row.get("dataset"), row.get("model")))
@@ -158,14 +229,25 @@ def accuracy(rows: list[dict], params: dict[str, dict[str, float]], *, replay: b
     num_prompts); the same again under "kv_fits" for the rows whose KV cache holds the clients' contexts."""
     if not rows:
         return {"rows": 0}
+    return _summary(*_predicted(rows, params, replay=replay))
+
+
+def _predicted(rows: list[dict], params: dict[str, dict[str, float]], *, replay: bool = False) -> tuple[list[dict], list[bool]]:
+    """(predicted rows, whether each row's KV cache holds its clients) under `params`."""
     complete = {g: {**DEFAULTS, **values} for g, values in params.items()}
     if replay:
         predicted = replay_predict_rows(rows, source="measurements", efficiency=complete)
     else:
         predicted = predict_rows(rows, source="measurements", efficiency=complete)
+    return predicted, kv_holds_concurrency(rows, complete)
+
+
+def _summary(predicted: list[dict], fits: list[bool]) -> dict:
+    """`_accuracy` of all rows, and again under "kv_fits" of those whose KV cache holds the clients."""
+    if not predicted:
+        return {"rows": 0}
     out = _accuracy(predicted)
-    fits = kv_holds_concurrency(rows, complete)
-    if 0 < sum(fits) < len(rows):
+    if 0 < sum(fits) < len(predicted):
         out["kv_fits"] = _accuracy([p for p, f in zip(predicted, fits) if f])
     return out
 
@@ -190,8 +272,9 @@ def _accuracy(predicted: list[dict]) -> dict:
     return out
 
 
-def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=print) -> tuple[dict, dict]:
-    """(params per GPU, report). `rows` are normalized serving rows (see calibrate.rows)."""
+def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=print, folds: int = 1) -> tuple[dict, dict]:
+    """(params per GPU, report). `rows` are normalized serving rows (see calibrate.rows). folds: of the
+    held-out-configurations check (`held_out_configurations`; 4 scores every configuration, 3 more fits)."""
     t0 = time.perf_counter()
     gpus = known("gpus")
     priors = {g: fit.kernel_priors(g, data_root) for g in gpus}
@@ -236,6 +319,8 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             for model in sorted({r["model"] for r in held_rows}):
                 report["held_out"][f"{held}/{model}"] = accuracy([r for r in held_rows if r["model"] == model], held_params)
             log(f"held out {held}: {report['held_out'][held]}")
+        report["held_out_configurations"] = held_out_configurations(fit_rows, train, priors, steps=steps, folds=folds)
+        log(f"held-out configurations: {report['held_out_configurations']}")
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):
         other = [r for r in _usable(rows) if r.get("backend") == backend]
         report["other_backends"][backend] = accuracy(other, params)

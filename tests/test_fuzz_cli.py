@@ -58,7 +58,7 @@ def _command(app_):
 OPTIONS = (
     "--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price",
     "--chunk-size", "--params", "--replay-requests", "--seed", "--json", "--requests", "--method", "--output", "-o",
-    "--measurements", "--report", "--steps", "--max-seconds", "--max-memory-gib", "INPUT_CSV",
+    "--measurements", "--report", "--steps", "--max-seconds", "--max-memory-gib", "--held-out-folds", "INPUT_CSV",
 )
 JSON_KEYS = (
     "model", "model_id", "gpu", "tensor_parallel_size", "tp", "num_prompts", "request_rate", "max_concurrency", "completed",
@@ -400,7 +400,7 @@ def install_stub_fit(monkeypatch):
     from jaxplan.predict import predict_rows
     from jaxplan.specs import known
 
-    def fake(rows, *, data_root=None, steps=None, log=print):
+    def fake(rows, *, data_root=None, steps=None, log=print, folds=1):
         usable = run._usable([r for r in rows if r.get("backend") == run.FIT_BACKEND])
         gpus = sorted({r["gpu"] for r in usable})
         if usable:
@@ -573,9 +573,9 @@ def command_bases(tmp: Path) -> dict[str, list[str]]:
 OPTIONS_OF = {
     "sweep": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--chunk-size", "--params", "--replay-requests", "--seed", "--json"],
     "sensitivity": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--json"],
-    "predict": ["--method", "--requests", "--params", "-o"],
-    "simulate": ["--requests", "--seed", "--params", "-o"],
-    "calibrate": ["--steps", "--measurements", "--report"],  # never -o: the default is the bundled file
+    "predict": ["--method", "--requests", "--params", "-o", "--max-seconds"],
+    "simulate": ["--requests", "--seed", "--params", "-o", "--max-seconds"],
+    "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds"],  # never -o: the default is the bundled file
     "list": [],
 }
 # A sweep or sensitivity run that gets past validation compiles per (model, GPU count, space): keep

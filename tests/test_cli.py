@@ -140,3 +140,7 @@ def test_max_seconds_stops_a_long_replay_with_one_line(runner, tmp_path, monkeyp
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code == 1 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
     assert "use fewer --replay-requests, a smaller --top or --no-replay, or raise --max-seconds" in lines[-1]
+    res = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--space", "small", "--top", "2", "--replay-requests", "20000", "--max-seconds", "1"])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 1 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
+    assert not (tmp_path / "r.html").exists()

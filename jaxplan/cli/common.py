@@ -145,6 +145,19 @@ def run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=
         )
 
 
+def stage7_deadline(max_seconds: float | None, started: float, finalists: int, requests: int):
+    """The `progress` that stops stage 7 once the whole command (begun at `started`, perf_counter)
+    projects past --max-seconds; None without a limit."""
+    if max_seconds is None:
+        return None
+    from jaxplan.deadline import Deadline
+
+    return Deadline(
+        max_seconds, start=started, what=f"stage 7 (the replay of {finalists} finalists x {requests:,} requests)", unit="output tokens",
+        fix="use fewer --replay-requests, a smaller --top or --no-replay",
+    )
+
+
 def json_default(value):
     if dataclasses.is_dataclass(value):
         return dataclasses.asdict(value)

@@ -30,6 +30,7 @@ from jaxplan.cli.common import (
     out,
     progress_bar,
     run_sweep,
+    stage7_deadline,
     sweep_options,
 )
 from jaxplan.errors import PlanError
@@ -90,6 +91,8 @@ def report(
     plot: PlotOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Also map the winner over workload scenarios, e.g. isl=2000:32000:5,rate=1:16:5 (see `jaxplan sensitivity --winner-map`).")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) the sweep and its replay when estimated to take longer (default: no limit; figures and sensitivities come on top).")] = None,
+    max_memory_gib: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory).")] = None,
 ) -> None:
     """One self-contained HTML report of a sweep: inputs, winner (`vllm serve`), funnel, frontier,
     the same GPUs arranged differently, replay timelines and sensitivities."""
@@ -106,14 +109,16 @@ def report(
 
         plot_dir(plot)
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params)
+    started = time.perf_counter()
+    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     if not result.shortlist:
         raise PlanError(result.empty_explanation())
     replayed, replay_info = None, None
     if replay:
         t0 = time.perf_counter()
         with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
-            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value)
+            deadline = stage7_deadline(max_seconds, started, len(result.shortlist), replay_requests)
+            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value, progress=deadline)
         replay_info = (len(replayed), replayed[0]["replay_requests"], time.perf_counter() - t0)
     final = replayed or result.shortlist
     with progress_bar() as progress:

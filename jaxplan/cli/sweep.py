@@ -29,6 +29,7 @@ from jaxplan.cli.common import (
     json_default,
     out,
     run_sweep,
+    stage7_deadline,
     sweep_options,
 )
 
@@ -73,16 +74,12 @@ def sweep(
     out.print(funnel_table(result))
     replayed = None
     if replay and result.shortlist:
-        from jaxplan.deadline import Deadline
         from jaxplan.funnel.replay_stage import replay_rows
 
         t0 = _time.perf_counter()
         with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
-            deadline = Deadline(
-                max_seconds, start=started, what=f"stage 7 (the replay of {len(result.shortlist)} finalists x {replay_requests:,} requests)", unit="output tokens",
-                fix="use fewer --replay-requests, a smaller --top or --no-replay",
-            )  # fmt: skip
-            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value, progress=deadline if max_seconds is not None else None)
+            deadline = stage7_deadline(max_seconds, started, len(result.shortlist), replay_requests)
+            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value, progress=deadline)
         replay_seconds = _time.perf_counter() - t0
         from jaxplan.funnel.replay_stage import rank_agreement
 

@@ -318,11 +318,11 @@ def replay_predict_rows(
                 lifetime_s = request_lifetime_s(a["ttft_ms_mean"], a["tpot_ms_mean"], workload.osl_mean_tokens)
                 starts = closed_loop_start_times(workload.concurrency, float(hw.closed_loop_sync_fraction[0]), lifetime_s, seed)
                 requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
-            deadline = Deadline(
+            deadline = None if max_seconds is None else Deadline(
                 max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",
                 fix="replay fewer requests (--requests, or the row's num_prompts / concurrency) or use predict --method analytical",
             )  # fmt: skip
-            m = jax.device_get(simulate(config, requests, workload, physics_step_fn(batch.model), (hw, layout), progress=deadline if max_seconds is not None else None))
+            m = jax.device_get(simulate(config, requests, workload, physics_step_fn(batch.model), (hw, layout), progress=deadline))
             overhead_s = float(hw.request_overhead_s[0])
             results[i].update(
                 ttft_ms_mean=(float(m.ttft.mean_s[0]) + overhead_s) * 1e3,

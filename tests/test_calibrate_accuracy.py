@@ -67,8 +67,7 @@ def test_a_gpu_whose_rows_cannot_be_fitted_is_named_with_a_fix(tmp_path):
 
 def test_held_out_configurations_are_scored_by_a_fit_that_never_saw_them(monkeypatch):
     """One GPU, four layouts x two concurrencies: the extra fit sees the rows of three layouts and the
-    report scores the fourth with it; four folds score every layout once, each by a fit without it.
-    With one layout, rows are dealt into the folds instead."""
+    report scores the fourth with it; four folds score every layout once, each by a fit without it."""
     from jaxplan.calibrate import fit, run
 
     measured = dict(backend="vllm", dataset="user", measured_ttft_ms_mean=200.0, measured_tpot_ms_mean=30.0, measured_output_tok_s=100.0)
@@ -76,26 +75,31 @@ def test_held_out_configurations_are_scored_by_a_fit_that_never_saw_them(monkeyp
     rows += [dict(BASE, **measured, tensor_parallel_size=4, pipeline_parallel_size=2, concurrency=c) for c in (1, 4)]
     labels = {run.layout_label(r) for r in rows}
     assert "llama-3.1-70b TP4xPP2xDP1 bf16/auto" in labels and len(labels) == 4
+    priors = {"h100_sxm": dict(DEFAULTS)}
     seen = []
     real = fit.fit_data
     monkeypatch.setattr(fit, "fit_data", lambda r, gpus: seen.append({run.layout_label(x) for x in r}) or real(r, gpus))
-    _, report = run.calibrate(rows, steps=2, log=lambda *a: None)
-    result = report["held_out_configurations"]["h100_sxm"]
+    result = run.held_out_configurations(rows, rows, priors, steps=2)["h100_sxm"]
     assert len(result["held_out"]) == 1 and result["rows"] == 2 and result["folds"] == 1
-    assert len(seen) == 2 and seen[0] == labels and seen[1] == labels - set(result["held_out"])  # the shipped fit, then one without it
+    assert seen == [labels - set(result["held_out"])]  # one fit, without the held-out layout
     assert result["ttft_mape"] >= 0 and "tpot_mape" in result
 
     seen.clear()
-    _, report = run.calibrate(rows, steps=2, log=lambda *a: None, folds=4)
-    result = report["held_out_configurations"]["h100_sxm"]
-    assert sorted(result["held_out"]) == sorted(labels) and result["rows"] == 8 and len(seen) == 5
-    assert all(len(fold) == 3 for fold in seen[1:]) and set.union(*[labels - fold for fold in seen[1:]]) == labels
-
-    one_layout = [dict(BASE, **measured, concurrency=c) for c in (1, 2, 4, 6, 8, 9, 64, 128)]
-    _, report = run.calibrate(one_layout, steps=2, log=lambda *a: None)
-    result = report["held_out_configurations"]["h100_sxm"]
-    assert result["held_out"] == ["2 of 8 rows (one layout: llama-3.1-70b TP2xPP1xDP1 bf16/auto)"] and result["rows"] == 2
-    _, report = run.calibrate(one_layout[:1], steps=2, log=lambda *a: None)
-    assert report["held_out_configurations"]["h100_sxm"]["skipped"].startswith("one measured row")
+    result = run.held_out_configurations(rows, rows, priors, steps=2, folds=4)["h100_sxm"]
+    assert sorted(result["held_out"]) == sorted(labels) and result["rows"] == 8 and len(seen) == 4
+    assert all(len(fold) == 3 for fold in seen) and set.union(*[labels - fold for fold in seen]) == labels
     with pytest.raises(PlanError, match="folds"):
-        run.calibrate(one_layout, steps=2, log=lambda *a: None, folds=5)
+        run.held_out_configurations(rows, rows, priors, folds=5)
+
+
+def test_configurations_are_rows_when_a_gpu_measured_one_layout():
+    """One layout: its rows are dealt into the 4 folds (2 of 8 each); one row: nothing to hold out."""
+    from jaxplan.calibrate import run
+
+    one_layout = [dict(BASE, concurrency=c) for c in (1, 2, 4, 6, 8, 9, 64, 128)]
+    folds, labels = run.configuration_folds(one_layout)
+    assert sorted(folds) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert labels[0] == "2 of 8 rows (one layout: llama-3.1-70b TP2xPP1xDP1 bf16/auto)"
+    assert run.configuration_folds(one_layout) == (folds, labels)  # seeded
+    result = run.held_out_configurations(one_layout[:1], one_layout[:1], {"h100_sxm": dict(DEFAULTS)})
+    assert result["h100_sxm"]["skipped"].startswith("one measured row")

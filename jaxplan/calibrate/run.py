@@ -112,13 +112,19 @@ def trained_rows(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[
     return [r for r, fits in zip(rows, kv_holds_concurrency(rows, complete)) if fits]
 
 
+def serving_fit(rows: list[dict], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, shared: bool = False) -> tuple[list[str], np.ndarray, float]:
+    """The serving fit on `rows`, each GPU's kernel priors as its prior: (the rows' GPUs, sorted;
+    fitted free vectors [G, P]; final loss). shared=True fits one vector for all of them."""
+    gpus = sorted({r["gpu"] for r in rows})
+    z, loss = fit.fit_serving(fit.fit_data(rows, gpus), gpus, np.stack([fit.free_vector(priors[g]) for g in gpus]), shared=shared, steps=steps)
+    return gpus, z, loss
+
+
 def held_out_params(train_rows: list[dict], held: str, priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS) -> dict[str, float]:
     """Parameters for GPU `held` from one shared fit on the other GPUs' rows among `train_rows` (the
     rows the fit may see, `trained_rows`; their kernel priors as the prior), applied as to a GPU
     without rows (`unfitted_gpu_params`): no row of `held` is seen."""
-    train = [r for r in train_rows if r["gpu"] != held]
-    train_gpus = sorted({r["gpu"] for r in train})
-    z, _ = fit.fit_serving(fit.fit_data(train, train_gpus), train_gpus, np.stack([fit.free_vector(priors[g]) for g in train_gpus]), shared=True, steps=steps)
+    _, z, _ = serving_fit([r for r in train_rows if r["gpu"] != held], priors, steps=steps, shared=True)
     return {**DEFAULTS, **unfitted_gpu_params(priors[held], fit.values_of(z[0]))}
 
 
@@ -165,13 +171,14 @@ def held_out_configurations(fit_rows: list[dict], train: list[dict], priors: dic
             continue
         assigned, labels[g] = configuration_folds(rows)
         fold_of.update({id(r): f for r, f in zip(rows, assigned)})
+    if not labels:
+        return out
     predicted: dict[str, list] = {g: [] for g in labels}
     for f in range(folds):
         rest = [r for r in train if fold_of.get(id(r)) != f]
-        fitted = sorted({r["gpu"] for r in rest})
         params = {g: dict(priors[g]) for g in gpus}
-        if fitted:
-            z, _ = fit.fit_serving(fit.fit_data(rest, fitted), fitted, np.stack([fit.free_vector(priors[g]) for g in fitted]), steps=steps)
+        if rest:
+            fitted, z, _ = serving_fit(rest, priors, steps=steps)
             for g, vector in zip(fitted, z):
                 params[g].update(fit.values_of(vector))
         for g in labels:
@@ -296,9 +303,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             "runtime values). Measure at a concurrency the KV cache holds (lower concurrency, more TP or PP, FP8 KV)"
         )
     if fitted_gpus:
-        data = fit.fit_data(train, fitted_gpus)
-        prior = np.stack([fit.free_vector(priors[g]) for g in fitted_gpus])
-        z, loss = fit.fit_serving(data, fitted_gpus, prior, steps=steps)
+        _, z, loss = serving_fit(train, priors, steps=steps)
         for g, vector in zip(fitted_gpus, z):
             params[g].update(fit.values_of(vector))
         shared = fit.values_of(z.mean(axis=0))

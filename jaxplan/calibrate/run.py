@@ -188,7 +188,7 @@ def held_out_configurations(fit_rows: list[dict], train: list[dict], priors: dic
     for g in labels:
         rows = [p for part, _ in predicted[g] for p in part]
         fits = [x for _, part in predicted[g] for x in part]
-        out[g] = {"held_out": labels[g][:folds], "folds": folds, **_summary(rows, fits)}
+        out[g] = {"held_out": [label for label in labels[g][:folds] if label], "folds": folds, **_summary(rows, fits)}
     return out
 
 

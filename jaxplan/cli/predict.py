@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from jaxplan.cli.common import ParamsOption, Routing, RoutingOption, app, clean_errors, err, out, progress_bar
+from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, clean_errors, err, out, progress_bar
 from jaxplan.deadline import check_limit
 from jaxplan.errors import bad_value
 
@@ -27,7 +27,7 @@ def predict(
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,
     params: ParamsOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
-    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Stop a replay whose measured pace projects past this many seconds in all (default: no limit).")] = None,
+    max_seconds: ReplayMaxSecondsOption = None,
 ) -> None:
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
@@ -57,7 +57,7 @@ def simulate(
     params: ParamsOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write each row's replay timeline here (PNG + SVG; replays each row once more).")] = None,
-    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Stop a replay whose measured pace projects past this many seconds in all (default: no limit).")] = None,
+    max_seconds: ReplayMaxSecondsOption = None,
 ) -> None:
     """Replay explicit configurations step by step (the vLLM-style scheduler) and print their metrics."""
     from rich.table import Table

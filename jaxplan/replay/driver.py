@@ -601,11 +601,12 @@ def simulate_trace(
         num_f, num_r, max_dp, num_slots if num_slots is not None else _slot_bucket(min(max_seqs, num_r)), window, routing, num_lanes / num_f
     )  # fmt: skip
     per_call = memory.finalists_per_call(shape, memory_limit_bytes)
+    tokens_per_finalist = int(np.sum(np.asarray(reqs.output_tokens, np.int64)))  # progress is counted in output tokens
     run = functools.partial(
         _replay, reqs, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
         num_slots=num_slots, max_dp=max_dp, routing=routing, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
+        tokens_per_finalist=tokens_per_finalist,
     )  # fmt: skip
-    tokens_per_finalist = int(np.sum(np.asarray(reqs.output_tokens, np.int64)))
     parts_total = -(-num_f // per_call) * per_call * tokens_per_finalist  # finalists padded to whole calls
 
     def part_progress(first: int):
@@ -649,10 +650,10 @@ def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots, progress=None) -> ReplayTrace:
+def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
     """One replay call over configs [F] on the lanes of `split` (see simulate_trace), sharded over
     `devices` local devices when the lanes split evenly over them; `progress(done, total)` in output
-    tokens after every loop call."""
+    tokens (`tokens_per_finalist` each) after every loop call."""
     configs = ReplayConfig(
         configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=routing
     )
@@ -667,7 +668,7 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
     step_params = jax.tree.map(lambda x: np.asarray(x)[finalist] if routing != LEAST_LOADED else np.asarray(x), jax.device_get(step_params))
     step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
     used = 0
-    total_tokens = configs.num_finalists * int(np.sum(np.asarray(reqs.output_tokens, np.int64)))
+    total_tokens = configs.num_finalists * tokens_per_finalist
     per_call = chunk if progress is None else min(chunk, PROGRESS_FIRST_ITERATIONS)
     while used < max_iterations:
         grow = num_slots is None and slots < max_seqs

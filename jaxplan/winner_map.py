@@ -599,8 +599,14 @@ def winner_map(
     page_size: int = DEFAULT_PAGE,
     params_path: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_seconds: float | None = None,
+    started: float | None = None,
 ) -> WinnerMap:
-    """Stages 1-4 over the grid for every scenario of `axes` (plus the current workload)."""
+    """Stages 1-4 over the grid for every scenario of `axes` (plus the current workload).
+
+    max_seconds: stop (one-line PlanError) once the measured pace projects the map past this many
+    seconds from `started` (time.perf_counter(); default: now), like a sweep's --max-seconds."""
+    from jaxplan.deadline import Deadline
     from jaxplan.funnel.sweep import build_context, check_inputs, grid_size_check
 
     if isinstance(axes, str):
@@ -624,6 +630,11 @@ def winner_map(
                 f"scenario isl={w.isl_mean_tokens:g}, osl={w.osl_mean_tokens:g}: p99 request length {longest:,.0f} tokens exceeds "
                 f"{model.name}'s max_position_embeddings = {model.max_position_embeddings:,}; lower the map's isl/osl range"
             )
+    if max_seconds is not None:
+        progress = Deadline(
+            max_seconds, progress, start=started, what=f"the winner map ({len(workloads) - 1} scenarios)",
+            fix="use fewer scenarios, a narrower space or fewer --gpus",
+        )
     ctx = build_context(grid, model, workload, params_path)
     params = stacked_params(workloads)
     table, feasible, compile_s, run_s, chunk = stream_scenarios(grid, ctx, params, chunk_size=chunk_size, page_size=page_size, progress=progress)

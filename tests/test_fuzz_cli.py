@@ -572,7 +572,7 @@ def command_bases(tmp: Path) -> dict[str, list[str]]:
 
 OPTIONS_OF = {
     "sweep": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--chunk-size", "--params", "--replay-requests", "--seed", "--json"],
-    "sensitivity": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--json"],
+    "sensitivity": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--json", "--max-seconds", "--max-memory-gib"],
     "predict": ["--method", "--requests", "--params", "-o", "--max-seconds"],
     "simulate": ["--requests", "--seed", "--params", "-o", "--max-seconds"],
     "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds"],  # never -o: the default is the bundled file
@@ -652,7 +652,7 @@ def run_args_cases(tmp_path: Path, n: int, seed: int, light: bool = True) -> dic
         if result.exit_code == 1:
             message = error_line(result)
             given = [a for a in args[1:] if len(a) > 2 and a in message]  # the message quotes the value given
-            assert given or any(o in message for o in OPTIONS) or any(f.lower() in message.lower() for f in ("model", "gpu", "workload", "space", "price", "rate", "budget", "calibration file", str(tmp_path), "README.md", "/tmp", ".toml", "seed")), f"case {case} {args}: {message[:400]!r}"
+            assert given or any(o in message for o in OPTIONS) or any(f.lower() in message.lower() for f in ("model", "gpu", "workload", "space", "price", "rate", "budget", "calibration file", str(tmp_path), "README.md", "/tmp", ".toml", "seed", "column")), f"case {case} {args}: {message[:400]!r}"
     return counts
 
 
@@ -691,24 +691,30 @@ def test_gpu_budget_below_one_replica_is_explained():
 # ---- huge input: refused up front with the estimates -------------------------------------------------------
 
 
-def test_huge_grid_refused_by_time_limit_before_any_allocation(monkeypatch):
+# Every command that runs a sweep takes the same limits.
+SWEEPING = {"sweep": ["sweep", "--no-replay"], "size": ["size"], "sensitivity": ["sensitivity"], "report": ["report", "-o", "unused.html", "--no-replay"]}
+
+
+@pytest.mark.parametrize("command", sorted(SWEEPING))
+def test_huge_grid_refused_by_time_limit_before_any_allocation(monkeypatch, command):
     """--max-seconds below the estimate: exit 1, one line with the candidates, seconds, GiB and the fix;
     nothing is built (build_context would allocate the tables)."""
     from jaxplan.funnel import sweep as sweep_module
 
     monkeypatch.setattr(sweep_module, "build_context", lambda *a, **k: pytest.fail("the sweep started"))
-    result = invoke(["sweep", "--space", "huge", "--gpus", "h100_sxm,h200_sxm,a100_sxm,b200_sxm", "--no-replay", "--max-seconds", "10"], "huge, 10 s")
+    result = invoke([*SWEEPING[command], "--space", "huge", "--gpus", "h100_sxm,h200_sxm,a100_sxm,b200_sxm", "--max-seconds", "10"], f"{command}, huge, 10 s")
     assert result.exit_code == 1
     line = error_line(result)
     assert "refusing the sweep" in line and "127,401,984 candidates" in line and " s and " in line and "GiB" in line
     assert "--max-seconds = 10" in line and "fewer --gpus" in line
 
 
-def test_huge_grid_refused_by_memory_limit(monkeypatch):
+@pytest.mark.parametrize("command", sorted(SWEEPING))
+def test_huge_grid_refused_by_memory_limit(monkeypatch, command):
     from jaxplan.funnel import sweep as sweep_module
 
     monkeypatch.setattr(sweep_module, "build_context", lambda *a, **k: pytest.fail("the sweep started"))
-    result = invoke(["sweep", "--space", "huge", "--no-replay", "--max-memory-gib", "0.5"], "huge, 0.5 GiB")
+    result = invoke([*SWEEPING[command], "--space", "huge", "--max-memory-gib", "0.5"], f"{command}, huge, 0.5 GiB")
     assert result.exit_code == 1
     line = error_line(result)
     assert "refusing the sweep" in line and "above the memory limit of 0.5 GiB" in line and "--max-memory-gib" in line

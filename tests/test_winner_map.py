@@ -141,3 +141,14 @@ def test_cli_winner_map_table_and_json(tmp_path):
     assert [a["name"] for a in payload["axes"]] == ["isl", "rate"] and len(payload["cells"]) == 4
     bad = CliRunner().invoke(app, ["sensitivity", "--space", "small", "--winner-map", "speed=1:2:3"])
     assert bad.exit_code == 1 and "scenario axes are" in bad.output and "Traceback" not in bad.output
+
+
+def test_max_seconds_stops_the_map_and_a_generous_limit_changes_nothing(small_map):
+    """A map whose pace projects past max_seconds stops after its first chunk with one line naming the
+    map, the candidates done and the fix; a limit it keeps gives the same map as no limit."""
+    with pytest.raises(PlanError, match=r"^stopped the winner map \(4 scenarios\) after .* at 512 of 1,536 candidates.*"
+                       r"beyond --max-seconds = 0\.001; use fewer scenarios, a narrower space or fewer --gpus, or raise --max-seconds$"):
+        winner_map(MODEL, GPUS, CODING, load_space("small"), AXES, chunk_size=512, max_seconds=0.001)
+    limited = winner_map(MODEL, GPUS, CODING, load_space("small"), AXES, max_seconds=600)
+    assert limited.labels.tolist() == small_map.labels.tolist()
+    np.testing.assert_array_equal(limited.objective, small_map.objective)

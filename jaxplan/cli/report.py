@@ -15,6 +15,7 @@ import typer
 from jaxplan.cli.common import (
     BudgetOption,
     GpusOption,
+    MaxMemoryGibOption,
     ModelOption,
     ParamsOption,
     PriceOption,
@@ -91,8 +92,8 @@ def report(
     plot: PlotOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Also map the winner over workload scenarios, e.g. isl=2000:32000:5,rate=1:16:5 (see `jaxplan sensitivity --winner-map`).")] = None,
-    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) the sweep and its replay when estimated to take longer (default: no limit; figures and sensitivities come on top).")] = None,
-    max_memory_gib: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory).")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) the sweep, its replay and the winner map when estimated to take longer (default: no limit; figures and sensitivities come on top).")] = None,
+    max_memory_gib: MaxMemoryGibOption = None,
 ) -> None:
     """One self-contained HTML report of a sweep: inputs, winner (`vllm serve`), funnel, frontier,
     the same GPUs arranged differently, replay timelines and sensitivities."""
@@ -132,7 +133,7 @@ def report(
             from jaxplan.winner_map import parse_axes, winner_map
 
             step("the winner map")
-            figures["winner_map"] = winner_map_plot(winner_map(model_spec, gpu_specs, workload_spec, space_spec, parse_axes(map_axes)))
+            figures["winner_map"] = winner_map_plot(winner_map(model_spec, gpu_specs, workload_spec, space_spec, parse_axes(map_axes), max_seconds=max_seconds, started=started))
         step("writing the HTML report")
         summary = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
         write_report(output, result, summary, figures, sens, space_name=space)

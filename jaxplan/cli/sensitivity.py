@@ -12,6 +12,7 @@ from jaxplan.cli.common import (
     check_writable,
     BudgetOption,
     GpusOption,
+    MaxMemoryGibOption,
     ModelOption,
     PriceOption,
     RateOption,
@@ -44,6 +45,8 @@ def sensitivity(
     map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Instead: map the winning layout over workload scenarios, AXIS=LO:HI:N or AXIS=V1,V2,... for 1-3 axes of isl, osl, rate, hit, concurrency (e.g. isl=2000:32000:5,rate=1:16:5).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write the sensitivities here.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write figures here (PNG + SVG): the winner's elasticities as a tornado chart.")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep or winner map estimated to take longer (default: no limit).")] = None,
+    max_memory_gib: MaxMemoryGibOption = None,
 ) -> None:
     """How fragile is the answer? Elasticities (d log metric / d log parameter) of each finalist's
     throughput, TTFT, TPOT and cost to ISL, OSL, arrival rate / concurrency and prefix hit rate."""
@@ -59,13 +62,13 @@ def sensitivity(
 
         plot_dir(plot)  # a bad --plot fails now, not after the sweep
     if map_axes is not None:
-        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path)
+        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path, max_seconds)
         if plot:
             from jaxplan.cli.report import write_plots
 
             write_plots(lambda step: {"winner_map": winner_map_plot(wmap)}, 1, plot)
         return
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top)
+    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     if not result.shortlist:
         raise PlanError(result.empty_explanation())
     with err.status(f"sensitivities of {len(result.shortlist)} finalists (forward-mode AD)"):
@@ -97,8 +100,9 @@ def sensitivity(
         write_plots(lambda step: sensitivity_figures(sens, result.shortlist, step=step), 1, plot)
 
 
-def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path):
-    """`--winner-map`: stages 1-4 for every scenario in one pass; the map, its boundaries, and --json."""
+def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path, max_seconds: float | None = None):
+    """`--winner-map`: stages 1-4 for every scenario in one pass; the map, its boundaries, and --json.
+    max_seconds: stop the map once its measured pace projects past it."""
     from jaxplan.cli.common import progress_bar
     from jaxplan.winner_map import map_tables, parse_axes, summary_lines, winner_map
 
@@ -107,7 +111,7 @@ def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes:
     out.print(workload_spec.describe(), highlight=False)
     with progress_bar() as progress:
         task = progress.add_task("mapping", total=space_spec.size(len(gpu_specs)))
-        wmap = winner_map(model_spec, gpu_specs, workload_spec, space_spec, axes, progress=lambda done, total: progress.update(task, completed=done))
+        wmap = winner_map(model_spec, gpu_specs, workload_spec, space_spec, axes, progress=lambda done, total: progress.update(task, completed=done), max_seconds=max_seconds)
     for table in map_tables(wmap):
         out.print(table)
     for line in summary_lines(wmap):

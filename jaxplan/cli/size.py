@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,6 +12,7 @@ from jaxplan.cli.common import (
     check_writable,
     BudgetOption,
     GpusOption,
+    MaxMemoryGibOption,
     ModelOption,
     ParamsOption,
     PriceOption,
@@ -43,6 +44,8 @@ def size(
     params: ParamsOption = None,
     rollout_prompts: Annotated[int | None, typer.Option(min=1, help="Batch job (RL rollouts): prompts to generate; prints its wall time and cost at each pick's throughput.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", dir_okay=False, help="Write the sizing here.")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep estimated to take longer (default: no limit).")] = None,
+    max_memory_gib: MaxMemoryGibOption = None,
 ) -> None:
     """How many GPUs for X output tokens/s? Per GPU type, the fewest GPUs and the cheapest per token
     that meet the target (--target-throughput, or the workload's own) and the SLOs."""
@@ -53,7 +56,7 @@ def size(
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
     if workload_spec.target_output_tokens_per_s <= 0:
         raise PlanError(f"workload {workload_spec.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, 1, params=params)
+    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, 1, params=params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     sizing = size_deployments(result, rollout_prompts=rollout_prompts)
     out.print(sizing_table(sizing))
     if json_path:

@@ -12,6 +12,7 @@ import typer
 from jaxplan.cli.common import (
     BudgetOption,
     GpusOption,
+    MaxMemoryGibOption,
     ModelOption,
     ParamsOption,
     PriceOption,
@@ -54,7 +55,7 @@ def sweep(
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write everything machine-readable here.")] = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep, its replay included, estimated to take longer (default: no limit).")] = None,
-    max_memory_gib: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory).")] = None,
+    max_memory_gib: MaxMemoryGibOption = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write figures here (PNG + SVG): funnel, frontier, splits, replay timelines.")] = None,
 ) -> None:
     """Search the whole grid: funnel counts, the top configurations and a ready `vllm serve` command."""

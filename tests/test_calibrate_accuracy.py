@@ -79,17 +79,25 @@ def test_held_out_configurations_are_scored_by_a_fit_that_never_saw_them(monkeyp
     seen = []
     real = fit.fit_data
     monkeypatch.setattr(fit, "fit_data", lambda r, gpus: seen.append({run.layout_label(x) for x in r}) or real(r, gpus))
-    result = run.held_out_configurations(rows, rows, priors, steps=2)["h100_sxm"]
+    result = run.held_out_configurations(rows, [True] * len(rows), priors, steps=2)["h100_sxm"]
     assert len(result["held_out"]) == 1 and result["rows"] == 2 and result["folds"] == 1
     assert seen == [labels - set(result["held_out"])]  # one fit, without the held-out layout
     assert result["ttft_mape"] >= 0 and "tpot_mape" in result
 
     seen.clear()
-    result = run.held_out_configurations(rows, rows, priors, steps=2, folds=4)["h100_sxm"]
+    result = run.held_out_configurations(rows, [True] * len(rows), priors, steps=2, folds=4)["h100_sxm"]
     assert sorted(result["held_out"]) == sorted(labels) and result["rows"] == 8 and len(seen) == 4
     assert all(len(fold) == 3 for fold in seen) and set.union(*[labels - fold for fold in seen]) == labels
     with pytest.raises(PlanError, match="folds"):
-        run.held_out_configurations(rows, rows, priors, folds=5)
+        run.held_out_configurations(rows, [True] * len(rows), priors, folds=5)
+    with pytest.raises(PlanError, match=r"trained = '1 flags': must have one per row \(8\)"):
+        run.held_out_configurations(rows, [True], priors)
+
+    # A row the fit may not see (its KV cache cannot hold the clients) is scored but never fitted.
+    seen.clear()
+    unseen = run.layout_label(rows[0])
+    run.held_out_configurations(rows, [run.layout_label(r) != unseen for r in rows], priors, steps=2, folds=4)
+    assert len(seen) == 4 and all(unseen not in fold for fold in seen)
 
 
 def test_configurations_are_rows_when_a_gpu_measured_one_layout():
@@ -101,5 +109,5 @@ def test_configurations_are_rows_when_a_gpu_measured_one_layout():
     assert sorted(folds) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert labels[0] == "2 of 8 rows (one layout: llama-3.1-70b TP2xPP1xDP1 bf16/auto)"
     assert run.configuration_folds(one_layout) == (folds, labels)  # seeded
-    result = run.held_out_configurations(one_layout[:1], one_layout[:1], {"h100_sxm": dict(DEFAULTS)})
+    result = run.held_out_configurations(one_layout[:1], [True], {"h100_sxm": dict(DEFAULTS)})
     assert result["h100_sxm"]["skipped"].startswith("one measured row")

@@ -110,11 +110,11 @@ def test_held_out_configurations_recomputed():
     """The default fold recomputed (one per-GPU fit without TP4), within float noise of the report."""
     needs_data()
     from jaxplan.calibrate import fit
-    from jaxplan.calibrate.run import held_out_configurations, trained_rows
+    from jaxplan.calibrate.run import held_out_configurations, trained_mask
 
     fit_rows = [r for r in vllm_rows() if not fit_excluded(r)]
     priors = {g: fit.kernel_priors(g) for g in GPUS}
-    result = held_out_configurations(fit_rows, trained_rows(fit_rows, priors), priors)
+    result = held_out_configurations(fit_rows, trained_mask(fit_rows, priors), priors)
     shipped = json.loads(REPORT.read_text())["held_out_configurations"]
     for gpu in GPUS:
         assert result[gpu]["held_out"] == shipped[gpu]["held_out"]

@@ -102,14 +102,19 @@ def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float]) -> di
 
 
 def trained_rows(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[dict]:
-    """The rows the serving fit sees: those whose KV cache holds the clients (`kv_holds_concurrency`;
+    """The rows the serving fit sees (`trained_mask`)."""
+    return [r for r, keep in zip(rows, trained_mask(rows, priors)) if keep]
+
+
+def trained_mask(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[bool]:
+    """Whether the serving fit sees each row: its KV cache holds the clients (`kv_holds_concurrency`;
     KV capacity does not depend on the fitted fields, so the priors decide). In the others vLLM
     preempts, and the measured TTFT depends on how long the benchmark ran, which the shared data do
     not state: stage 4 is off by 10x both ways there (H200 TP1 8192/1024 c32 9.8x, 1024/8192 c64
     0.10x); with the previous fit's parameters, 4 such rows of 60 held 96% of the H200 fit's squared
     TTFT log error, 2 of 60 held 72% of B200's. They are still evaluated (the report's all-row figures)."""
     complete = {g: {**DEFAULTS, **priors[g]} for g in {r["gpu"] for r in rows}}
-    return [r for r, fits in zip(rows, kv_holds_concurrency(rows, complete)) if fits]
+    return kv_holds_concurrency(rows, complete)
 
 
 def serving_fit(rows: list[dict], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, shared: bool = False) -> tuple[list[str], np.ndarray, float]:
@@ -152,37 +157,41 @@ def configuration_folds(rows: list[dict]) -> tuple[list[int], list[str]]:
     return folds, labels
 
 
-def held_out_configurations(fit_rows: list[dict], train: list[dict], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, folds: int = 1) -> dict:
+def held_out_configurations(fit_rows: list[dict], trained: list[bool], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, folds: int = 1) -> dict:
     """GPU -> accuracy (see `accuracy`) on configurations left out of a per-GPU fit (the shipped fit's
-    method, on the other configurations' rows among `train`): the first `folds` of HELD_OUT_FOLDS
+    method, on the other configurations' rows among those the fit may see, `trained` [len(fit_rows)],
+    `trained_mask`): the first `folds` of HELD_OUT_FOLDS
     (`configuration_folds`; 1: a quarter of each GPU's configurations, HELD_OUT_FOLDS: every
     configuration once, each fold by its own fit), pooled; with the held-out labels. A GPU with a
     single row is skipped with the reason."""
     if not 1 <= folds <= HELD_OUT_FOLDS:
         raise bad_value("folds", folds, f"must be 1 to {HELD_OUT_FOLDS}")
-    gpus = sorted({r["gpu"] for r in train})
+    if len(trained) != len(fit_rows):
+        raise bad_value("trained", f"{len(trained)} flags", f"must have one per row ({len(fit_rows)})")
+    gpus = sorted({r["gpu"] for r, seen in zip(fit_rows, trained) if seen})
     out: dict[str, dict] = {}
-    fold_of: dict[int, int] = {}  # id(row) -> fold
+    fold = [-1] * len(fit_rows)  # by row: its fold, -1 when its GPU is not scored
     labels: dict[str, list[str]] = {}
     for g in gpus:
-        rows = [r for r in fit_rows if r["gpu"] == g]
-        if len(rows) < 2:
+        index = [i for i, r in enumerate(fit_rows) if r["gpu"] == g]
+        if len(index) < 2:
             out[g] = {"rows": 0, "skipped": "one measured row: nothing to hold out"}
             continue
-        assigned, labels[g] = configuration_folds(rows)
-        fold_of.update({id(r): f for r, f in zip(rows, assigned)})
+        assigned, labels[g] = configuration_folds([fit_rows[i] for i in index])
+        for i, f in zip(index, assigned):
+            fold[i] = f
     if not labels:
         return out
     predicted: dict[str, list] = {g: [] for g in labels}
     for f in range(folds):
-        rest = [r for r in train if fold_of.get(id(r)) != f]
+        rest = [r for r, seen, k in zip(fit_rows, trained, fold) if seen and k != f]
         params = {g: dict(priors[g]) for g in gpus}
         if rest:
             fitted, z, _ = serving_fit(rest, priors, steps=steps)
             for g, vector in zip(fitted, z):
                 params[g].update(fit.values_of(vector))
         for g in labels:
-            held = [r for r in fit_rows if r["gpu"] == g and fold_of.get(id(r)) == f]
+            held = [r for r, k in zip(fit_rows, fold) if r["gpu"] == g and k == f]
             if held:
                 predicted[g].append(_predicted(held, {g: params[g]}))
     for g in labels:
@@ -288,7 +297,8 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     log(f"kernel priors for {len(gpus)} GPUs in {time.perf_counter() - t0:.1f} s")
     evaluated = evaluated_rows(rows)
     fit_rows = [r for r in evaluated if not fit_excluded(r)]
-    train = trained_rows(fit_rows, priors)
+    trained = trained_mask(fit_rows, priors)
+    train = [r for r, seen in zip(fit_rows, trained) if seen]
     fitted_gpus = sorted({r["gpu"] for r in train})
     params = {g: dict(priors[g]) for g in gpus}
     report: dict = {
@@ -324,7 +334,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             for model in sorted({r["model"] for r in held_rows}):
                 report["held_out"][f"{held}/{model}"] = accuracy([r for r in held_rows if r["model"] == model], held_params)
             log(f"held out {held}: {report['held_out'][held]}")
-        report["held_out_configurations"] = held_out_configurations(fit_rows, train, priors, steps=steps, folds=folds)
+        report["held_out_configurations"] = held_out_configurations(fit_rows, trained, priors, steps=steps, folds=folds)
         log(f"held-out configurations: {report['held_out_configurations']}")
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):
         other = [r for r in _usable(rows) if r.get("backend") == backend]

@@ -153,10 +153,15 @@ def test_held_out_accuracy_analytical_and_replay(held_out):
         assert replay["kv_fits"]["ttft_mape"] <= 0.30, (gpu, replay)
 
 
-def test_calibrate_step_groups_count_the_replay_check():
+def test_calibrate_step_groups_count_the_fits_and_the_replay_check():
+    """The progress bar's steps: priors, per-GPU fit, held-out configurations, one held-out fit per GPU
+    (if several), and with the replay check a held-out replay per GPU and a replay per unseen campaign."""
     from jaxplan.cli.calibrate import fit_step_groups
 
     rows = [{"backend": "vllm", "gpu": g, "measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0} for g in GPUS]
+    assert fit_step_groups(rows) == 1 + 2 + 2
+    assert fit_step_groups(rows[:1]) == 3  # one GPU: no held-out GPU fit
+    assert fit_step_groups([{"backend": "sglang", "gpu": "h100_sxm"}]) == 1  # no fit-backend row: priors only
     assert fit_step_groups(rows, replay_check=True) == 1 + 2 + 2 * 2  # priors, fit, held-out configurations, per GPU: held-out fit and replay
     assert fit_step_groups(rows[:1], replay_check=True) == 3  # one GPU: no held-out GPU
     unseen = dict(rows[0], gpu="a100_sxm", dataset="vllm_a100_tp_vs_pp", model="llama-3.1-70b")

@@ -270,14 +270,3 @@ def test_simulate_and_sensitivity_plot_cli(runner, tmp_path):
     res = runner.invoke(app, ["sensitivity", *SMALL, "--plot", str(tmp_path / "sens")])
     assert res.exit_code == 0, res.output
     assert png_size(tmp_path / "sens" / "tornado.png") == style.PIXELS
-
-
-def test_calibrate_step_groups():
-    from jaxplan.cli.calibrate import fit_step_groups
-
-    rows = [
-        {"backend": "vllm", "gpu": g, "measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0} for g in ("h100_sxm", "h200_sxm")
-    ]
-    assert fit_step_groups(rows) == 1 + 2 + 2  # priors, per-GPU fit, held-out configurations, two held-out GPU fits
-    assert fit_step_groups(rows[:1]) == 3  # one GPU: no held-out GPU fit
-    assert fit_step_groups([{"backend": "sglang", "gpu": "h100_sxm"}]) == 1

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxplan.errors import PlanError, bad_value
+from jaxplan.errors import bad_value
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
 from jaxplan.physics.steady_state import estimate
@@ -26,7 +26,7 @@ from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
 from jaxplan.specs.space import DTYPE_BYTES
-from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
+from jaxplan.specs.workload import Arrival, Workload, length_fields
 
 # vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
 DEFAULT_MAX_NUM_SEQS = 1024
@@ -63,30 +63,11 @@ def _number(row: dict, field: str, default=None, *, where: str) -> float:
 
 
 def _length_shape(row: dict, where: str) -> dict:
-    """The row's length distributions, or its lengths_file, as Workload fields (blank = fixed lengths), validated."""
-    shape = {}
-    for side in ("isl", "osl"):
-        name = str(row.get(f"{side}_distribution") or "fixed").strip().lower()
-        try:
-            distribution = LengthDistribution(name)
-        except ValueError:
-            raise bad_value(f"{side}_distribution", row.get(f"{side}_distribution"), f"use one of {', '.join(d.value for d in LengthDistribution)} (blank = fixed)", where=where) from None
-        spread = _number(row, f"{side}_spread", 0.0, where=where)
-        if spread > 5:
-            raise bad_value(f"{side}_spread", row.get(f"{side}_spread"), "must be in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)", where=where)
-        shape[f"{side}_distribution"], shape[f"{side}_spread"] = distribution, spread
-    lengths_file = row.get("lengths_file")
-    if lengths_file not in (None, ""):
-        if not isinstance(lengths_file, str):
-            raise bad_value("lengths_file", lengths_file, "must be text (a file path)", where=where)
-        for side in ("isl", "osl"):
-            if shape[f"{side}_distribution"] != LengthDistribution.FIXED or shape[f"{side}_spread"] > 0:
-                raise bad_value(f"{side}_distribution", row.get(f"{side}_distribution"), "lengths_file gives each request's lengths; leave the distribution and spread blank", where=where)
-        try:
-            read_lengths(lengths_file)  # read once here so a bad file is named with its row (cached)
-        except PlanError as err:
-            raise PlanError(f"{where}: {err}") from None
-        shape["lengths_file"] = lengths_file
+    """The row's length distributions, or its lengths_file, as Workload fields (blank = fixed lengths),
+    validated by `length_fields`; "lengths_file" only when the row has one."""
+    shape = length_fields(row, where)
+    if not shape["lengths_file"]:
+        del shape["lengths_file"]
     return shape
 
 

@@ -51,7 +51,7 @@ from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
 from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
-from jaxplan.specs.workload import LengthDistribution
+from jaxplan.specs.workload import MAX_LENGTH_SPREAD, length_fields
 
 INPUT_COLUMNS = (
     "model",
@@ -95,7 +95,6 @@ DEFAULTS: dict[str, Any] = {
     "measured_output_tok_s_derived": False,
 }
 STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "lengths_file", "dataset", "backend", "source_id", "notes"})
-LENGTH_DISTRIBUTIONS = tuple(d.value for d in LengthDistribution)
 INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens"})
 BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived"})
 # float column -> (low, high, fix); request_rate may also be inf.
@@ -104,8 +103,8 @@ FLOAT_RANGES = {
     "osl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
     "request_rate": (1e-6, 1e9, "requests/s > 0, or inf for all-at-once"),
     "prefix_hit_rate": (0.0, 0.999999, "a fraction in [0, 1)"),
-    "isl_spread": (0.0, 5.0, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
-    "osl_spread": (0.0, 5.0, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
+    "isl_spread": (0.0, MAX_LENGTH_SPREAD, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
+    "osl_spread": (0.0, MAX_LENGTH_SPREAD, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
     "gpu_hbm_bytes_override": (1e9, 1e13, "HBM capacity in BYTES (e.g. 42949672960 for 40 GiB)"),
     "gpu_hbm_bandwidth_bytes_per_s_override": (1e10, 1e14, "HBM bandwidth in bytes/s (e.g. 1.555e12)"),
     "measured_ttft_ms_mean": (1e-3, 1e8, "a positive time in ms"),
@@ -181,9 +180,7 @@ def check_row(row: dict, where: str) -> dict:
         raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (fp4/int4 are not modeled)", where=where)
     if row["kv_cache_dtype"] not in KV_CACHE_DTYPES:
         raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
-    for column in ("isl_distribution", "osl_distribution"):
-        if row[column] not in (None, "", *LENGTH_DISTRIBUTIONS):
-            raise bad_value(column, row[column], f"use one of {', '.join(LENGTH_DISTRIBUTIONS)} (blank = fixed)", where=where)
+    length_fields(row, where)  # the rule workloads and predict rows follow (a lengths_file was checked above)
     if row["backend"] not in (None, "", *BACKENDS):
         raise bad_value("backend", row["backend"], f"use one of {', '.join(BACKENDS)} or leave empty", where=where)
     if row["concurrency"] is None and row["request_rate"] is None:
@@ -198,15 +195,8 @@ def check_row(row: dict, where: str) -> dict:
 
 def _fill_means_from_lengths_file(row: dict, where: str) -> None:
     """A row with a lengths_file: blank isl/osl become the file's means; no distribution beside it."""
-    if not isinstance(row["lengths_file"], str):
-        raise bad_value("lengths_file", row["lengths_file"], "must be text (a file path)", where=where)
-    for side in ("isl", "osl"):
-        if row[f"{side}_distribution"] not in (None, "", "fixed") or row[f"{side}_spread"] not in (None, 0, 0.0):
-            raise bad_value(f"{side}_distribution", row[f"{side}_distribution"], "lengths_file gives each request's lengths; leave the distribution and spread blank", where=where)
-    try:
-        means = read_lengths(row["lengths_file"]).means()
-    except PlanError as err:
-        raise PlanError(f"{where}: {err}") from None
+    length_fields(row, where)  # text, no distribution beside it, a readable file
+    means = read_lengths(row["lengths_file"]).means()  # cached by length_fields' read
     for side, mean in zip(("isl", "osl"), means):
         if row[side] is None or row[side] == "":
             row[side] = mean

@@ -22,6 +22,52 @@ class LengthDistribution(str, enum.Enum):
     LOGNORMAL = "lognormal"  # coefficient of variation = spread
 
 
+MAX_LENGTH_SPREAD = 5.0
+SPREAD_FIX = "must be a number in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"
+
+
+def length_fields(values, where: str) -> dict:
+    """The request-length fields of a workload or a predict / measurement row, validated (the one rule
+    for all three): {isl_distribution, osl_distribution: LengthDistribution, isl_spread, osl_spread:
+    float, lengths_file: str ("" = none)}.
+
+    values: a mapping with any of those keys; a distribution may be an enum or its name (blank = fixed,
+    any case), a spread a number or numeric text (blank = 0). A lengths_file gives each request's
+    lengths, so it excludes a distribution or spread beside it; it is read here (cached), so that a
+    bad file is named with `where`. Raises a one-line PlanError naming the field."""
+    out: dict = {}
+    for side in ("isl", "osl"):
+        raw = values.get(f"{side}_distribution")
+        name = raw.value if isinstance(raw, LengthDistribution) else str(raw if raw not in (None, "") else "fixed").strip().lower()
+        try:
+            out[f"{side}_distribution"] = LengthDistribution(name)
+        except ValueError:
+            raise bad_value(f"{side}_distribution", raw, f"use one of {', '.join(d.value for d in LengthDistribution)} (blank = fixed)", where=where) from None
+        raw = values.get(f"{side}_spread")
+        try:
+            spread = 0.0 if raw is None or (isinstance(raw, str) and not raw.strip()) else float(raw)
+        except (TypeError, ValueError):
+            spread = math.nan
+        if isinstance(raw, bool) or not 0.0 <= spread <= MAX_LENGTH_SPREAD:  # NaN fails too
+            raise bad_value(f"{side}_spread", raw, SPREAD_FIX, where=where)
+        out[f"{side}_spread"] = spread
+    lengths_file = values.get("lengths_file")
+    if lengths_file in (None, ""):
+        lengths_file = ""
+    elif not isinstance(lengths_file, str):
+        raise bad_value("lengths_file", lengths_file, "must be text (a file path)", where=where)
+    else:
+        for side in ("isl", "osl"):
+            if out[f"{side}_distribution"] != LengthDistribution.FIXED or out[f"{side}_spread"] > 0:
+                raise bad_value(f"{side}_distribution", out[f"{side}_distribution"].value, "lengths_file gives each request's lengths; leave the distribution and spread blank", where=where)
+        try:
+            read_lengths(lengths_file)
+        except PlanError as err:
+            raise PlanError(f"{where}: {err}") from None
+    out["lengths_file"] = lengths_file
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """Token lengths in tokens, rates in requests/s, latencies in seconds.
@@ -60,9 +106,7 @@ class Workload:
                 raise bad_value(field, value, "must be a token count in 1..10,000,000", where=where)
         if not _finite(self.prefix_hit_rate) or not 0 <= self.prefix_hit_rate < 1:
             raise bad_value("prefix_hit_rate", self.prefix_hit_rate, "must be in [0, 1)", where=where)
-        for field in ("isl_spread", "osl_spread"):
-            if not _finite(getattr(self, field)) or not 0 <= getattr(self, field) <= 5:
-                raise bad_value(field, getattr(self, field), "must be in [0, 5]", where=where)
+        length_fields({f: getattr(self, f) for f in ("isl_distribution", "isl_spread", "osl_distribution", "osl_spread", "lengths_file")}, where)
         for field in ("ttft_slo_s", "tpot_slo_s"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
@@ -80,14 +124,6 @@ class Workload:
             raise bad_value("request_rate_per_s", self.request_rate_per_s, "Poisson arrivals need a finite rate > 0 requests/s", where=where)
         if self.arrival == Arrival.CLOSED and not (isinstance(self.concurrency, int) and self.concurrency >= 1):
             raise bad_value("concurrency", self.concurrency, "closed-loop arrivals need concurrency >= 1", where=where)
-        if self.lengths_file:
-            for side in ("isl", "osl"):
-                if getattr(self, f"{side}_distribution") != LengthDistribution.FIXED or getattr(self, f"{side}_spread") != 0:
-                    raise bad_value(f"{side}_distribution", getattr(self, f"{side}_distribution").value, "lengths_file gives each request's lengths; leave the distribution and spread out", where=where)
-            try:
-                self.lengths()
-            except PlanError as err:
-                raise PlanError(f"{where}: {err}") from None
         if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or not 1 <= self.num_requests <= 10_000_000:
             raise bad_value("num_requests", self.num_requests, "must be an integer in 1..10,000,000", where=where)
 

@@ -69,3 +69,33 @@ def test_csv_rows_check_the_distribution(tmp_path):
     (row,) = read_predict_csv(path)
     assert row["osl_distribution"] == "uniform" and row["osl_spread"] == 0.5 and row["isl_distribution"] is None
     assert np.isfinite(predict_rows([row])[0]["tpot_ms_p99"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"isl_distribution": "pareto"}, "isl_distribution"),
+        ({"osl_spread": 6.0}, "osl_spread"),
+        ({"osl_spread": -0.5}, "osl_spread"),
+        ({"isl_spread": float("nan")}, "isl_spread"),
+    ],
+)
+def test_workloads_predict_rows_and_measurement_rows_share_one_length_rule(changes, field):
+    """The same bad length field is refused by a workload, a predict row and a measurement row (the
+    one rule, `length_fields`), each naming the field; a name in any case is accepted by all three."""
+    from jaxplan.calibrate.rows import make_row
+    from jaxplan.specs.workload import Workload
+
+    shape = dict(isl_distribution="uniform", isl_spread=0.2, osl_distribution="lognormal", osl_spread=1.0)
+    bad = {**shape, **changes}
+    entry_points = (
+        lambda s: Workload(name="w", isl_mean_tokens=256, osl_mean_tokens=256, **{k: LengthDistribution(v) if k.endswith("distribution") and v in ("uniform", "lognormal") else v for k, v in s.items()}),
+        lambda s: predict_rows([dict(BURST, **s)]),
+        lambda s: make_row(**{k: v for k, v in BURST.items() if k != "request_rate"}, request_rate=float("inf"), **s),
+    )
+    for index, enter in enumerate(entry_points):
+        enter(shape)
+        if index:  # rows take text in any case
+            enter(dict(shape, isl_distribution="Uniform", osl_distribution=" LOGNORMAL"))
+        with pytest.raises(PlanError, match=rf"{field} = "):
+            enter(bad)

@@ -137,8 +137,8 @@ def check_row(row: dict, where: str) -> dict:
     for column in COLUMNS:
         if row.get(column) is None:
             row[column] = DEFAULTS.get(column)
-    if row["lengths_file"] not in (None, ""):
-        _fill_means_from_lengths_file(row, where)
+    if length_fields(row, where)["lengths_file"]:  # the rule workloads and predict rows follow
+        _fill_means_from_lengths_file(row)
     for column in REQUIRED_COLUMNS:
         if row[column] is None or row[column] == "":
             raise bad_value(column, row[column], "is required; fill it in", where=where)
@@ -180,7 +180,6 @@ def check_row(row: dict, where: str) -> dict:
         raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (fp4/int4 are not modeled)", where=where)
     if row["kv_cache_dtype"] not in KV_CACHE_DTYPES:
         raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
-    length_fields(row, where)  # the rule workloads and predict rows follow (a lengths_file was checked above)
     if row["backend"] not in (None, "", *BACKENDS):
         raise bad_value("backend", row["backend"], f"use one of {', '.join(BACKENDS)} or leave empty", where=where)
     if row["concurrency"] is None and row["request_rate"] is None:
@@ -193,9 +192,8 @@ def check_row(row: dict, where: str) -> dict:
     return row
 
 
-def _fill_means_from_lengths_file(row: dict, where: str) -> None:
-    """A row with a lengths_file: blank isl/osl become the file's means; no distribution beside it."""
-    length_fields(row, where)  # text, no distribution beside it, a readable file
+def _fill_means_from_lengths_file(row: dict) -> None:
+    """A row with a lengths_file (checked by `length_fields`): blank isl/osl become the file's means."""
     means = read_lengths(row["lengths_file"]).means()  # cached by length_fields' read
     for side, mean in zip(("isl", "osl"), means):
         if row[side] is None or row[side] == "":

@@ -601,11 +601,14 @@ def winner_map(
     progress: Callable[[int, int], None] | None = None,
     max_seconds: float | None = None,
     started: float | None = None,
+    max_memory_bytes: float | None = None,
 ) -> WinnerMap:
     """Stages 1-4 over the grid for every scenario of `axes` (plus the current workload).
 
     max_seconds: stop (one-line PlanError) once the measured pace projects the map past this many
-    seconds from `started` (time.perf_counter(); default: now), like a sweep's --max-seconds."""
+    seconds from `started` (time.perf_counter(); default: now), like a sweep's --max-seconds.
+    max_memory_bytes: refuse a map whose scenario x layout table would not fit (--max-memory-gib);
+    MAX_TABLE_BYTES caps it in any case."""
     from jaxplan.deadline import Deadline
     from jaxplan.funnel.sweep import build_context, check_inputs, grid_size_check
 
@@ -618,10 +621,12 @@ def winner_map(
     if len(workloads) - 1 > MAX_SCENARIOS:
         raise bad_value("--winner-map", f"{len(workloads) - 1} scenarios", f"at most {MAX_SCENARIOS}; use fewer values per axis")
     table_bytes = len(workloads) * grid.num_layouts * 8
-    if table_bytes > MAX_TABLE_BYTES:
+    over_option = max_memory_bytes is not None and table_bytes > max_memory_bytes
+    if table_bytes > MAX_TABLE_BYTES or over_option:
+        limit = f"the memory limit of {max_memory_bytes / 2**30:,.2f} GiB (--max-memory-gib)" if over_option else f"its cap of {MAX_TABLE_BYTES / 2**30:g} GiB"
         raise PlanError(
-            f"the winner map would keep {len(workloads):,} scenarios x {grid.num_layouts:,} layouts ({table_bytes / 2**30:.1f} GiB); "
-            "use fewer scenarios or a narrower space (fewer GPU types, TP/PP or DP values)"
+            f"the winner map would keep {len(workloads):,} scenarios x {grid.num_layouts:,} layouts ({table_bytes / 2**30:.2f} GiB), above {limit}; "
+            "use fewer scenarios or a narrower space (fewer GPU types, TP/PP or DP values)" + (", or raise --max-memory-gib" if over_option else "")
         )
     for w in workloads:
         longest = float(max_context_tokens(workload_params(w)))

@@ -152,3 +152,18 @@ def test_max_seconds_stops_the_map_and_a_generous_limit_changes_nothing(small_ma
     limited = winner_map(MODEL, GPUS, CODING, load_space("small"), AXES, max_seconds=600)
     assert limited.labels.tolist() == small_map.labels.tolist()
     np.testing.assert_array_equal(limited.objective, small_map.objective)
+
+
+def test_a_map_whose_table_exceeds_the_memory_limit_or_the_cap_is_refused(monkeypatch):
+    """4 + 1 scenarios x the small space's layouts x 8 bytes: refused under a smaller --max-memory-gib
+    (one line naming the option) or a smaller cap, before anything is built."""
+    import jaxplan.funnel.sweep as sweep_module
+    import jaxplan.winner_map as wm
+
+    monkeypatch.setattr(sweep_module, "build_context", lambda *a, **k: pytest.fail("the map started"))
+    table = 5 * Grid(tuple(GPUS), load_space("small")).num_layouts * 8
+    with pytest.raises(PlanError, match=r"^the winner map would keep 5 scenarios x .* layouts .* above the memory limit of 0\.00 GiB \(--max-memory-gib\); .*, or raise --max-memory-gib$"):
+        winner_map(MODEL, GPUS, CODING, load_space("small"), AXES, max_memory_bytes=table - 1)
+    monkeypatch.setattr(wm, "MAX_TABLE_BYTES", table - 1)
+    with pytest.raises(PlanError, match=r"above its cap of .* GiB; use fewer scenarios or a narrower space \(fewer GPU types, TP/PP or DP values\)$"):
+        winner_map(MODEL, GPUS, CODING, load_space("small"), AXES)

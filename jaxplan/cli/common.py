@@ -39,7 +39,7 @@ class Routing(str, enum.Enum):
     LEAST_LOADED = "least_loaded"
 
 
-MaxMemoryGibOption = Annotated[Optional[float], typer.Option("--max-memory-gib", min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory).")]
+MaxMemoryGibOption = Annotated[Optional[float], typer.Option("--max-memory-gib", min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory), or a winner map whose table does not fit.")]
 ReplayMaxSecondsOption = Annotated[Optional[float], typer.Option("--max-seconds", min=0.001, help="Stop a replay whose measured pace projects past this many seconds in all (default: no limit).")]
 RoutingOption = Annotated[Routing, typer.Option(help="Replay: how requests reach data-parallel replicas (round_robin: request i to replica i mod DP; least_loaded: to the replica with the fewest outstanding requests).")]
 
@@ -145,6 +145,11 @@ def run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=
             progress=lambda done, total: progress.update(task, completed=done),
             max_seconds=max_seconds, max_memory_bytes=max_memory_bytes,
         )
+
+
+def gib_bytes(max_memory_gib: float | None) -> float | None:
+    """--max-memory-gib in bytes (None: not given)."""
+    return None if max_memory_gib is None else max_memory_gib * 2**30
 
 
 def stage7_deadline(max_seconds: float | None, started: float, finalists: int, requests: int):

@@ -28,6 +28,7 @@ from jaxplan.cli.common import (
     app,
     clean_errors,
     err,
+    gib_bytes,
     out,
     progress_bar,
     run_sweep,
@@ -133,7 +134,11 @@ def report(
             from jaxplan.winner_map import parse_axes, winner_map
 
             step("the winner map")
-            figures["winner_map"] = winner_map_plot(winner_map(model_spec, gpu_specs, workload_spec, space_spec, parse_axes(map_axes), max_seconds=max_seconds, started=started))
+            wmap = winner_map(
+                model_spec, gpu_specs, workload_spec, space_spec, parse_axes(map_axes),
+                max_seconds=max_seconds, started=started, max_memory_bytes=gib_bytes(max_memory_gib),
+            )
+            figures["winner_map"] = winner_map_plot(wmap)
         step("writing the HTML report")
         summary = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
         write_report(output, result, summary, figures, sens, space_name=space)

@@ -62,7 +62,7 @@ def sensitivity(
 
         plot_dir(plot)  # a bad --plot fails now, not after the sweep
     if map_axes is not None:
-        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path, max_seconds)
+        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path, max_seconds, max_memory_gib)
         if plot:
             from jaxplan.cli.report import write_plots
 
@@ -100,10 +100,11 @@ def sensitivity(
         write_plots(lambda step: sensitivity_figures(sens, result.shortlist, step=step), 1, plot)
 
 
-def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path, max_seconds: float | None = None):
+def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path, max_seconds: float | None = None, max_memory_gib: float | None = None):
     """`--winner-map`: stages 1-4 for every scenario in one pass; the map, its boundaries, and --json.
-    max_seconds: stop the map once its measured pace projects past it."""
-    from jaxplan.cli.common import progress_bar
+    max_seconds / max_memory_gib: stop the map once its measured pace projects past the first; refuse
+    one whose table needs more than the second."""
+    from jaxplan.cli.common import gib_bytes, progress_bar
     from jaxplan.winner_map import map_tables, parse_axes, summary_lines, winner_map
 
     axes = parse_axes(map_axes)
@@ -111,7 +112,10 @@ def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes:
     out.print(workload_spec.describe(), highlight=False)
     with progress_bar() as progress:
         task = progress.add_task("mapping", total=space_spec.size(len(gpu_specs)))
-        wmap = winner_map(model_spec, gpu_specs, workload_spec, space_spec, axes, progress=lambda done, total: progress.update(task, completed=done), max_seconds=max_seconds)
+        wmap = winner_map(
+            model_spec, gpu_specs, workload_spec, space_spec, axes, progress=lambda done, total: progress.update(task, completed=done),
+            max_seconds=max_seconds, max_memory_bytes=gib_bytes(max_memory_gib),
+        )
     for table in map_tables(wmap):
         out.print(table)
     for line in summary_lines(wmap):

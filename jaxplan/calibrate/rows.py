@@ -51,7 +51,7 @@ from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
 from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
-from jaxplan.specs.workload import MAX_LENGTH_SPREAD, length_fields
+from jaxplan.specs.workload import MAX_LENGTH_SPREAD, SPREAD_RANGE, length_fields
 
 INPUT_COLUMNS = (
     "model",
@@ -103,8 +103,8 @@ FLOAT_RANGES = {
     "osl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
     "request_rate": (1e-6, 1e9, "requests/s > 0, or inf for all-at-once"),
     "prefix_hit_rate": (0.0, 0.999999, "a fraction in [0, 1)"),
-    "isl_spread": (0.0, MAX_LENGTH_SPREAD, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
-    "osl_spread": (0.0, MAX_LENGTH_SPREAD, "a spread in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"),
+    "isl_spread": (0.0, MAX_LENGTH_SPREAD, SPREAD_RANGE),
+    "osl_spread": (0.0, MAX_LENGTH_SPREAD, SPREAD_RANGE),
     "gpu_hbm_bytes_override": (1e9, 1e13, "HBM capacity in BYTES (e.g. 42949672960 for 40 GiB)"),
     "gpu_hbm_bandwidth_bytes_per_s_override": (1e10, 1e14, "HBM bandwidth in bytes/s (e.g. 1.555e12)"),
     "measured_ttft_ms_mean": (1e-3, 1e8, "a positive time in ms"),

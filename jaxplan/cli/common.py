@@ -129,11 +129,10 @@ def sweep_options(model, gpus, workload, space, budget, target_throughput, rate,
 def run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=1 << 16, params=None, max_seconds=None, max_memory_gib=None):
     """The funnel with a progress bar; refused up front when its estimated time or memory exceeds
     --max-seconds / --max-memory-gib (default: the machine's available memory)."""
-    from jaxplan.funnel.budget import GIB
     from jaxplan.system import available_memory_bytes
     from jaxplan.funnel.sweep import run_sweep
 
-    max_memory_bytes = max_memory_gib * GIB if max_memory_gib is not None else available_memory_bytes()
+    max_memory_bytes = gib_bytes(max_memory_gib) if max_memory_gib is not None else available_memory_bytes()
 
     out.print(f"[bold]{model_spec.describe()}[/]", highlight=False)
     out.print(workload_spec.describe(), highlight=False)
@@ -149,7 +148,9 @@ def run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=
 
 def gib_bytes(max_memory_gib: float | None) -> float | None:
     """--max-memory-gib in bytes (None: not given)."""
-    return None if max_memory_gib is None else max_memory_gib * 2**30
+    from jaxplan.funnel.budget import GIB
+
+    return None if max_memory_gib is None else max_memory_gib * GIB
 
 
 def stage7_deadline(max_seconds: float | None, started: float, finalists: int, requests: int):

@@ -23,7 +23,8 @@ class LengthDistribution(str, enum.Enum):
 
 
 MAX_LENGTH_SPREAD = 5.0
-SPREAD_FIX = "must be a number in [0, 5] (uniform: +- spread x mean; lognormal: coefficient of variation)"
+SPREAD_RANGE = f"a number in [0, {MAX_LENGTH_SPREAD:g}] (uniform: +- spread x mean; lognormal: coefficient of variation)"
+SPREAD_FIX = f"must be {SPREAD_RANGE}"
 
 
 def length_fields(values, where: str) -> dict:

@@ -49,8 +49,9 @@ def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParam
     return jnp.stack([est.output_tokens_per_s, est.ttft_mean_s, est.tpot_mean_s, cost], axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "parameters"))
+@functools.partial(jax.jit, static_argnames=("parameters",))
 def _jacobian(model, hw, layout, w, gpu_memory_utilization, parameters):
+    """Traced in the model shape too: one compilation per (finalist count, parameters) serves every model."""
     theta = jnp.stack([getattr(w, p) for p in parameters])
 
     def f(theta):
@@ -65,7 +66,8 @@ def sensitivities(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadPa
     if parameters is None:
         poisson = float(w.arrival_code) == 0.0
         parameters = tuple(p for p in PARAMETERS if p != ("concurrency" if poisson else "request_rate_per_s"))
-    values, jac, theta = jax.device_get(_jacobian(model, hw, layout, w, gpu_memory_utilization, tuple(parameters)))
+    traced_model = jax.tree.map(jnp.float32, model)
+    values, jac, theta = jax.device_get(_jacobian(traced_model, hw, layout, w, gpu_memory_utilization, tuple(parameters)))
     # Prefix hit rate is a fraction that is often 0: report its semi-elasticity per +10 points
     # (relative change of the metric when the hit rate rises by 0.1) instead of d log / d log.
     scale = np.array([HIT_STEP if p == "prefix_hit_rate" else t for p, t in zip(parameters, theta)])

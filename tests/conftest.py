@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import tempfile
 
@@ -15,18 +16,42 @@ from jaxplan import compile_cache
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+SHARED_CACHE_ENV = "JAXPLAN_TEST_XLA_CACHE"  # set by the controlling process for its pytest-xdist workers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One fresh compilation cache for the whole run, made by the process that starts it (with
+    pytest-xdist, the controller): every worker reads and writes the same one, so a program one
+    worker compiled is a disk read for the other."""
+    if not hasattr(config, "workerinput") and SHARED_CACHE_ENV not in os.environ:
+        config._jaxplan_cache = tempfile.mkdtemp(prefix="jaxplan-test-xla-")
+        os.environ[SHARED_CACHE_ENV] = config._jaxplan_cache
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    where = getattr(config, "_jaxplan_cache", None)
+    if where:
+        os.environ.pop(SHARED_CACHE_ENV, None)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core, at most 4 (each holds up to ~3.5 GB of compiled programs and
+    arrays; beyond 4 the shared compilations, not the cores, bound the run)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_compile_cache():
-    """A persistent compilation cache private to this test session (fresh, so no stale entries).
+    """A persistent compilation cache private to this test run (fresh, so no stale entries).
 
-    With `_free_compiled_programs` below, a program another module already compiled is loaded
-    from disk instead of compiled again.
+    With `_free_compiled_programs` below, a program another module (or another xdist worker)
+    already compiled is loaded from disk instead of compiled again.
     """
-    where = tempfile.mkdtemp(prefix="jaxplan-test-xla-")
-    compile_cache.enable({compile_cache.ENV: where})
+    compile_cache.enable({compile_cache.ENV: os.environ[SHARED_CACHE_ENV]})
     yield
     jax.config.update("jax_compilation_cache_dir", None)
-    shutil.rmtree(where, ignore_errors=True)
 
 
 def _memory_mappings() -> tuple[int, int]:

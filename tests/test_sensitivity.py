@@ -1,6 +1,6 @@
 """Sensitivities: forward-mode derivatives agree with finite differences; signs the physics fixes.
 
-Every call passes all PARAMETERS so that one compilation per model serves every workload."""
+Every call passes all PARAMETERS so that one compilation (the model shape is traced) serves every model and workload."""
 
 from __future__ import annotations
 

@@ -197,10 +197,15 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
     return batches
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
-    """Stage-4 estimate for [N] rows (hw already gathered per row)."""
+@jax.jit
+def _estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
     return estimate(model, hw, layout, w, gpu_memory_utilization)
+
+
+def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
+    """Stage-4 estimate for [N] rows (hw already gathered per row). The model shape is traced
+    (float32): one compilation per row count serves every model."""
+    return _estimate_rows(jax.tree.map(jnp.float32, model), hw, layout, w, gpu_memory_utilization)
 
 
 def predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", efficiency: dict | None = None) -> list[dict]:

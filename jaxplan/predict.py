@@ -9,7 +9,6 @@ the Hardware efficiency fields.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import NamedTuple
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from jaxplan.errors import bad_value
 from jaxplan.physics.params import efficiency_for
-from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams, length_shape
 from jaxplan.specs import load_gpu, load_model
@@ -205,7 +204,7 @@ def _estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadP
 def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
     """Stage-4 estimate for [N] rows (hw already gathered per row). The model shape is traced
     (float32): one compilation per row count serves every model."""
-    return _estimate_rows(jax.tree.map(jnp.float32, model), hw, layout, w, gpu_memory_utilization)
+    return _estimate_rows(traced(model), hw, layout, w, gpu_memory_utilization)
 
 
 def predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", efficiency: dict | None = None) -> list[dict]:

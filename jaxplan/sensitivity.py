@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.funnel.estimate import HOUR_S
-from jaxplan.physics.shapes import Hardware, Layout, ModelShape
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams
 
@@ -66,8 +66,7 @@ def sensitivities(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadPa
     if parameters is None:
         poisson = float(w.arrival_code) == 0.0
         parameters = tuple(p for p in PARAMETERS if p != ("concurrency" if poisson else "request_rate_per_s"))
-    traced_model = jax.tree.map(jnp.float32, model)
-    values, jac, theta = jax.device_get(_jacobian(traced_model, hw, layout, w, gpu_memory_utilization, tuple(parameters)))
+    values, jac, theta = jax.device_get(_jacobian(traced(model), hw, layout, w, gpu_memory_utilization, tuple(parameters)))
     # Prefix hit rate is a fraction that is often 0: report its semi-elasticity per +10 points
     # (relative change of the metric when the hit rate rises by 0.1) instead of d log / d log.
     scale = np.array([HIT_STEP if p == "prefix_hit_rate" else t for p, t in zip(parameters, theta)])

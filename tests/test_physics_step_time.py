@@ -26,6 +26,7 @@ from jaxplan.physics import (
     model_shape,
     step_time_s,
     take,
+    traced,
     weight_bytes_per_gpu,
     workload_params,
 )
@@ -60,11 +61,6 @@ def shapes():
 
 
 _step_jit = jax.jit(step_time_s, static_argnums=0)
-
-
-def traced(m):
-    """The ModelShape as float32 arrays: traced, so one compilation serves every model."""
-    return jax.tree.map(jnp.float32, m)
 
 
 @jax.jit

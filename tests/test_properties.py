@@ -32,7 +32,7 @@ from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
 from jaxplan.funnel.reasons import Reason
-from jaxplan.physics import hardware_table, make_layout, model_shape, take, workload_params
+from jaxplan.physics import hardware_table, make_layout, model_shape, take, traced, workload_params
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.traffic import max_context_tokens
 from jaxplan.specs import ModelSpec, known, load_gpu, load_model, load_workload
@@ -43,11 +43,6 @@ FAST = settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 SLOW = settings(max_examples=EXAMPLES * 10, deadline=None, derandomize=True)
 ULPS = 1e-5  # float32 slack for quantities that are mathematically monotone
 GMU, BLOCK = 0.9, 16.0
-
-
-def traced(tree):
-    """Model shape as float32 arrays: traced, so one compilation serves every model."""
-    return jax.tree.map(jnp.float32, tree)
 
 
 @jax.jit

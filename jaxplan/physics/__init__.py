@@ -17,6 +17,7 @@ from jaxplan.physics.shapes import (
     make_layout as make_layout,
     model_shape as model_shape,
     take as take,
+    traced as traced,
 )
 from jaxplan.physics.steady_state import Estimate as Estimate, estimate as estimate
 from jaxplan.physics.step_time import step_cost as step_cost, step_time_s as step_time_s

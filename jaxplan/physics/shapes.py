@@ -58,6 +58,12 @@ class ModelShape(NamedTuple):
     ffn_intermediate_per_token: jnp.ndarray  # widest FFN activation per token (workspace)
 
 
+def traced(model: ModelShape) -> ModelShape:
+    """The ModelShape as float32 arrays: passed to a jitted function as arguments (not as a static
+    argument), one compiled program serves every model."""
+    return jax.tree.map(jnp.float32, model)
+
+
 def model_shape(model: ModelSpec) -> ModelShape:
     """Reduce a ModelSpec to the counts the cost model needs."""
     if model.is_mla:

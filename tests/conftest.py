@@ -26,6 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and SHARED_CACHE_ENV not in os.environ:
         config._jaxplan_cache = tempfile.mkdtemp(prefix="jaxplan-test-xla-")
         os.environ[SHARED_CACHE_ENV] = config._jaxplan_cache
+    if hasattr(config.option, "loadscopereorder"):
+        # pytest-xdist's --dist loadfile hands out modules in its own order (most tests first) unless
+        # told not to; keep the collection order, which puts SLOWEST_MODULES first (below).
+        config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

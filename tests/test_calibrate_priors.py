@@ -131,3 +131,23 @@ def test_allreduce_priors_read_group_sizes_apart():
     assert b200["allreduce_two_gpu_ratio"] == pytest.approx(0.773, abs=0.02)
     for gpu in ("a100_sxm", "h100_sxm"):
         assert fit.kernel_priors(gpu)["allreduce_two_gpu_ratio"] < 1.0, gpu
+
+
+def test_padding_rows_carry_no_weight_in_the_fit_loss():
+    """The fit pads each model's rows to `bucket_rows` (repeating the last row, weight 0); its loss at
+    the prior (one step: the loss before the first update) must be the plain mean squared log error of
+    the real rows, computed here from `log_errors` without padding."""
+    from jaxplan.calibrate import fit
+
+    base = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, weight_dtype="bf16", kv_cache_dtype="auto", osl=200.0)
+    measured = [dict(base, isl=500.0 * (k + 1), concurrency=4 * (k + 1), measured_ttft_ms_mean=80.0 + 40 * k, measured_tpot_ms_mean=9.0 + k) for k in range(3)]
+    data = fit.fit_data(measured, ["h100_sxm"])
+    assert fit.bucket_rows(3) > 3
+    prior = np.stack([fit.free_vector(fit.kernel_priors("h100_sxm"))])
+    _, loss = fit.fit_serving(data, ["h100_sxm"], prior, steps=1)
+    table = fit.hardware_from_free(fit.base_table(["h100_sxm"]), prior)
+    ttft_err, tpot_err = (np.asarray(e, np.float64) for e in fit.log_errors(data, table))
+    assert ttft_err.shape == (3,)
+    expected = np.mean(ttft_err**2) + np.mean(tpot_err**2)
+    assert expected > 0.01  # the rows are off the model: a loss that ignored them would show
+    assert loss == pytest.approx(expected, rel=1e-5)

@@ -126,15 +126,22 @@ def test_predict_replay_does_not_recompile():
 
 
 def test_calibration_fit_does_not_recompile():
+    """The fit's program depends on the number of GPUs and models and on each model's row bucket
+    (`fit.bucket_rows`), not on the rows, the GPU, the model or the step count: a held-out fold, a
+    test or a user's measurements of another size reuse it."""
     from jaxplan.calibrate import fit
 
-    def data(scale: float):
-        measured = [dict(r, measured_ttft_ms_mean=100.0 * scale * (i + 1), measured_tpot_ms_mean=10.0 * scale, concurrency=16, request_rate=None)
-                    for i, r in enumerate(rows(1000.0, 2.0, "h100_sxm"))]
-        return fit.fit_data(measured, ["h100_sxm"])
+    def data(scale: float, gpu: str, model: str, extra: int):
+        base = rows(1000.0, 2.0, gpu) + [dict(rows(1000.0 + 500 * k, 2.0, gpu)[1], concurrency=8 + k) for k in range(extra)]
+        measured = [dict(r, model=model, measured_ttft_ms_mean=100.0 * scale * (i + 1), measured_tpot_ms_mean=10.0 * scale, concurrency=16, request_rate=None)
+                    for i, r in enumerate(base)]
+        return fit.fit_data(measured, [gpu])
 
-    prior = np.stack([fit.free_vector(fit.kernel_priors("h100_sxm"))])
-    first_data, second_data = data(1.0), data(1.7)
-    a, b = assert_no_recompilation(lambda: fit.fit_serving(first_data, ["h100_sxm"], prior, steps=3),
-                                   lambda: fit.fit_serving(second_data, ["h100_sxm"], prior, steps=3), "fit_serving")
+    def prior(gpu: str):
+        return np.stack([fit.free_vector(fit.kernel_priors(gpu))])
+
+    first_data, second_data = data(1.0, "h100_sxm", "llama-3.1-8b", 0), data(1.7, "a100_sxm", "qwen3-32b", 3)
+    assert fit.bucket_rows(2) == fit.bucket_rows(5)
+    a, b = assert_no_recompilation(lambda: fit.fit_serving(first_data, ["h100_sxm"], prior("h100_sxm"), steps=3),
+                                   lambda: fit.fit_serving(second_data, ["a100_sxm"], prior("a100_sxm"), steps=5), "fit_serving")
     assert not np.allclose(a[0], b[0])

@@ -18,7 +18,6 @@ Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -28,7 +27,7 @@ import numpy as np
 import optax
 
 from jaxplan.physics.params import BOUNDS, DEFAULTS
-from jaxplan.physics.shapes import Hardware, hardware_table, take
+from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, GPU_OVERRIDES, RowBatch, row_batches
 from jaxplan.specs import load_gpu
@@ -172,11 +171,14 @@ def fit_data(rows: list[dict], gpus: list[str]) -> FitData:
     return FitData(tuple(batches), tuple(ttft), tuple(tpot), tuple(peaks))
 
 
-def hardware_from_free(gpus: list[str], z) -> Hardware:
-    """[G] Hardware with the fitted fields taken from z [G, P] (others at DEFAULTS)."""
-    table = hardware_table(tuple(load_gpu(g) for g in gpus), {g: DEFAULTS for g in gpus})
-    fitted = {f: from_free(f, z[:, i]) for i, f in enumerate(FIT_FIELDS)}
-    return table._replace(**fitted)
+def hardware_from_free(base: Hardware, z) -> Hardware:
+    """`base` [G] (spec peaks; see `base_table`) with the fitted fields taken from z [G, P]."""
+    return base._replace(**{f: from_free(f, z[:, i]) for i, f in enumerate(FIT_FIELDS)})
+
+
+def base_table(gpus: list[str]) -> Hardware:
+    """[G] Hardware of `gpus` (spec peaks, fields at DEFAULTS) that the fit's parameters replace."""
+    return hardware_table(tuple(load_gpu(g) for g in gpus), {g: DEFAULTS for g in gpus})
 
 
 def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple):
@@ -196,48 +198,70 @@ def log_errors(data: FitData, hw_table: Hardware):
     return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
 
 
-def _split(data: FitData):
-    """(static, arrays): the model shapes and GPUs per batch (hashable), and everything else."""
-    static = tuple((b.model, b.gpus) for b in data.batches)
-    arrays = tuple((b.gpu_index, b.layout, b.workload, t, p, k) for b, t, p, k in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks))
-    return static, arrays
+MIN_BUCKET_ROWS = 8
 
 
-def _join(static, arrays) -> FitData:
-    batches = tuple(RowBatch(model, gpus, index, layout, workload, None) for (model, gpus), (index, layout, workload, *_) in zip(static, arrays))
-    return FitData(batches, tuple(a[3] for a in arrays), tuple(a[4] for a in arrays), tuple(a[5] for a in arrays))
+def bucket_rows(n: int) -> int:
+    """Rows a batch of n is padded to in the fit: the next power of two (at least MIN_BUCKET_ROWS), so
+    that fits of other row subsets (held-out folds, a user's measurements) reuse the compiled program."""
+    return max(MIN_BUCKET_ROWS, 1 << max(n - 1, 0).bit_length())
+
+
+def _pad(x, size: int):
+    """[n, ...] -> [size, ...] by repeating the last row (a valid row; its weight is 0)."""
+    x = np.asarray(x)
+    return np.concatenate([x, np.repeat(x[-1:], size - x.shape[0], axis=0)]) if size > x.shape[0] else x
+
+
+def _padded(data: FitData) -> tuple:
+    """Per batch: its traced model shape, its arrays padded to `bucket_rows` and a weight per row
+    (1 real, 0 padding). Everything is an array, so the fit's program depends on row buckets only."""
+    out = []
+    for b, ttft, tpot, peaks in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks):
+        size = bucket_rows(len(ttft))
+        pad = lambda tree: jax.tree.map(lambda x: _pad(x, size), tree)  # noqa: E731
+        weight = (np.arange(size) < len(ttft)).astype(np.float32)
+        out.append((traced(b.model), pad((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks)), weight))
+    return tuple(out)
+
+
+def _weighted_loss(padded: tuple, hw_table: Hardware):
+    """Weighted mean squared log error of TTFT plus that of TPOT over all rows of `_padded` batches
+    (a non-finite error counts as 5)."""
+    batches = tuple(RowBatch(model, (), index, layout, workload, None) for model, (index, layout, workload, *_), _ in padded)
+    data = FitData(batches, *(tuple(p[1][k] for p in padded) for k in (3, 4, 5)))
+    ttft_err, tpot_err = log_errors(data, hw_table)
+    w = jnp.concatenate([p[2] for p in padded])
+    mean = lambda e: jnp.sum(w * jnp.where(jnp.isfinite(e), e, 5.0) ** 2) / jnp.sum(w)  # noqa: E731
+    return mean(ttft_err) + mean(tpot_err)
 
 
 def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bool = False, steps: int = STEPS):
     """Adam on the log errors; prior [G, P] (free space). shared=True fits one vector for all GPUs.
 
-    Compiled once per (models, GPUs, row counts, steps): a second fit of other rows of the same
-    shapes reuses the program. Returns (z [G, P], final loss)."""
-    static, arrays = _split(data)
-    arrays = jax.tree.map(jnp.asarray, arrays)
+    Compiled once per (number of GPUs, shared, number of models, `bucket_rows` of each): a fit of
+    other rows, models, GPUs or steps in the same buckets reuses the program (held-out folds, tests,
+    a user's measurements). Returns (z [G, P], final loss)."""
+    padded = jax.tree.map(jnp.asarray, _padded(data))
     z0 = prior.mean(axis=0, keepdims=True) if shared else prior
-    z, loss = _fit(jnp.asarray(z0), jnp.asarray(prior), arrays, static=static, gpus=tuple(gpus), steps=steps)
+    z, loss = _fit(jnp.asarray(z0), jnp.asarray(prior), padded, base_table(gpus), jnp.int32(steps))
     return np.asarray(jnp.broadcast_to(z, prior.shape)), float(loss)
 
 
-@functools.partial(jax.jit, static_argnames=("static", "gpus", "steps"))
-def _fit(z0, prior, arrays, *, static, gpus: tuple, steps: int):
-    data = _join(static, arrays)
-
+@jax.jit
+def _fit(z0, prior, padded, base: Hardware, steps):
     def loss_fn(z):
         full = jnp.broadcast_to(z, prior.shape)
-        ttft_err, tpot_err = log_errors(data, hardware_from_free(list(gpus), full))
-        errors = jnp.mean(jnp.where(jnp.isfinite(ttft_err), ttft_err, 5.0) ** 2) + jnp.mean(jnp.where(jnp.isfinite(tpot_err), tpot_err, 5.0) ** 2)
-        return errors + PRIOR_WEIGHT * jnp.mean((full - prior) ** 2)
+        return _weighted_loss(padded, hardware_from_free(base, full)) + PRIOR_WEIGHT * jnp.mean((full - prior) ** 2)
 
     optimizer = optax.adam(LEARNING_RATE)
 
-    def step(carry, _):
-        z, opt_state = carry
+    def step(_, carry):
+        z, opt_state, _ = carry
         loss, grad = jax.value_and_grad(loss_fn)(z)
         grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
         updates, opt_state = optimizer.update(grad, opt_state, z)
-        return (optax.apply_updates(z, updates), opt_state), loss
+        return optax.apply_updates(z, updates), opt_state, loss
 
-    (z, _), losses = jax.lax.scan(step, (z0, optimizer.init(z0)), None, length=steps)
-    return z, losses[-1]
+    z, _, loss = jax.lax.fori_loop(0, steps, step, (z0, optimizer.init(z0), jnp.float32(jnp.nan)))
+    return z, loss

@@ -274,7 +274,7 @@ def replay_predict_rows(
     import time
 
     from jaxplan.deadline import Deadline
-    from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
+    from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.replay import sample_requests, simulate
     from jaxplan.replay.clients import closed_loop_start_times, request_lifetime_s
@@ -307,7 +307,7 @@ def replay_predict_rows(
                 max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",
                 fix="replay fewer requests (--requests, or the row's num_prompts / concurrency) or use predict --method analytical",
             )  # fmt: skip
-            m = jax.device_get(simulate(config, requests, workload, physics_step_fn(batch.model), (hw, layout), progress=deadline))
+            m = jax.device_get(simulate(config, requests, workload, physics_step, physics_params(batch.model, hw, layout), progress=deadline))
             overhead_s = float(hw.request_overhead_s[0])
             results[i].update(
                 ttft_ms_mean=(float(m.ttft.mean_s[0]) + overhead_s) * 1e3,

@@ -100,24 +100,27 @@ def test_sensitivity_does_not_recompile(sweeps):
 # ---- predict: analytical and replay -----------------------------------------------------------------------
 
 
-def rows(isl: float, rate: float, gpu: str) -> list[dict]:
-    base = dict(model="llama-3.1-8b", gpu=gpu, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+def rows(isl: float, rate: float, gpu: str, model: str = "llama-3.1-8b") -> list[dict]:
+    base = dict(model=model, gpu=gpu, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
                 weight_dtype="bf16", kv_cache_dtype="auto", osl=200.0, max_num_seqs=256, max_num_batched_tokens=8192)
     return [dict(base, isl=isl, request_rate=rate), dict(base, isl=isl * 2, concurrency=16, tensor_parallel_size=2)]
 
 
 def test_predict_analytical_does_not_recompile():
+    """Nor for another model: the model shape is traced."""
     from jaxplan.predict import predict_rows
 
-    a, b = assert_no_recompilation(lambda: predict_rows(rows(1000.0, 2.0, "h100_sxm")), lambda: predict_rows(rows(3000.0, 5.0, "a100_sxm")), "predict_rows")
+    a, b = assert_no_recompilation(lambda: predict_rows(rows(1000.0, 2.0, "h100_sxm")), lambda: predict_rows(rows(3000.0, 5.0, "a100_sxm", "qwen3-32b")), "predict_rows")
     assert a[0]["tpot_ms_mean"] != b[0]["tpot_ms_mean"]
 
 
 def test_predict_replay_does_not_recompile():
+    """Nor for another model: the replay's step function is one for every model (`physics_step`),
+    the model shape a traced parameter."""
     from jaxplan.predict import replay_predict_rows
 
     first = lambda: replay_predict_rows(rows(1000.0, 2.0, "h100_sxm")[:1], num_requests=20)  # noqa: E731
-    second = lambda: replay_predict_rows(rows(3000.0, 5.0, "a100_sxm")[:1], num_requests=20, seed=1)  # noqa: E731
+    second = lambda: replay_predict_rows(rows(3000.0, 5.0, "a100_sxm", "qwen3-32b")[:1], num_requests=20, seed=1)  # noqa: E731
     a, b = assert_no_recompilation(first, second, "replay_predict_rows")
     assert a[0]["ttft_ms_mean"] != b[0]["ttft_ms_mean"]
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
+from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
 from jaxplan.physics import (
     efficiency_for,
     hardware_table,
@@ -59,7 +59,7 @@ def test_elasticities_match_central_differences_of_the_replay(parameter):
 
     def replayed(scale):
         w = dataclasses.replace(base, **{field: getattr(base, field) * scale})
-        m = jax.device_get(simulate(configs, sample_requests(w, REQUESTS, seed=0), w, physics_step_fn(model), (hw, layout)))
+        m = jax.device_get(simulate(configs, sample_requests(w, REQUESTS, seed=0), w, physics_step, physics_params(model, hw, layout)))
         assert np.all(m.unfinished == 0)
         return np.log(np.stack([m.output_tokens_per_s, m.tpot.mean_s], axis=-1))
 

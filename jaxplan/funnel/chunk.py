@@ -20,7 +20,7 @@ from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.structure import structure
 from jaxplan.funnel.tables import NEG_INF, BestTable, merge_chunk
 from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_digits, layout_index
-from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.steady_state import prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
 
@@ -230,13 +230,13 @@ def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, 
     )
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray, model: ModelShape) -> Evaluated:
-    ctx = ctx._replace(model=model)
+@jax.jit
+def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     return evaluate(ctx, c)
 
 
 def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
-    """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports)."""
-    return _evaluate_digits(ctx._replace(model=None), digits, ctx.model)
+    """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports). The model
+    shape is traced (a few rows: one program per K serves every model)."""
+    return _evaluate_digits(ctx._replace(model=traced(ctx.model)), digits)

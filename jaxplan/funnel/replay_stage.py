@@ -9,8 +9,6 @@ requests unfinished, or (with a target) fall short of it go to the end.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +17,7 @@ from jaxplan.funnel.chunk import layout_of
 from jaxplan.funnel.estimate import objective
 from jaxplan.grid import candidates_from_digits
 from jaxplan.physics.memory import kv_blocks_per_replica
-from jaxplan.physics.shapes import take
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.replay import ReplayConfig, sample_requests, simulate
 from jaxplan.replay.clients import closed_loop_start_times, request_lifetime_s
@@ -28,32 +26,36 @@ from jaxplan.specs.workload import Arrival
 DEFAULT_REQUESTS = 2000
 
 
-@functools.cache
-def physics_step_fn(model):
-    """The replay's step_time_fn for one model: one function object per model, so the replay's
-    jit (which takes it as a static argument) compiles once per model, not once per call."""
+def physics_step(params, batch):
+    """The replay's step_time_fn: `step_time_s` of one finalist's (hardware, layout, model shape),
+    given as `physics_params`. One function for every model, so the replay compiles once, not once
+    per model (its jit takes the step function as a static argument)."""
+    hw, layout, model = params
+    return step_time_s(model, hw, layout, batch)
 
-    def step_fn(params, batch):
-        hw, layout = params
-        return step_time_s(model, hw, layout, batch)
 
-    return step_fn
+def physics_params(model: ModelShape, hw: Hardware, layout: Layout):
+    """`physics_step`'s params for finalists [F]: hardware and layout [F], and the model shape traced
+    (float32) and repeated per finalist, since every leaf of the replay's params has a finalist axis."""
+    num = int(np.shape(layout.tensor_parallel_size)[0])
+    return hw, layout, jax.tree.map(lambda v: jnp.full((num,), v, jnp.float32), model)
 
 
 def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     """(ReplayConfig [F], step params (hw, layout) [F]) for sweep rows."""
     ctx = result.context
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
-    hw, layout, blocks = _finalist_arrays(ctx._replace(model=None), digits, ctx.model)
-    return replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing), (hw, layout)
+    hw, layout, blocks = _finalist_arrays(ctx._replace(model=traced(ctx.model)), digits)
+    return replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing), physics_params(ctx.model, hw, layout)
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _finalist_arrays(ctx, digits, model):
-    """(hardware [F], layout [F], KV blocks per replica [F]) of the candidates with `digits` [F, A]."""
+@jax.jit
+def _finalist_arrays(ctx, digits):
+    """(hardware [F], layout [F], KV blocks per replica [F]) of the candidates with `digits` [F, A]
+    (the model shape in `ctx` traced: one program serves every model)."""
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     hw, layout = take(ctx.hardware, c.gpu_index), layout_of(c)
-    return hw, layout, kv_blocks_per_replica(model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens)
+    return hw, layout, kv_blocks_per_replica(ctx.model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens)
 
 
 def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin") -> ReplayConfig:
@@ -82,7 +84,6 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     with the fewest waiting + running requests when it arrives)."""
     if not rows:
         return []
-    model = result.context.model
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
@@ -95,7 +96,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
         requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
 
     hint = replica_steps_hint(rows, workload, requests, configs)
-    metrics = jax.device_get(simulate(configs, requests, workload, physics_step_fn(model), params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(rows), initial_slots=initial_slots_hint(rows), progress=progress))
+    metrics = jax.device_get(simulate(configs, requests, workload, physics_step, params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(rows), initial_slots=initial_slots_hint(rows), progress=progress))
     # The API server's per-request time is outside the engine steps the replay re-enacts; it is the
     # same calibrated constant stage 4 adds (physics params `request_overhead_s`).
     overhead_s = np.asarray(params[0].request_overhead_s)

@@ -1,9 +1,12 @@
 """The numbers the physics consumes, as PyTrees of arrays.
 
 `ModelShape` is a model reduced to per-layer-kind counts, as Python floats:
-hashable, so jitted entry points take it as a static argument and XLA folds
-the model's constants into the kernel (1.8x faster sweeps than passing them
-as traced scalars; one compilation per model). `Hardware` is a GPU type plus its
+hashable, so the sweep's chunk kernels (over millions of candidates) take it as
+a static argument and XLA folds the model's constants into the kernel (1.8x
+faster sweeps than passing them as traced scalars; one compilation per model).
+Kernels over a few rows (predict, the calibration fit, the replay, report rows,
+sensitivities) pass it `traced` instead: one compilation serves every model.
+`Hardware` is a GPU type plus its
 calibrated efficiencies; fields are scalars or [G] arrays (one per GPU type)
 and are gathered per candidate with `take`. `Layout` is a candidate's
 parallel layout and dtypes, every field [C] (or scalar).

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0):
     """(ReplayTrace [F], block size) for sweep rows, replayed exactly as stage 7 replays them."""
-    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step_fn
+    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step
     from jaxplan.replay import sample_requests, simulate_trace
 
     workload = result.workload
     configs, params = finalist_inputs(result, rows)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    trace = simulate_trace(configs, requests, workload, physics_step_fn(result.context.model), params)
+    trace = simulate_trace(configs, requests, workload, physics_step, params)
     return trace, configs.block_size
 
 
@@ -23,7 +23,7 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxplan.funnel.replay_stage import physics_step_fn, replay_config
+    from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.physics.params import efficiency_for
     from jaxplan.physics.shapes import hardware_table, take
@@ -42,6 +42,6 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree, k=k: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             config = replay_config(pick(batch.layout), blocks[k : k + 1])
-            trace = simulate_trace(config, sample_requests(workload, None, seed), workload, physics_step_fn(batch.model), (pick(hw_all), pick(batch.layout)))
+            trace = simulate_trace(config, sample_requests(workload, None, seed), workload, physics_step, physics_params(batch.model, pick(hw_all), pick(batch.layout)))
             out.append((int(i), trace, config.block_size, workload))
     return out

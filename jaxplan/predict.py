@@ -1,7 +1,8 @@
 """`jaxplan predict`: the stage-4 estimate for explicit configurations, one CSV row each.
 
-Rows are grouped by model (the model shape is static: one compilation per
-model); inside a group every row's layout, GPU and traffic are [N] arrays.
+Rows are grouped by model; inside a group every row's layout, GPU and traffic
+are [N] arrays, and the model shape is traced (one compilation per row count
+serves every model).
 The same row batches feed the calibration fit, whose gradient flows through
 the Hardware efficiency fields.
 """
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
 from jaxplan.errors import bad_value
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
@@ -203,8 +205,12 @@ def _estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadP
 
 def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
     """Stage-4 estimate for [N] rows (hw already gathered per row). The model shape is traced
-    (float32): one compilation per row count serves every model."""
-    return _estimate_rows(traced(model), hw, layout, w, gpu_memory_utilization)
+    (float32) and the rows padded to `buckets.bucket_size(N)`: one compilation per bucket serves
+    every model and every N in it."""
+    num = int(np.shape(layout.tensor_parallel_size)[0])
+    size = bucket_size(num)
+    est = _estimate_rows(traced(model), *pad_rows((hw, layout, w), num, size), gpu_memory_utilization)
+    return unpad_rows(est, num, size)
 
 
 def predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", efficiency: dict | None = None) -> list[dict]:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.errors import bad_value
 from jaxplan.funnel.estimate import HOUR_S
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, traced
@@ -49,34 +50,17 @@ def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParam
     return jnp.stack([est.output_tokens_per_s, est.ttft_mean_s, est.tpot_mean_s, cost], axis=-1)
 
 
-MIN_BUCKET_ROWS = 8
-
-
 @jax.jit
 def _jacobian(model, hw, layout, w, gpu_memory_utilization):
     """(metrics [F, M], d metrics / d θ [F, M, P], θ [P]) for every parameter of PARAMETERS. Traced
-    in the model shape too, and `sensitivities` pads F to a bucket: one compilation serves every model
-    and traffic pattern at up to MIN_BUCKET_ROWS finalists (one more per power of two above)."""
+    in the model shape too, and `sensitivities` pads F to `buckets.bucket_size(F)`: one compilation
+    serves every model and traffic pattern at up to 8 finalists (one more per power of two above)."""
     theta = jnp.stack([getattr(w, p) for p in PARAMETERS])
 
     def f(theta):
         return metrics_of(model, hw, layout, w._replace(**dict(zip(PARAMETERS, theta))), gpu_memory_utilization)
 
     return f(theta), jax.jacfwd(f)(theta), theta
-
-
-def _bucket_rows(tree, num: int):
-    """Every [num, ...] leaf padded to the next power of two (at least MIN_BUCKET_ROWS) rows by
-    repeating its last row; scalars kept. Finalists are independent, so the padding rows are dropped."""
-    size = max(MIN_BUCKET_ROWS, 1 << (num - 1).bit_length())
-
-    def pad(x):
-        x = jnp.asarray(x)
-        if x.ndim == 0 or size == num:
-            return x
-        return jnp.concatenate([x, jnp.repeat(x[-1:], size - num, axis=0)])
-
-    return jax.tree.map(pad, tree)
 
 
 def sensitivities(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, parameters=None) -> Sensitivity:
@@ -90,7 +74,7 @@ def sensitivities(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadPa
     if unknown:
         raise bad_value("parameters", unknown, f"use a subset of {', '.join(PARAMETERS)}")
     num = int(np.shape(layout.tensor_parallel_size)[0])
-    hw, layout = _bucket_rows((hw, layout), num)
+    hw, layout = pad_rows((hw, layout), num, bucket_size(num))
     f32 = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)  # noqa: E731 - strong types: a Python 0.9 and an array share the program
     values, jac, theta = jax.device_get(_jacobian(traced(model), f32(hw), f32(layout), f32(w), f32(gpu_memory_utilization)))
     columns = [PARAMETERS.index(p) for p in parameters]

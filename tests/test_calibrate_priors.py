@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxplan.buckets import bucket_size
 from jaxplan.calibrate import _data, fit
 from jaxplan.calibrate.kernels import GemmTable
 from jaxplan.physics import hardware_table, make_layout, model_shape
@@ -134,7 +135,7 @@ def test_allreduce_priors_read_group_sizes_apart():
 
 
 def test_padding_rows_carry_no_weight_in_the_fit_loss():
-    """The fit pads each model's rows to `bucket_rows` (repeating the last row, weight 0); its loss at
+    """The fit pads each model's rows to `buckets.bucket_size` (repeating the last row, weight 0); its loss at
     the prior (one step: the loss before the first update) must be the plain mean squared log error of
     the real rows, computed here from `log_errors` without padding."""
     from jaxplan.calibrate import fit
@@ -142,7 +143,7 @@ def test_padding_rows_carry_no_weight_in_the_fit_loss():
     base = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, weight_dtype="bf16", kv_cache_dtype="auto", osl=200.0)
     measured = [dict(base, isl=500.0 * (k + 1), concurrency=4 * (k + 1), measured_ttft_ms_mean=80.0 + 40 * k, measured_tpot_ms_mean=9.0 + k) for k in range(3)]
     data = fit.fit_data(measured, ["h100_sxm"])
-    assert fit.bucket_rows(3) > 3
+    assert bucket_size(3) > 3
     prior = np.stack([fit.free_vector(fit.kernel_priors("h100_sxm"))])
     _, loss = fit.fit_serving(data, ["h100_sxm"], prior, steps=1)
     table = fit.hardware_from_free(fit.base_table(["h100_sxm"]), prior)

@@ -14,7 +14,8 @@ Families (seeded `random.Random`, reproducible; the `slow` tests try 10x as many
   calibrate, real fit         valid JSON/CSV files through the real optax fit           N_REAL_FIT  =     1
 The calibrate families run the command with the fit replaced by a stub that builds the fit's row
 batches (every field the fit reads is validated there) and predicts each usable row, because the
-real fit compiles once per row shape (see docs/reliability.md); N_REAL_FIT files go through the real fit.
+real fit compiles once per (GPUs, models, row bucket), which mutated files vary (see docs/reliability.md);
+N_REAL_FIT files go through the real fit.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxplan.buckets import bucket_size
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 
 COMPILE = "/jax/core/compile/backend_compile_duration"
@@ -130,7 +131,7 @@ def test_predict_replay_does_not_recompile():
 
 def test_calibration_fit_does_not_recompile():
     """The fit's program depends on the number of GPUs and models and on each model's row bucket
-    (`fit.bucket_rows`), not on the rows, the GPU, the model or the step count: a held-out fold, a
+    (`buckets.bucket_size`), not on the rows, the GPU, the model or the step count: a held-out fold, a
     test or a user's measurements of another size reuse it."""
     from jaxplan.calibrate import fit
 
@@ -144,7 +145,7 @@ def test_calibration_fit_does_not_recompile():
         return np.stack([fit.free_vector(fit.kernel_priors(gpu))])
 
     first_data, second_data = data(1.0, "h100_sxm", "llama-3.1-8b", 0), data(1.7, "a100_sxm", "qwen3-32b", 3)
-    assert fit.bucket_rows(2) == fit.bucket_rows(5)
+    assert bucket_size(2) == bucket_size(5)
     a, b = assert_no_recompilation(lambda: fit.fit_serving(first_data, ["h100_sxm"], prior("h100_sxm"), steps=3),
                                    lambda: fit.fit_serving(second_data, ["a100_sxm"], prior("a100_sxm"), steps=5), "fit_serving")
     assert not np.allclose(a[0], b[0])

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.physics.params import BOUNDS, DEFAULTS
 from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
 from jaxplan.physics.steady_state import estimate
@@ -198,30 +199,14 @@ def log_errors(data: FitData, hw_table: Hardware):
     return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
 
 
-MIN_BUCKET_ROWS = 8
-
-
-def bucket_rows(n: int) -> int:
-    """Rows a batch of n is padded to in the fit: the next power of two (at least MIN_BUCKET_ROWS), so
-    that fits of other row subsets (held-out folds, a user's measurements) reuse the compiled program."""
-    return max(MIN_BUCKET_ROWS, 1 << max(n - 1, 0).bit_length())
-
-
-def _pad(x, size: int):
-    """[n, ...] -> [size, ...] by repeating the last row (a valid row; its weight is 0)."""
-    x = np.asarray(x)
-    return np.concatenate([x, np.repeat(x[-1:], size - x.shape[0], axis=0)]) if size > x.shape[0] else x
-
-
 def _padded(data: FitData) -> tuple:
-    """Per batch: its traced model shape, its arrays padded to `bucket_rows` and a weight per row
-    (1 real, 0 padding). Everything is an array, so the fit's program depends on row buckets only."""
+    """Per batch: its traced model shape, its arrays padded to `buckets.bucket_size` rows and a weight
+    per row (1 real, 0 padding). Everything is an array, so the fit's program depends on row buckets only."""
     out = []
     for b, ttft, tpot, peaks in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks):
-        size = bucket_rows(len(ttft))
-        pad = lambda tree: jax.tree.map(lambda x: _pad(x, size), tree)  # noqa: E731
-        weight = (np.arange(size) < len(ttft)).astype(np.float32)
-        out.append((traced(b.model), pad((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks)), weight))
+        num, size = len(ttft), bucket_size(len(ttft))
+        weight = (np.arange(size) < num).astype(np.float32)
+        out.append((traced(b.model), pad_rows((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks), num, size), weight))
     return tuple(out)
 
 
@@ -239,7 +224,7 @@ def _weighted_loss(padded: tuple, hw_table: Hardware):
 def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bool = False, steps: int = STEPS):
     """Adam on the log errors; prior [G, P] (free space). shared=True fits one vector for all GPUs.
 
-    Compiled once per (number of GPUs, shared, number of models, `bucket_rows` of each): a fit of
+    Compiled once per (number of GPUs, shared, number of models, `buckets.bucket_size` of each): a fit of
     other rows, models, GPUs or steps in the same buckets reuses the program (held-out folds, tests,
     a user's measurements). Returns (z [G, P], final loss)."""
     padded = jax.tree.map(jnp.asarray, _padded(data))

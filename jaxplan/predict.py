@@ -1,8 +1,8 @@
 """`jaxplan predict`: the stage-4 estimate for explicit configurations, one CSV row each.
 
 Rows are grouped by model; inside a group every row's layout, GPU and traffic
-are [N] arrays, and the model shape is traced (one compilation per row count
-serves every model).
+are [N] arrays, padded to a power-of-two bucket, and the model shape is traced
+(one compilation per bucket serves every model).
 The same row batches feed the calibration fit, whose gradient flows through
 the Hardware efficiency fields.
 """

@@ -135,11 +135,9 @@ def test_allreduce_priors_read_group_sizes_apart():
 
 
 def test_padding_rows_carry_no_weight_in_the_fit_loss():
-    """The fit pads each model's rows to `buckets.bucket_size` (repeating the last row, weight 0); its loss at
-    the prior (one step: the loss before the first update) must be the plain mean squared log error of
-    the real rows, computed here from `log_errors` without padding."""
-    from jaxplan.calibrate import fit
-
+    """The fit pads each model's rows to `buckets.bucket_size` (repeating the last row, weight 0);
+    its loss at the prior (one step: the loss before the first update) must be the plain mean squared
+    log error of the real rows, computed here from `log_errors` without padding."""
     base = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, weight_dtype="bf16", kv_cache_dtype="auto", osl=200.0)
     measured = [dict(base, isl=500.0 * (k + 1), concurrency=4 * (k + 1), measured_ttft_ms_mean=80.0 + 40 * k, measured_tpot_ms_mean=9.0 + k) for k in range(3)]
     data = fit.fit_data(measured, ["h100_sxm"])

@@ -1,6 +1,7 @@
 """Sensitivities: forward-mode derivatives agree with finite differences; signs the physics fixes.
 
-Every call passes all PARAMETERS so that one compilation (the model shape is traced) serves every model and workload."""
+One compilation serves every call here: the Jacobian is always taken for all PARAMETERS (a call's
+subset is a choice of columns), the model shape is traced and the finalists padded to a bucket."""
 
 from __future__ import annotations
 
@@ -67,3 +68,20 @@ def test_gradients_finite_for_every_bundled_workload_and_model():
             sens = sensitivities(model, hw, layout, workload_params(load_workload(workload)), 0.9, PARAMETERS)
             finite_values = np.isfinite(sens.values)
             assert np.all(np.isfinite(sens.derivative[finite_values])), (model_name, workload)
+
+
+def test_default_parameters_are_columns_of_the_full_jacobian():
+    """Poisson traffic: the default parameters drop concurrency, bursts and closed loops the rate; each
+    column equals that parameter's column of the all-PARAMETERS call. Unknown names are refused."""
+    from jaxplan.errors import PlanError
+
+    model, hw, layout = setup()
+    for workload, dropped in (("chat", "concurrency"), ("rl-rollout", "request_rate_per_s")):
+        w = workload_params(load_workload(workload))
+        full, default = sensitivities(model, hw, layout, w, 0.9, PARAMETERS), sensitivities(model, hw, layout, w, 0.9)
+        assert default.parameters == tuple(p for p in PARAMETERS if p != dropped)
+        for k, name in enumerate(default.parameters):
+            np.testing.assert_array_equal(default.derivative[:, :, k], full.derivative[:, :, PARAMETERS.index(name)])
+        np.testing.assert_array_equal(default.values, full.values)
+    with pytest.raises(PlanError, match="parameters"):
+        sensitivities(model, hw, layout, w, 0.9, ("isl_tokens", "num_layers"))

@@ -42,7 +42,7 @@ def physics_params(model: ModelShape, hw: Hardware, layout: Layout):
 
 
 def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
-    """(ReplayConfig [F], step params (hw, layout) [F]) for sweep rows."""
+    """(ReplayConfig [F], `physics_params` [F]: hardware, layout, model shape) for sweep rows."""
     ctx = result.context
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
     hw, layout, blocks = _finalist_arrays(ctx._replace(model=traced(ctx.model)), digits)

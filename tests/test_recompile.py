@@ -116,12 +116,15 @@ def test_predict_analytical_does_not_recompile():
 
 
 def test_predict_replay_does_not_recompile():
-    """Nor for another model: the replay's step function is one for every model (`physics_step`),
-    the model shape a traced parameter."""
+    """Nor for another model or request count: the replay's step function is one for every model
+    (`physics_step`), the model shape a traced parameter, and request counts in one bucket
+    (`replay.traffic.request_bucket`: 20 and 30 in 256) share the padded request arrays."""
     from jaxplan.predict import replay_predict_rows
+    from jaxplan.replay.traffic import request_bucket
 
+    assert request_bucket(20) == request_bucket(30)
     first = lambda: replay_predict_rows(rows(1000.0, 2.0, "h100_sxm")[:1], num_requests=20)  # noqa: E731
-    second = lambda: replay_predict_rows(rows(3000.0, 5.0, "a100_sxm", "qwen3-32b")[:1], num_requests=20, seed=1)  # noqa: E731
+    second = lambda: replay_predict_rows(rows(3000.0, 5.0, "a100_sxm", "qwen3-32b")[:1], num_requests=30, seed=1)  # noqa: E731
     a, b = assert_no_recompilation(first, second, "replay_predict_rows")
     assert a[0]["ttft_ms_mean"] != b[0]["ttft_ms_mean"]
 

@@ -107,7 +107,7 @@ def _earliest(mask, hi, lo):
 def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int):
     """One iteration of a least-loaded lane: release, route one arrival, step the earliest replica."""
     st, rt = carry
-    num_s, num_r, num_d = st.run_i.shape[-1], st.rec_i.shape[-1], st.n_run.shape[0]
+    num_s, num_d = st.run_i.shape[-1], st.n_run.shape[0]
     d_idx = jnp.arange(num_d, dtype=I32)
     pos = jnp.arange(num_s, dtype=I32)
     clock = st.clock_hi + st.clock_lo  # [D] when each replica's last iteration ended
@@ -116,7 +116,7 @@ def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
     _, busy, s_hi, s_lo = _status(st, rt, lane)
     _, _, t_star = _earliest(busy, s_hi, s_lo)
     y, any_rel, _ = _earliest((rt.pend > 0) & (clock <= t_star), st.clock_hi, st.clock_lo)
-    n_rel = jnp.where(any_rel, jnp.minimum(rt.pend[y], num_r - st.submitted), 0)
+    n_rel = jnp.where(any_rel, jnp.minimum(rt.pend[y], lane.num_requests - st.submitted), 0)
     off = num_s + st.submitted
     old = jax.lax.dynamic_slice_in_dim(st.arrival, off, num_s)
     arrival = jax.lax.dynamic_update_slice_in_dim(st.arrival, jnp.where(pos < n_rel, clock[y], old), off, 0)

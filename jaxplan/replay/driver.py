@@ -72,6 +72,8 @@ from jaxplan.replay.traffic import (
     Requests,
     build_balanced_lanes,
     build_lanes,
+    pad_requests,
+    request_bucket,
     routing_dp,
     split_lanes,
 )
@@ -251,14 +253,14 @@ def _on_lanes(tree, mesh: Mesh | None):
 
 
 @functools.partial(jax.jit, static_argnames=("num_slots", "max_dp", "mesh"))
-def _start(requests: Requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, mesh: Mesh | None = None):
+def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, mesh: Mesh | None = None):
     """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
-    (its finalist's stream)."""
+    (its finalist's stream). `requests` [R] are padded; the first `num_requests` are real."""
     if config.routing == LEAST_LOADED:
-        lanes, submitted = build_balanced_lanes(requests, config, closed_concurrency, max_dp)
+        lanes, submitted = build_balanced_lanes(requests, config, closed_concurrency, max_dp, num_requests)
         position = lanes.position
     else:
-        lanes = build_lanes(requests, config, closed_concurrency, max_dp)
+        lanes = build_lanes(requests, config, closed_concurrency, max_dp, num_requests)
         position = lanes.position
         lanes = split_lanes(lanes, split.finalist, split.first, split.end)
     pad = jnp.zeros((lanes.stream.shape[0], 3, num_slots), jnp.int32)
@@ -273,6 +275,7 @@ def _start(requests: Requests, config: ReplayConfig, closed_concurrency, split: 
         lanes.budget,
         lanes.step_budget,
         lanes.num_kv_blocks,
+        lanes.num_requests,
     )
     if config.routing == LEAST_LOADED:
         state = jax.vmap(lambda arr, sub: init_balanced(arr, sub, max_dp, num_slots))(lanes.arrival, submitted)
@@ -486,7 +489,24 @@ def _checked(requests: Requests, closed: int) -> Requests:
     starts = arrival[:closed] if closed else arrival  # closed loop: the clients' start times
     if not np.all(np.isfinite(starts)) or starts.min() < 0 or np.any(np.diff(starts) < 0):
         raise bad_value("requests.arrival_s", starts[:4].tolist(), "must be finite, >= 0 seconds and nondecreasing")
-    return Requests(jnp.asarray(prompt, jnp.int32), jnp.asarray(osl, jnp.int32), jnp.asarray(hit, jnp.int32), jnp.asarray(arrival, jnp.float32))
+    return Requests(prompt.astype(np.int32), osl.astype(np.int32), hit.astype(np.int32), arrival.astype(np.float32))
+
+
+def _padded(requests: Requests) -> Requests:
+    """The request set padded to its bucket (`request_bucket`), as device arrays: replays of
+    nearby request counts share their compiled programs."""
+    return Requests(*(jnp.asarray(x) for x in pad_requests(requests, request_bucket(requests.num_requests))))
+
+
+# ReplayTrace fields with a request axis (last), cut back to the real requests after a padded replay
+_PER_REQUEST = ("first_token_step", "finish_step", "preemptions", "arrival_s", "admit_s", "ttft_s", "e2e_s", "replica", "prompt_tokens", "output_tokens")
+
+
+def _real_requests(trace: ReplayTrace, num_r: int) -> ReplayTrace:
+    """The trace on the host (NumPy: a slice of a device array would compile a program per shape)
+    with its request axis cut back to the `num_r` real requests."""
+    trace = jax.device_get(trace)
+    return trace._replace(**{name: getattr(trace, name)[..., :num_r] for name in _PER_REQUEST})
 
 
 def _bucket(value: int) -> int:
@@ -590,6 +610,7 @@ def simulate_trace(
             raise bad_value(name, np.shape(hint), f"must be a number or an array [{num_f}]")
     reqs = _checked(requests, closed)
     num_r = requests_count(reqs)
+    padded = _padded(reqs)
     devices = lane_devices()  # _lane_mesh shards only lane counts that split evenly over them
     if routing == LEAST_LOADED or (replica_steps_hint is None and max_replicas_per_lane is None):
         work, lanes_per_f = None, np.ones(num_f, np.int64)
@@ -603,7 +624,7 @@ def simulate_trace(
     per_call = memory.finalists_per_call(shape, memory_limit_bytes)
     tokens_per_finalist = int(np.sum(np.asarray(reqs.output_tokens, np.int64)))  # progress is counted in output tokens
     run = functools.partial(
-        _replay, reqs, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
+        _replay, padded, num_r, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
         num_slots=num_slots, max_dp=max_dp, routing=routing, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
         tokens_per_finalist=tokens_per_finalist,
     )  # fmt: skip
@@ -650,8 +671,9 @@ def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
-    """One replay call over configs [F] on the lanes of `split` (see simulate_trace), sharded over
+def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
+    """One replay call over configs [F] on the lanes of `split` (see simulate_trace) of the first
+    `num_r` of the padded requests `reqs` (the trace has those only), sharded over
     `devices` local devices when the lanes split evenly over them; `progress(done, total)` in output
     tokens (`tokens_per_finalist` each) after every loop call."""
     configs = ReplayConfig(
@@ -663,7 +685,7 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
     split = LaneSplit(*(np.asarray(x, np.int32) for x in split))
     closed_conc = np.int32(closed)
     mesh = _lane_mesh(int(split.finalist.shape[0]) if routing != LEAST_LOADED else configs.num_finalists, devices)
-    inputs, state, position = _start(reqs, configs, closed_conc, split, num_slots=slots, max_dp=max_dp, mesh=mesh)
+    inputs, state, position = _start(reqs, np.int32(num_r), configs, closed_conc, split, num_slots=slots, max_dp=max_dp, mesh=mesh)
     # params per lane (the lane's finalist's), gathered on the host and sent to the lanes' devices
     step_params = jax.tree.map(lambda x: np.asarray(x)[finalist] if routing != LEAST_LOADED else np.asarray(x), jax.device_get(step_params))
     step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
@@ -699,7 +721,7 @@ def _replay(reqs: Requests, workload, step_time_fn, configs: ReplayConfig, step_
             slots = min(max(2 * slots, _slot_bucket(int(jnp.max(_demand(inputs, state, routing=routing))))), _slot_bucket(max_seqs))
             inputs, state = _grow(inputs, state, num_slots=slots, routing=routing, mesh=mesh)
     dp = jnp.asarray(routing_dp(np.asarray(configs.data_parallel_size), closed, xp=np) if routing != LEAST_LOADED else configs.data_parallel_size, jnp.int32)
-    return _finish(reqs, inputs, state, position, split, dp, routing=routing)
+    return _real_requests(_finish(reqs, inputs, state, position, split, dp, routing=routing), num_r)
 
 
 def simulate(

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from jaxplan.errors import bad_value
 from jaxplan.replay.state import ITL_BINS, NF, NI
+from jaxplan.replay.traffic import request_bucket
 from jaxplan.system import available_memory_bytes
 
 MEMORY_FRACTION = 0.5  # default limit: this fraction of the machine's available memory
@@ -22,7 +23,7 @@ class ReplayShape(NamedTuple):
     """The sizes that fix a replay call's arrays."""
 
     num_finalists: int  # F
-    num_requests: int  # R
+    num_requests: int  # R (the replay pads it to `request_bucket(R)`, which the estimate counts)
     max_replicas: int  # D (padded)
     num_slots: int  # S, the most slot rows per replica the call may grow to
     window: int  # decode-jump window
@@ -32,7 +33,7 @@ class ReplayShape(NamedTuple):
 
 def replay_bytes(shape: ReplayShape) -> tuple[int, int]:
     """(bytes per finalist, bytes shared by every finalist) of one replay call."""
-    r, d, s = shape.num_requests, shape.max_replicas, shape.num_slots
+    r, d, s = request_bucket(shape.num_requests), shape.max_replicas, shape.num_slots
     balanced = shape.routing == "least_loaded"
     # Per request and finalist: lanes and padded stream, arrivals and records (loop carry twice),
     # the trace and its gathers, summarize's sorts and series. Measured on XLA:CPU (peak RSS growth
@@ -55,7 +56,7 @@ def replay_bytes(shape: ReplayShape) -> tuple[int, int]:
 
 def lane_bytes(shape: ReplayShape) -> int:
     """Bytes of one more lane (round robin): its share of the loop arrays, not of the trace."""
-    r, d, s = shape.num_requests, shape.max_replicas, shape.num_slots
+    r, d, s = request_bucket(shape.num_requests), shape.max_replicas, shape.num_slots
     return r * (LANE_REQUEST_BYTES + d) + s * (2 * 2 * (NI + NF) * 4 + 64 * 4) + 2 * ITL_BINS * 4 + 64 * shape.window + 256 * d
 
 

@@ -16,8 +16,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
+from jaxplan.replay.traffic import request_bucket
 
 PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -81,9 +83,32 @@ def _hist_quantiles(hist, qs):
     return jnp.where(total > 0, values, jnp.nan)
 
 
+# Per-request trace fields [..., R] and the value a request that never arrived has in each.
+_NEVER_ARRIVED = {
+    "first_token_step": -1, "finish_step": -1, "preemptions": 0, "arrival_s": np.inf, "admit_s": np.nan, "ttft_s": np.nan,
+    "e2e_s": np.nan, "replica": -1, "prompt_tokens": 1, "output_tokens": 1,
+}  # fmt: skip
+
+
+def _pad_trace(trace, size: int):
+    """The trace with its request axis padded to `size` by requests that never arrived (on the host:
+    NumPy, so that no program is compiled per request count)."""
+    extra = size - np.shape(trace.prompt_tokens)[-1]
+    if extra == 0:
+        return trace
+
+    def pad(name):
+        x = np.asarray(getattr(trace, name))
+        return np.concatenate([x, np.full(x.shape[:-1] + (extra,), _NEVER_ARRIVED[name], x.dtype)], axis=-1)
+
+    return trace._replace(**{name: pad(name) for name in _NEVER_ARRIVED})
+
+
 @functools.partial(jax.jit, static_argnames=("series_points",))
-def _summarize(trace, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
+def _summarize(trace, num_requests, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
+    """Metrics of a trace whose request axis is padded (past `num_requests`: requests that never arrived)."""
     finished = trace.finish_step >= 0  # [F, R]
+    real = (jnp.arange(finished.shape[-1]) < num_requests)[None, :]
     osl = trace.output_tokens[None, :].astype(jnp.float32)
     isl = trace.prompt_tokens[None, :].astype(jnp.float32)
     decode_s = trace.e2e_s - trace.ttft_s
@@ -121,7 +146,7 @@ def _summarize(trace, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: 
         total_tokens_per_s=jnp.sum(jnp.where(finished, osl + isl, 0.0), -1) * per_s,
         request_throughput_per_s=jnp.sum(finished, -1) * per_s,
         goodput_req_per_s=jnp.sum(met, -1) * per_s,
-        slo_attainment=jnp.mean(met, -1),
+        slo_attainment=jnp.sum(met, -1) / num_requests.astype(jnp.float32),
         duration_s=duration,
         mean_batch_size=jnp.sum(jnp.where(active, trace.replica_batch_sum, 0.0), -1) / nsteps,
         kv_utilization_mean=jnp.sum(jnp.where(active, trace.replica_kv_sum, 0.0), -1) / nsteps / kv_cap,
@@ -129,7 +154,7 @@ def _summarize(trace, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: 
         num_preemptions=jnp.sum(jnp.where(active, trace.replica_preemptions, 0), -1),
         num_steps=steps,
         completed=jnp.sum(finished, -1).astype(jnp.int32),
-        unfinished=jnp.sum(~finished, -1).astype(jnp.int32),
+        unfinished=jnp.sum(real & ~finished, -1).astype(jnp.int32),
         stalled=jnp.any(active & trace.replica_stalled, -1),
         queue_length=(arrived - admitted).astype(jnp.int32),
         series_time_s=times,
@@ -137,9 +162,14 @@ def _summarize(trace, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: 
 
 
 def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
-    """ReplayMetrics [F] of a ReplayTrace, against `workload`'s SLOs (inf = none)."""
+    """ReplayMetrics [F] of a ReplayTrace, against `workload`'s SLOs (inf = none).
+
+    The request axis is padded to `request_bucket(R)` first, so that request counts in one bucket
+    share one compiled program."""
+    num_r = int(np.shape(trace.prompt_tokens)[-1])
     return _summarize(
-        trace,
+        _pad_trace(trace, request_bucket(num_r)),
+        jnp.int32(num_r),
         jnp.asarray(workload.ttft_slo_s, jnp.float32),
         jnp.asarray(workload.tpot_slo_s, jnp.float32),
         jnp.asarray(workload.slo_percentile, jnp.float32),

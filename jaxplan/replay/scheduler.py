@@ -55,6 +55,7 @@ class LaneInput(NamedTuple):
     budget: jnp.ndarray  # int32 max_num_batched_tokens: most tokens of one request per step
     step_budget: jnp.ndarray  # int32 pp x max_num_batched_tokens: tokens of the whole step
     num_kv_blocks: jnp.ndarray  # int32
+    num_requests: jnp.ndarray  # int32 real requests in the stream (the rest is padding)
 
 
 def lane_done(st: LaneState, lane: LaneInput):

@@ -83,6 +83,37 @@ def sample_requests(workload: Workload, num_requests: int | None = None, seed: i
     return Requests(prompt, output, hit, arrival)
 
 
+# Request counts are padded to a bucket so that replays of nearby counts share their compiled
+# programs (~7 s each on 2 cores): at least MIN_REQUEST_BUCKET, a power of two up to
+# EXACT_OCTAVE_LIMIT, then a multiple of an eighth of the power of two below (at most 12.5%
+# padding where the arrays are large). The loop's cost per iteration does not depend on the
+# padding (its work is on the slot rows): 2,000 requests replay in the same time padded to 2,000,
+# 9,800 or 102,000 (README sweep's scale, 2 cores).
+MIN_REQUEST_BUCKET = 256
+EXACT_OCTAVE_LIMIT = 4096
+
+
+def request_bucket(num: int) -> int:
+    """Padded request count (>= num) of a replay of `num` requests."""
+    if num <= EXACT_OCTAVE_LIMIT:
+        return max(MIN_REQUEST_BUCKET, 1 << max(num - 1, 0).bit_length())
+    step = 1 << (num.bit_length() - 4)  # an eighth of the power of two <= num
+    return -(-num // step) * step
+
+
+def pad_requests(requests: Requests, size: int) -> Requests:
+    """`requests` [R] padded to [size] (NumPy) with requests that never arrive (arrival inf, one
+    prompt and one output token); the lanes route only the first R (`build_lanes`' num_requests)."""
+    num = requests.num_requests
+    if size < num:
+        raise bad_value("size", size, f"must be >= the {num} requests")
+    extra = size - num
+    pad = lambda x, value, dtype: np.concatenate([np.asarray(x, dtype), np.full(extra, value, dtype)])  # noqa: E731
+    return Requests(
+        pad(requests.prompt_tokens, 1, np.int32), pad(requests.output_tokens, 1, np.int32), pad(requests.prefix_hit_tokens, 0, np.int32), pad(requests.arrival_s, np.inf, np.float32)
+    )
+
+
 class Lanes(NamedTuple):
     """One lane per finalist: its replicas' request streams back to back. Leading axis [F].
 
@@ -104,6 +135,7 @@ class Lanes(NamedTuple):
     budget: jnp.ndarray  # [F] int32 max_num_batched_tokens: most tokens of one request per step
     step_budget: jnp.ndarray  # [F] int32 pp x max_num_batched_tokens: tokens of one replica step
     num_kv_blocks: jnp.ndarray  # [F] int32
+    num_requests: jnp.ndarray  # [F] int32 real requests: stream positions >= it are padding
 
 
 def routing_dp(data_parallel_size, closed_concurrency, xp=jnp):
@@ -114,8 +146,12 @@ def routing_dp(data_parallel_size, closed_concurrency, xp=jnp):
     return xp.where(conc > 0, xp.minimum(dp, xp.maximum(conc, 1)), dp)
 
 
-def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> Lanes:
+def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int, num_requests=None) -> Lanes:
     """Round-robin split of `requests` over each finalist's replicas (traceable).
+
+    num_requests: the real requests (int32 scalar, may be traced), the first of the arrays' R;
+    default R. Stream positions past them (padding, see `pad_requests`) are in no replica's
+    segment, so no replica ever admits them; request i >= num_requests sits at position i.
 
     closed_concurrency: 0 for open loop (arrival_s used), else the client's
     concurrency N: replica d of a finalist with dp' routed replicas starts with
@@ -124,25 +160,27 @@ def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> 
     replica's last client has started, so that arrivals stay in stream order).
     """
     num_r = requests.prompt_tokens.shape[0]
+    n = jnp.asarray(num_r if num_requests is None else num_requests, jnp.int32)
     bs = config.block_size
     dp = routing_dp(config.data_parallel_size, closed_concurrency)[:, None]  # [F, 1]
     d = jnp.arange(max_dp, dtype=jnp.int32)[None, :]  # [1, D]
-    count = jnp.where(d < dp, (num_r - d + dp - 1) // dp, 0)  # [F, D]
+    count = jnp.where(d < dp, (n - d + dp - 1) // dp, 0)  # [F, D]
     start = jnp.cumsum(count, axis=1) - count
     p = jnp.arange(num_r, dtype=jnp.int32)[None, :]  # stream positions
+    real = p < n
     rep = jnp.sum(start[:, None, 1:] <= p[:, :, None], axis=-1) if max_dp > 1 else jnp.zeros_like(p)  # [F, R]
     k = p - jnp.take_along_axis(start, rep, axis=1)
-    ids = rep + k * dp
+    ids = jnp.where(real, rep + k * dp, p)
     prompt = jnp.asarray(requests.prompt_tokens, jnp.int32)[ids]
     hit_raw = jnp.asarray(requests.prefix_hit_tokens, jnp.int32)[ids]
     hit = (jnp.clip(jnp.minimum(hit_raw, prompt - 1), 0) // bs) * bs
     conc = jnp.asarray(closed_concurrency, jnp.int32)
     closed = conc > 0
     initial = jnp.minimum(count, jnp.where(d < dp, (jnp.maximum(conc - d, 0) + dp - 1) // dp, 0))
-    closed_arrival = jnp.where(k < jnp.take_along_axis(initial, rep, axis=1), jnp.asarray(requests.arrival_s, jnp.float32)[ids], INF)
-    arrival = jnp.where(closed, closed_arrival, jnp.asarray(requests.arrival_s, jnp.float32)[ids])
+    given = jnp.where(real, jnp.asarray(requests.arrival_s, jnp.float32)[ids], INF)
+    arrival = jnp.where(closed, jnp.where(k < jnp.take_along_axis(initial, rep, axis=1), given, INF), given)
     i = jnp.arange(num_r, dtype=jnp.int32)[None, :]
-    position = jnp.take_along_axis(start, i % dp, axis=1) + i // dp
+    position = jnp.where(i < n, jnp.take_along_axis(start, i % dp, axis=1) + i // dp, i)
     num_f = dp.shape[0]
     return Lanes(
         ids=ids,
@@ -158,18 +196,21 @@ def build_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> 
         budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32),
         step_budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32) * jnp.asarray(config.pipeline_parallel_size, jnp.int32),
         num_kv_blocks=jnp.asarray(config.num_kv_blocks, jnp.int32),
+        num_requests=jnp.broadcast_to(n, (num_f,)),
     )
 
 
-def build_balanced_lanes(requests: Requests, config, closed_concurrency, max_dp: int) -> tuple[Lanes, jnp.ndarray]:
+def build_balanced_lanes(requests: Requests, config, closed_concurrency, max_dp: int, num_requests=None) -> tuple[Lanes, jnp.ndarray]:
     """Least-loaded lanes (traceable): each lane's stream is every request in arrival order.
 
     Routing happens during the replay, so the segments are unused (zeros) and
     every one of dp replicas may receive requests. Closed loop: the first N
     requests arrive at t = 0, the rest when the client submits them.
+    num_requests: as for `build_lanes`; requests past them never arrive and are never submitted.
     Returns the lanes and the first unsubmitted stream position [F].
     """
     num_r = requests.prompt_tokens.shape[0]
+    n = jnp.asarray(num_r if num_requests is None else num_requests, jnp.int32)
     bs = config.block_size
     dp = jnp.asarray(config.data_parallel_size, jnp.int32)
     num_f = dp.shape[0]
@@ -178,7 +219,7 @@ def build_balanced_lanes(requests: Requests, config, closed_concurrency, max_dp:
     conc = jnp.asarray(closed_concurrency, jnp.int32)
     closed = conc > 0
     i = jnp.arange(num_r, dtype=jnp.int32)
-    arrival = jnp.where(closed, jnp.where(i < conc, 0.0, INF), jnp.asarray(requests.arrival_s, jnp.float32))
+    arrival = jnp.where(i < n, jnp.where(closed, jnp.where(i < conc, 0.0, INF), jnp.asarray(requests.arrival_s, jnp.float32)), INF)
     zeros = jnp.zeros((num_f, max_dp), jnp.int32)
     lanes = Lanes(
         ids=jnp.broadcast_to(i, (num_f, num_r)),
@@ -194,8 +235,9 @@ def build_balanced_lanes(requests: Requests, config, closed_concurrency, max_dp:
         budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32),
         step_budget=jnp.asarray(config.max_num_batched_tokens, jnp.int32) * jnp.asarray(config.pipeline_parallel_size, jnp.int32),
         num_kv_blocks=jnp.asarray(config.num_kv_blocks, jnp.int32),
+        num_requests=jnp.broadcast_to(n, (num_f,)),
     )
-    submitted = jnp.where(closed, jnp.minimum(conc, num_r), num_r)
+    submitted = jnp.where(closed, jnp.minimum(conc, n), n)
     return lanes, jnp.broadcast_to(submitted, (num_f,))
 
 

@@ -65,6 +65,32 @@ def test_a_gpu_whose_rows_cannot_be_fitted_is_named_with_a_fix(tmp_path):
     assert (tmp_path / "p.toml").exists()
 
 
+def test_the_parameters_are_written_before_the_replay_check(tmp_path, monkeypatch):
+    """Two fitted GPUs: `jaxplan calibrate` writes the parameters as soon as the fit is done, says so,
+    and only then replays the held-out rows (a check on them, which a user may interrupt)."""
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate import run
+    from jaxplan.cli import app
+
+    measured = dict(backend="vllm", dataset="user", measured_ttft_ms_mean=200.0, measured_tpot_ms_mean=30.0, measured_output_tok_s=100.0)
+    rows = [dict(BASE, **measured, gpu=g, concurrency=c) for g in ("h100_sxm", "h200_sxm") for c in (1, 4)]
+    path, target = tmp_path / "measured.csv", tmp_path / "p.toml"
+    columns = list(rows[0])
+    path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
+    seen = []
+
+    def check(rows, report, params, log=print):
+        seen.append(target.exists() and "[gpu.h200_sxm]" in target.read_text())
+        return {}
+
+    monkeypatch.setattr(run, "replay_check", check)
+    result = CliRunner().invoke(app, ["calibrate", "--measurements", str(path), "--no-shared-data", "--steps", "2", "-o", str(target)])
+    assert result.exit_code == 0, result.output
+    assert seen == [True]
+    assert f"wrote{target}(calibratedin" in "".join(result.output.split())  # rich may wrap the path
+
+
 def test_held_out_configurations_are_scored_by_a_fit_that_never_saw_them(monkeypatch):
     """One GPU, four layouts x two concurrencies: the extra fit sees the rows of three layouts and the
     report scores the fourth with it; four folds score every layout once, each by a fit without it."""

@@ -50,13 +50,15 @@ def calibrate(
             progress.advance(task)
 
         params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds)
+        # The parameters are final here (the replay check only reports on them): write them now.
+        target = output or default_output()
+        write_params(params, target, provenance(rows, report, sources))
         if replay_check and report.get("held_out_params"):
+            progress.console.print(f"wrote {target} (calibrated in {report['seconds']:.0f} s); replaying held-out rows as a check (--no-replay-check skips it)", highlight=False)
             report["held_out_replay"] = run_replay_check(rows, report, params, log=log)
         progress.update(task, completed=steps_total)  # a GPU with no fittable row skips its steps
     for gpu, reason in report.get("gpus_not_fitted", {}).items():
         out.print(f"warning: {gpu} not fitted: {reason}", highlight=False)
-    target = output or default_output()
-    write_params(params, target, provenance(rows, report, sources))
     out.print(json.dumps(report, indent=2, default=str))
     if report_path:
         report_path.write_text(json.dumps(report, indent=2, default=str))

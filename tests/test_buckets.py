@@ -25,13 +25,14 @@ def test_pad_repeats_the_last_row_and_unpad_cuts_it_off():
 
 
 def test_predict_rows_do_not_depend_on_their_neighbours():
-    """Three rows alone (bucket 8) and among thirteen others (bucket 16): the same answers, so no
+    """Three rows alone (bucket 256) and among 297 others (bucket 512): the same answers, so no
     padding row and no other row leaks into a row's prediction."""
-    from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
+    from jaxplan.predict import OUTPUT_COLUMNS, PREDICT_MIN_ROWS, predict_rows
 
+    assert bucket_size(3, PREDICT_MIN_ROWS) < bucket_size(300, PREDICT_MIN_ROWS)
     base = dict(model="llama-3.1-8b", gpu="h100_sxm", weight_dtype="bf16", kv_cache_dtype="auto", osl=200.0)
     mine = [dict(base, isl=1000.0, request_rate=2.0), dict(base, isl=3000.0, concurrency=16, tensor_parallel_size=2), dict(base, isl=500.0, concurrency=64)]
-    others = [dict(base, isl=100.0 * (k + 1), concurrency=k + 1, gpu="a100_sxm") for k in range(13)]
+    others = [dict(base, isl=100.0 * (k % 40 + 1), concurrency=k % 13 + 1, gpu="a100_sxm") for k in range(297)]
     alone = predict_rows(mine)
     among = predict_rows(others[:7] + mine + others[7:])[7:10]
     for a, b in zip(alone, among):

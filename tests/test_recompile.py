@@ -129,6 +129,26 @@ def test_predict_replay_does_not_recompile():
     assert a[0]["ttft_ms_mean"] != b[0]["ttft_ms_mean"]
 
 
+def test_predict_replay_of_a_burst_starts_with_enough_slot_rows(monkeypatch):
+    """A burst of 200 requests on one replica (max_num_seqs 256) starts with 256 slot rows instead of
+    running its first steps on 32 and then growing (a loop program each width), and gets the same
+    answer as the grown replay."""
+    from jaxplan import predict
+    from jaxplan.replay import driver
+
+    row = dict(rows(1000.0, 2.0, "h100_sxm")[0], request_rate="inf", num_prompts=200)
+    grows = []
+    real_grow = driver._grow
+    monkeypatch.setattr(driver, "_grow", lambda *a, **k: grows.append(k["num_slots"]) or real_grow(*a, **k))
+    wide = predict.replay_predict_rows([row])[0]
+    assert grows == []
+    monkeypatch.setattr(predict, "_initial_slots", lambda workload, layout: None)
+    grown = predict.replay_predict_rows([row])[0]
+    assert grows == [256]
+    for column in predict.OUTPUT_COLUMNS:
+        assert wide[column] == grown[column], column
+
+
 # ---- calibration ------------------------------------------------------------------------------------------
 
 

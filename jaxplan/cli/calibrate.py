@@ -20,7 +20,7 @@ def calibrate(
     output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Where to write the parameters (default: the bundled file).")] = None,
     report_path: Annotated[Optional[Path], typer.Option("--report", dir_okay=False, help="Write the accuracy report as JSON here.")] = None,
     steps: Annotated[int, typer.Option(min=1, max=100000, help="Adam steps per fit.")] = 400,
-    replay_check: Annotated[bool, typer.Option(help="Also replay each held-out GPU's rows step by step (predict's default method) with the parameters fitted without it, and the rows of GPUs no fit sees with the final fit; adds `held_out_replay` and `not_fitted_replay` to the report (~40-60 s).")] = True,
+    replay_check: Annotated[bool, typer.Option(help="Also replay each held-out GPU's rows step by step (predict's default method) with the parameters fitted without it, and the rows of GPUs no fit sees with the final fit; adds `held_out_replay` and `not_fitted_replay` to the report (~40 s, ~90 s the first time); the parameters are written before it.")] = True,
     held_out_folds: Annotated[int, typer.Option(min=1, max=4, help="Held-out configurations: fit without a quarter of each GPU's layouts and score them (`held_out_configurations` in the report); 4 scores every layout once, by 4 fits (~15 s each).")] = 1,
 ) -> None:
     """Fit the efficiency parameters: kernel tables first, then end-to-end serving rows (optax)."""

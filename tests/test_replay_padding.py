@@ -22,7 +22,7 @@ BLOCK = 4
     [(1, 256), (8, 256), (256, 256), (257, 512), (1000, 1024), (4096, 4096), (4097, 4608), (5000, 5120), (10_000, 10_240), (1_000_000, 1_048_576)],
 )
 def test_request_bucket_by_hand(num, bucket):
-    assert request_bucket(num) == bucket
+    assert request_bucket(num) == request_bucket(np.int64(num)) == bucket
 
 
 def test_request_bucket_is_monotone_and_pads_little_where_arrays_are_large():

@@ -88,13 +88,14 @@ def sample_requests(workload: Workload, num_requests: int | None = None, seed: i
 # EXACT_OCTAVE_LIMIT, then a multiple of an eighth of the power of two below (at most 12.5%
 # padding where the arrays are large). The loop's cost per iteration does not depend on the
 # padding (its work is on the slot rows): 2,000 requests replay in the same time padded to 2,000,
-# 9,800 or 102,000 (README sweep's scale, 2 cores).
+# 9,800 or 102,000 (4 finalists, dp 1-2, 2 cores).
 MIN_REQUEST_BUCKET = 256
 EXACT_OCTAVE_LIMIT = 4096
 
 
 def request_bucket(num: int) -> int:
     """Padded request count (>= num) of a replay of `num` requests."""
+    num = int(num)
     if num <= EXACT_OCTAVE_LIMIT:
         return max(MIN_REQUEST_BUCKET, 1 << max(num - 1, 0).bit_length())
     step = 1 << (num.bit_length() - 4)  # an eighth of the power of two <= num

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.buckets import bucket_size
 from jaxplan.errors import bad_value
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 
@@ -97,7 +98,7 @@ def request_bucket(num: int) -> int:
     """Padded request count (>= num) of a replay of `num` requests."""
     num = int(num)
     if num <= EXACT_OCTAVE_LIMIT:
-        return max(MIN_REQUEST_BUCKET, 1 << max(num - 1, 0).bit_length())
+        return bucket_size(num, MIN_REQUEST_BUCKET)
     step = 1 << (num.bit_length() - 4)  # an eighth of the power of two <= num
     return -(-num // step) * step
 

@@ -44,6 +44,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxplan.buckets import bucket_size
 from jaxplan.errors import bad_value
 from jaxplan.replay import memory
 from jaxplan.replay.balance import (
@@ -510,7 +511,7 @@ def _real_requests(trace: ReplayTrace, num_r: int) -> ReplayTrace:
 
 
 def _bucket(value: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, value))))
+    return bucket_size(value, 1)
 
 
 # Slot rows past this many grow in steps of it rather than doubling: an iteration costs about

@@ -96,7 +96,7 @@ def sweep(
     if result.shortlist:
         final = replayed or result.shortlist
         title = "re-ranked by the replay" if replayed else "ranked by stage 4"
-        out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}"))
+        out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}", width=out.width))
         out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
     else:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from jaxplan.physics.steady_state import BOUND_NAMES
@@ -35,25 +39,56 @@ def layout_label(row: dict) -> str:
     return f"TP{row['tensor_parallel_size']}xPP{row['pipeline_parallel_size']}xDP{row['data_parallel_size']}"
 
 
-def rows_table(rows: list[dict], title: str) -> Table:
-    table = Table(title=title)
-    for name, justify in (
-        ("#", "right"), ("GPU", "left"), ("layout", "left"), ("GPUs", "right"), ("seqs", "right"), ("budget", "right"),
-        ("W/KV", "left"), ("out tok/s", "right"), ("tok/s/GPU", "right"), ("TTFT p99 ms", "right"),
-        ("TPOT p99 ms", "right"), ("$/M tok", "right"), ("binds", "left"),
-    ):
-        table.add_column(name, justify=justify)
+# The shortlist's columns: header (lines broken by hand), justification, cell. When the terminal is too
+# narrow for all of them, DROP_ORDER names the first to go; no value is ever cut.
+_COLUMNS = (
+    ("#", "right", lambda i, r: str(i)),
+    ("GPU", "left", lambda i, r: r["gpu"]),
+    ("layout", "left", lambda i, r: layout_label(r)),
+    ("GPUs", "right", lambda i, r: str(r["num_gpus"])),
+    ("seqs", "right", lambda i, r: str(r["max_num_seqs"])),
+    ("budget", "right", lambda i, r: str(r["max_num_batched_tokens"])),
+    ("W/KV", "left", lambda i, r: f"{r['weight_dtype']}/{r['kv_cache_dtype']}"),
+    ("out\ntok/s", "right", lambda i, r: f"{r['output_tokens_per_s']:,.0f}"),
+    ("tok/s\n/GPU", "right", lambda i, r: f"{r['output_tokens_per_s_per_gpu']:,.0f}"),
+    ("TTFT\np99 ms", "right", lambda i, r: _ms(r["ttft_p99_s"])),
+    ("TPOT\np99 ms", "right", lambda i, r: _ms(r["tpot_p99_s"])),
+    ("$/M\ntok", "right", lambda i, r: f"{r['cost_per_million_output_tokens_usd']:.2f}"),
+    ("binds", "left", lambda i, r: BOUND_NAMES[r["bound"]]),
+)
+_REPLAY_COLUMNS = (
+    ("replay\ntok/s", "right", lambda i, r: f"{r['replay_output_tokens_per_s']:,.0f}"),
+    ("replay\nTTFT p99", "right", lambda i, r: _ms(r["replay_ttft_p99_s"])),
+    ("replay\nTPOT p99", "right", lambda i, r: _ms(r["replay_tpot_p99_s"])),
+    ("SLO\nmet", "right", lambda i, r: f"{r['replay_slo_attainment']:.0%}"),
+)
+# Least needed first; stage 4's own metrics go before the replay's, which rank the finalists.
+DROP_ORDER = ("binds", "tok/s\n/GPU", "$/M\ntok", "#", "TTFT\np99 ms", "TPOT\np99 ms", "out\ntok/s", "budget", "GPUs")
+
+
+def rows_table(rows: list[dict], title: str, width: int | None = None) -> Table:
+    """The shortlist (stage 4's metrics, and the replay's where `rows` carry them). No cell wraps or is
+    cut: where the table is wider than `width` columns (the terminal), columns leave in `DROP_ORDER`
+    and the caption names them (the JSON and CSV outputs keep every field)."""
     replayed = bool(rows) and "replay_output_tokens_per_s" in rows[0]
-    if replayed:
-        for name in ("replay tok/s", "replay TTFT p99 ms", "replay TPOT p99 ms", "SLO met"):
-            table.add_column(name, justify="right")
-    for i, r in enumerate(rows, start=1):
-        cells = [
-            str(i), r["gpu"], layout_label(r), str(r["num_gpus"]), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
-            f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}", f"{r['output_tokens_per_s_per_gpu']:,.0f}",
-            _ms(r["ttft_p99_s"]), _ms(r["tpot_p99_s"]), f"{r['cost_per_million_output_tokens_usd']:.2f}", BOUND_NAMES[r["bound"]],
-        ]
-        if replayed:
-            cells += [f"{r['replay_output_tokens_per_s']:,.0f}", _ms(r["replay_ttft_p99_s"]), _ms(r["replay_tpot_p99_s"]), f"{r['replay_slo_attainment']:.0%}"]
-        table.add_row(*cells)
-    return table
+    columns = list(_COLUMNS + (_REPLAY_COLUMNS if replayed else ()))
+    dropped = []
+    while True:
+        table = Table(title=title)
+        for name, justify, _ in columns:
+            table.add_column(name, justify=justify, no_wrap=True)
+        for i, r in enumerate(rows, start=1):
+            table.add_row(*(cell(i, r) for _, _, cell in columns))
+        if dropped:
+            table.caption = "not shown (too narrow a terminal): " + ", ".join(name.replace("\n", " ") for name in dropped)
+        spare = [name for name in DROP_ORDER if name in {c[0] for c in columns}]
+        if width is None or not spare or _natural_width(table) <= width:
+            return table
+        columns = [c for c in columns if c[0] != spare[0]]
+        dropped.append(spare[0])
+
+
+def _natural_width(table: Table) -> int:
+    """Columns `table` takes when nothing is cut."""
+    console = Console(width=10_000, file=io.StringIO())
+    return Measurement.get(console, console.options, table).maximum

@@ -117,12 +117,22 @@ W = dict(name="w", isl_mean_tokens=100, osl_mean_tokens=100)
         (dict(concurrency=-3), "concurrency"),  # accepted for bursts before
         (dict(num_requests=0), "num_requests"),
         (dict(num_requests=True), "num_requests"),
+        # 2 req/s x 100 output tokens bring 200 tok/s: a larger target cannot be met by any deployment
+        (dict(arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=201.0), "target_output_tokens_per_s"),
     ],
 )
 def test_workload_rejects(changes, field):
     with pytest.raises(PlanError) as err:
         Workload(**{**W, **changes})
     assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_target_above_what_poisson_arrivals_bring_names_the_rate_that_would_bring_it():
+    with pytest.raises(PlanError, match=r"200 output tokens/s .*\(--rate\) to >= 2\.5 "):
+        Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=250.0)
+    # exactly the offered load, and any target for bursts and closed loops (their throughput is the deployment's)
+    assert Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=200.0)
+    assert Workload(**W, target_output_tokens_per_s=1e6) and Workload(**W, arrival=Arrival.CLOSED, concurrency=4, target_output_tokens_per_s=1e6)
 
 
 def test_workload_arrival_variants():

@@ -472,6 +472,27 @@ def test_fixture_serving_rows_round_trip(tmp_path):
     assert (tmp_path / "again.csv").read_text() == (FIXTURES / "serving_rows.csv").read_text()
 
 
+def test_drop_blank_keeps_the_used_columns_and_reads_back(tmp_path):
+    """A prediction's CSV keeps the columns its input used (and the required ones), not every column the
+    format knows, and reads back to the same rows; output floats carry 6 significant digits."""
+    rows = [R.check_row(dict(model="llama-3.1-70b", gpu="h200_sxm", tensor_parallel_size=4, isl=1024, osl=128, concurrency=8), where="t"),
+            R.check_row(dict(model="llama-3.1-70b", gpu="h200_sxm", tensor_parallel_size=8, isl=1024, osl=128, request_rate=2.0, num_prompts=100), where="t")]
+    predicted = [dict(r, ttft_ms_mean=208.57025682926178, status="ok") for r in rows]
+    R.write_predict_csv(predicted, tmp_path / "out.csv", ("ttft_ms_mean", "status"), drop_blank=True)
+    header, first = (tmp_path / "out.csv").read_text().splitlines()[:2]
+    kept = header.split(",")
+    assert set(R.REQUIRED_COLUMNS) <= set(kept) and {"concurrency", "request_rate", "num_prompts"} <= set(kept)
+    assert not set(R.MEASURED_COLUMNS + R.PROVENANCE_COLUMNS) & set(kept)  # blank in every row, and the derived flag with them
+    assert kept[-2:] == ["ttft_ms_mean", "status"] and first.split(",")[-2:] == ["208.57", "ok"]
+    R.write_predict_csv(rows, tmp_path / "in.csv", drop_blank=True)  # the trimmed columns lose nothing
+    assert R.read_predict_csv(tmp_path / "in.csv") == rows
+    with_measured = [dict(predicted[0], measured_tpot_ms_mean=12.5, measured_output_tok_s=900.0), predicted[1]]
+    R.write_predict_csv(with_measured, tmp_path / "m.csv", ("ttft_ms_mean", "status"), drop_blank=True)
+    kept = (tmp_path / "m.csv").read_text().splitlines()[0].split(",")
+    assert {"measured_tpot_ms_mean", "measured_output_tok_s", "measured_output_tok_s_derived"} <= set(kept)
+    assert "measured_ttft_ms_mean" not in kept
+
+
 def _with_lengths_read(rows: list[dict]) -> list[dict]:
     """Rows with each lengths_file replaced by its (input, output) lengths, to compare copies of a file."""
     return [dict(r, lengths_file=r["lengths_file"] and tuple(map(tuple, read_lengths(r["lengths_file"])))) for r in rows]

@@ -222,21 +222,37 @@ def _format_cell(value) -> str:
     return str(value)
 
 
-def write_predict_csv(rows, path: str | Path, extra_columns: tuple[str, ...] = ()) -> None:
+def write_predict_csv(rows, path: str | Path, extra_columns: tuple[str, ...] = (), *, drop_blank: bool = False) -> None:
     """Validate `rows` (list of dicts) and write them with the header `COLUMNS` + `extra_columns`
-    (e.g. the prediction columns, written as they are)."""
+    (e.g. the prediction columns, floats to 6 significant digits: float32 arithmetic gives no more).
+
+    drop_blank: leave out the optional columns that are blank in every row (a prediction's output keeps
+    the columns its input used, not every column the format knows)."""
     checked = [
-        {**check_row({k: v for k, v in row.items() if k not in extra_columns}, where=f"{path}: rows[{index}]"), **{c: row.get(c) for c in extra_columns}}
+        {**check_row({k: v for k, v in row.items() if k not in extra_columns}, where=f"{path}: rows[{index}]"), **{c: _significant(row.get(c)) for c in extra_columns}}
         for index, row in enumerate(rows)
     ]
     for row in checked:  # lengths files beside the CSV are written relative to it (read_predict_csv resolves them)
         if row["lengths_file"]:
             row["lengths_file"] = relative_to(row["lengths_file"], Path(path).parent)
+    columns = COLUMNS
+    if drop_blank:
+        used = {c for row in checked for c in COLUMNS if row[c] is not None}
+        if "measured_output_tok_s" not in used:
+            used.discard("measured_output_tok_s_derived")  # a flag about a column that is not there
+        columns = tuple(c for c in COLUMNS if c in used or c in REQUIRED_COLUMNS)
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(COLUMNS + tuple(extra_columns))
+        writer.writerow(columns + tuple(extra_columns))
         for row in checked:
-            writer.writerow([_format_cell(row[c]) for c in COLUMNS + tuple(extra_columns)])
+            writer.writerow([_format_cell(row[c]) for c in columns + tuple(extra_columns)])
+
+
+def _significant(value, digits: int = 6):
+    """A float to `digits` significant digits (other values unchanged)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{digits}g}")
+    return value
 
 
 def _parse_cell(column: str, text: str, where: str):

@@ -43,7 +43,7 @@ def predict(
     else:
         with err.status(f"predicting {len(rows)} rows ({method.value})"):
             predicted = predict_rows(rows, params_path=params_path, source=str(input_csv))
-    write_predict_csv(predicted, output, extra_columns=OUTPUT_COLUMNS)
+    write_predict_csv(predicted, output, extra_columns=OUTPUT_COLUMNS, drop_blank=True)
     out.print(f"wrote {len(predicted)} rows to {output}")
 
 
@@ -85,7 +85,7 @@ def simulate(
         )
     out.print(table)
     if output:
-        write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS)
+        write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS, drop_blank=True)
         out.print(f"wrote {output}")
     if plot:
         from jaxplan.cli.report import write_plots

@@ -318,6 +318,24 @@ def test_missing_file(tmp_path):
         model_from_hf_file(tmp_path / "nope.json")
 
 
+def test_vllm_serve_is_given_an_id_or_a_folder_it_can_load(tmp_path):
+    """`vllm serve` needs a Hugging Face id or the weights folder: a publisher's local `_name_or_path`
+    or a renamed config file's stem is neither."""
+    from jaxplan.report.vllm_command import model_argument
+
+    folder = tmp_path / "Qwen2.5-72B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(LLAMA_LIKE, _name_or_path="/fsx/ckpt/qwen2.5-72b")))
+    m = model_from_hf_file(folder / "config.json")
+    assert (m.name, m.hf_id, model_argument(m)) == ("Qwen2.5-72B", "", str(folder.resolve()))
+    renamed = tmp_path / "qwen25.json"
+    renamed.write_text(json.dumps(LLAMA_LIKE))
+    assert model_argument(model_from_hf_file(renamed)) == "<Hugging Face id or weights folder of qwen25.json>"
+    renamed.write_text(json.dumps(dict(LLAMA_LIKE, _name_or_path="Qwen/Qwen2.5-72B-Instruct")))
+    assert model_argument(model_from_hf_file(renamed)) == "Qwen/Qwen2.5-72B-Instruct"
+    assert model_argument(load_model("llama-3.1-70b")) == "meta-llama/Llama-3.1-70B"
+
+
 def test_file_name_and_hf_id(tmp_path):
     path = tmp_path / "my-model.json"
     path.write_text(json.dumps(dict(LLAMA_LIKE, _name_or_path="org/My-Model")))

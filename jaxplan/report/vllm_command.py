@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from jaxplan.specs.model import ModelSpec
+
+
+def model_argument(model: ModelSpec) -> str:
+    """What `vllm serve` is given: the Hugging Face id; for a config.json without one (no
+    `_name_or_path`), the folder it sits in, which vLLM loads; for a config under another file name,
+    a placeholder to fill in (the file's own name is not a model vLLM can find)."""
+    if model.hf_id:
+        return model.hf_id
+    source = Path(model.source) if model.source else None
+    if source is not None and source.name == "config.json":
+        return str(source.parent.resolve())
+    if source is not None and source.suffix == ".json":
+        return f"<Hugging Face id or weights folder of {source.name}>"
+    return model.name
 
 
 def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9) -> str:
     """A `vllm serve` command line with vLLM's own argument names."""
     args = [
-        "vllm", "serve", model.hf_id or model.name,
+        "vllm", "serve", model_argument(model),
         "--tensor-parallel-size", str(row["tensor_parallel_size"]),
         "--pipeline-parallel-size", str(row["pipeline_parallel_size"]),
         "--data-parallel-size", str(row["data_parallel_size"]),

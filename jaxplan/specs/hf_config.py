@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.specs.model import ModelSpec
 
+HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 SLIDING_KINDS = {"sliding_attention", "sliding_window", "local", "local_attention", "chunked_attention"}
 LINEAR_KINDS = {"linear_attention", "mamba", "gated_deltanet", "linear"}
 
@@ -165,4 +167,7 @@ def model_from_hf_file(path: Path) -> ModelSpec:
     except OSError as err:
         raise PlanError(f"{path}: cannot read ({err.strerror})") from None
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return model_from_hf_dict(raw, name, hf_id=str(raw.get("_name_or_path", "")) if isinstance(raw, dict) else "", source=str(path))
+    named = str(raw.get("_name_or_path", "")) if isinstance(raw, dict) else ""
+    # `_name_or_path` is often the publisher's local folder ("/fsx/ckpt/..."): only an "org/name" is an id.
+    hf_id = named if HF_ID.fullmatch(named) else ""
+    return model_from_hf_dict(raw, name, hf_id=hf_id, source=str(path))

@@ -104,29 +104,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked `slow`")
 
 
-# The slowest modules, slowest first (serial seconds on the 2-core VM, 2026-12-02, `--durations`;
-# test_sensitivity.py left the list when its one Jacobian program came to serve every test, 60 -> 7 s).
+# The slowest modules, slowest first (worker seconds of a clean-clone 2-worker run at -O0 without
+# ../shared, 2026-12-02 afternoon; earlier figures were serial runs before the compile sharing).
 # They start first, so that under pytest-xdist's --dist loadfile no worker picks up a long module
 # while the others have run out of work; every other module follows in file order.
 SLOWEST_MODULES = (
-    "test_fuzz_cli.py",  # 197 s
-    "test_calibrate_accuracy.py",  # 98
-    "test_replay_routing.py",  # 90
-    "test_cli.py",  # 85
-    "test_plots.py",  # 77
-    "test_physics_step_time.py",  # 72
-    "test_replay_devices.py",  # 68
-    "test_solver.py",  # 68
-    "test_funnel_invariance.py",  # 64
-    "test_winner_map.py",  # 61
-    "test_funnel_reference.py",  # 56
-    "test_report_html.py",  # 53
-    "test_recompile.py",  # 52
-    "test_replay_split.py",  # 51
-    "test_replay_reference.py",  # 51
-    "test_sensitivity_grids.py",  # 50
-    "test_predict_replay_closed_loop.py",  # 45
-    "test_replay.py",  # 41
+    "test_fuzz_cli.py",  # 82 s
+    "test_solver.py",  # 58
+    "test_replay_routing.py",  # 55
+    "test_replay_devices.py",  # 54
+    "test_physics_step_time.py",  # 48
+    "test_funnel_invariance.py",  # 43
+    "test_winner_map.py",  # 39
+    "test_replay_split.py",  # 38
+    "test_sensitivity_grids.py",  # 37
+    "test_funnel_reference.py",  # 35
+    "test_report_html.py",  # 33
+    "test_calibrate_accuracy.py",  # 29 (more with ../shared)
+    "test_cli.py",  # 26
+    "test_replay.py",  # 26
+    "test_plots.py",  # 22
+    "test_replay_reference.py",  # 21
+    "test_replay_padding.py",  # 20
+    "test_replay_stage.py",  # 19
+    "test_recompile.py",  # 17
+    "test_predict_replay_closed_loop.py",  # skips without ../shared; ~45 with it
 )
 
 

@@ -117,8 +117,6 @@ W = dict(name="w", isl_mean_tokens=100, osl_mean_tokens=100)
         (dict(concurrency=-3), "concurrency"),  # accepted for bursts before
         (dict(num_requests=0), "num_requests"),
         (dict(num_requests=True), "num_requests"),
-        # 2 req/s x 100 output tokens bring 200 tok/s: a larger target cannot be met by any deployment
-        (dict(arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=201.0), "target_output_tokens_per_s"),
     ],
 )
 def test_workload_rejects(changes, field):
@@ -127,12 +125,29 @@ def test_workload_rejects(changes, field):
     assert field in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_target_above_what_poisson_arrivals_bring_names_the_rate_that_would_bring_it():
-    with pytest.raises(PlanError, match=r"200 output tokens/s .*\(--rate\) to >= 2\.5 "):
-        Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=250.0)
+def test_a_target_above_what_poisson_arrivals_bring_names_the_rate_that_would_bring_it(tmp_path):
+    """2 req/s x 100 output tokens bring 200 tok/s: a larger target cannot be met by any deployment. A
+    workload file and the CLI's overrides are refused; a winner-map scenario is not (its cell has no winner)."""
+    from jaxplan.cli.common import sweep_options
+    from jaxplan.specs import load_workload
+    from jaxplan.winner_map import scenario_workload
+
+    over = Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=250.0)
+    with pytest.raises(PlanError, match=r"target_output_tokens_per_s = 250.0: above the 200 output tokens/s .*\(--rate\) to >= 2\.5 "):
+        over.check_target_is_offered()
+    path = tmp_path / "w.toml"
+    path.write_text('isl_mean_tokens = 100\nosl_mean_tokens = 100\narrival = "poisson"\nrequest_rate_per_s = 2.0\ntarget_output_tokens_per_s = 250.0\n')
+    with pytest.raises(PlanError, match="target_output_tokens_per_s"):
+        load_workload(str(path))
+    with pytest.raises(PlanError, match=r"8 requests/s x 300 output tokens .* >= 16\.67 "):  # coding: 2,400 tok/s offered
+        sweep_options("llama-3.1-70b", "h100_sxm", "coding", "small", None, 5000.0, None, None)
+    assert sweep_options("llama-3.1-70b", "h100_sxm", "coding", "small", None, 5000.0, 17.0, None)[2].request_rate_per_s == 17.0
+    scenario = scenario_workload(sweep_options("llama-3.1-70b", "h100_sxm", "coding", "small", None, 2000.0, None, None)[2], {"rate": 1.0})
+    assert scenario.request_rate_per_s == 1.0 and scenario.target_output_tokens_per_s == 2000.0
     # exactly the offered load, and any target for bursts and closed loops (their throughput is the deployment's)
-    assert Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=200.0)
-    assert Workload(**W, target_output_tokens_per_s=1e6) and Workload(**W, arrival=Arrival.CLOSED, concurrency=4, target_output_tokens_per_s=1e6)
+    Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=200.0).check_target_is_offered()
+    Workload(**W, target_output_tokens_per_s=1e6).check_target_is_offered()
+    Workload(**W, arrival=Arrival.CLOSED, concurrency=4, target_output_tokens_per_s=1e6).check_target_is_offered()
 
 
 def test_workload_arrival_variants():

@@ -120,6 +120,7 @@ def sweep_options(model, gpus, workload, space, budget, target_throughput, rate,
         changes.update(arrival=Arrival.POISSON, request_rate_per_s=rate)
     if changes:
         workload_spec = dataclasses.replace(workload_spec, **changes)
+        workload_spec.check_target_is_offered()
     space_spec = load_space(space)
     if budget is not None:
         space_spec = space_spec.replace(gpu_budget=budget)

@@ -194,7 +194,9 @@ def load_gpu(name: str) -> GpuSpec:
 
 @functools.cache
 def load_workload(name: str) -> Workload:
-    return _load_named("workloads", Workload, name, "workload")
+    workload = _load_named("workloads", Workload, name, "workload")
+    workload.check_target_is_offered()
+    return workload
 
 
 @functools.cache

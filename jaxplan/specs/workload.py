@@ -127,14 +127,19 @@ class Workload:
             raise bad_value("concurrency", self.concurrency, "closed-loop arrivals need concurrency >= 1", where=where)
         if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or not 1 <= self.num_requests <= 10_000_000:
             raise bad_value("num_requests", self.num_requests, "must be an integer in 1..10,000,000", where=where)
-        offered = self.request_rate_per_s * self.osl_mean_tokens  # output tokens/s that Poisson arrivals bring
+
+    def check_target_is_offered(self) -> None:
+        """Refuse a throughput target above what Poisson arrivals bring (rate x mean output tokens): no
+        deployment outputs more than it is sent. Checked where a user's inputs enter (a workload file,
+        --rate / --target-throughput), not for the winner map's scenarios, where such a cell has no winner."""
+        offered = self.request_rate_per_s * self.osl_mean_tokens
         if self.arrival == Arrival.POISSON and self.target_output_tokens_per_s > offered * (1 + 1e-6):
             raise bad_value(
                 "target_output_tokens_per_s", self.target_output_tokens_per_s,
                 f"above the {offered:,.0f} output tokens/s that {self.request_rate_per_s:g} requests/s x {self.osl_mean_tokens:,.0f} "
                 f"output tokens bring, which no deployment can exceed; raise request_rate_per_s (--rate) to "
                 f">= {self.target_output_tokens_per_s / self.osl_mean_tokens:.4g} or lower the target (--target-throughput)",
-                where=where,
+                where=f"workload {self.name!r}",
             )
 
     def lengths(self) -> RequestLengths | None:

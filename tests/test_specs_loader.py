@@ -50,6 +50,13 @@ def test_unknown_model_lists_known_names_and_the_closest():
         assert name in message
 
 
+def test_an_unbundled_hugging_face_id_says_which_config_json_to_save():
+    message = _one_line_error(load_model, "mistralai/Mistral-7B-v0.1")
+    assert "https://huggingface.co/mistralai/Mistral-7B-v0.1/resolve/main/config.json" in message and "--model path/to/config.json" in message
+    assert "resolve/main" not in _one_line_error(load_model, "llama-3.1-7b")  # not an id: no download hint
+    assert load_model("meta-llama/Llama-3.1-70B") == load_model("llama-3.1-70b")  # a bundled model's id still loads
+
+
 @pytest.mark.parametrize(
     "loader, name, suggestion",
     [(load_gpu, "h100", "h100_sxm"), (load_workload, "chats", "chat"), (load_space, "defualt", "default")],

@@ -19,7 +19,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from jaxplan.errors import PlanError, bad_value, short_repr, unknown_name
 from jaxplan.specs.gpu import GpuSpec
-from jaxplan.specs.hf_config import model_from_hf_file
+from jaxplan.specs.hf_config import HF_ID, model_from_hf_file
 from jaxplan.specs.lengths import read_lengths, resolve_against
 from jaxplan.specs.model import ModelSpec
 from jaxplan.specs.space import SearchSpace
@@ -184,6 +184,12 @@ def load_model(name: str) -> ModelSpec:
             raise PlanError(f"model config {short_repr(str(target))} does not exist; pass a Hugging Face config.json path or a bundled name ({', '.join(known('models'))})")
         return model_from_hf_file(target)
     resolved = _model_aliases().get(name.lower(), name)
+    if resolved not in _bundled("models") and HF_ID.fullmatch(name) and not name.endswith(".toml"):
+        # jaxplan does not download: an unbundled Hugging Face id needs its config.json on disk
+        raise PlanError(
+            f"{unknown_name('model', name, _bundled('models'))}. jaxplan reads models offline: for {name}, save "
+            f"https://huggingface.co/{name}/resolve/main/config.json and pass its path (--model path/to/config.json)"
+        )
     return _load_named("models", ModelSpec, resolved, "model")
 
 

@@ -49,7 +49,9 @@ print(json.dumps(report))
 
 
 def _run_sharded(devices: int, cases) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAXPLAN_CACHE_DIR="off")
+    # after the suite's own flags (tests/conftest.py: -O0), which the CLI would not add
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAXPLAN_CACHE_DIR="off")
     code = SHARDED.format(tests=str(TESTS), devices=devices, cases=cases)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=TESTS)
     assert run.returncode == 0, run.stderr[-3000:]

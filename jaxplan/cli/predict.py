@@ -76,7 +76,7 @@ def simulate(
     replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed, routing=routing.value, max_seconds=max_seconds)
     table = Table(title=f"Replayed {len(rows)} configurations")
     for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "status"):
-        table.add_column(name)
+        table.add_column(name, justify="right" if name.endswith(("ms", "tok/s")) else "left")
     fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
     for r in replayed:
         table.add_row(

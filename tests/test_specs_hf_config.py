@@ -205,6 +205,24 @@ def test_gemma3_sliding_window_pattern():
     assert _architecture(model_from_hf_dict({"tie_word_embeddings": True, "text_config": newer}, "g")) == _architecture(parsed)
 
 
+def test_gemma2_alternates_sliding_and_full_layers():
+    """Gemma-2-27B's config.json (public values) names a window but no pattern: transformers' Gemma2Config
+    makes layer i sliding when i is even, so 23 of its 46 layers keep only the last 4,096 tokens. The
+    same config written with the newer layer_types gives the same spec; another model type with a bare
+    window stays full attention (the conservative reading: vLLM versions differ on it)."""
+    gemma2 = {
+        "model_type": "gemma2", "num_hidden_layers": 46, "hidden_size": 4608, "num_attention_heads": 32,
+        "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 36864, "vocab_size": 256000,
+        "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 144, "tie_word_embeddings": True,
+    }
+    m = model_from_hf_dict(gemma2, "gemma-2-27b")
+    assert (m.full_attention_layers, m.sliding_window_layers, m.sliding_window_tokens) == (23, 23, 4096)
+    layer_types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(46)]
+    assert _architecture(model_from_hf_dict(dict(gemma2, layer_types=layer_types), "g")) == _architecture(m)
+    assert model_from_hf_dict(dict(gemma2, num_hidden_layers=3), "odd").sliding_window_layers == 2
+    assert model_from_hf_dict(dict(gemma2, model_type="mistral"), "m").sliding_window_layers == 0
+
+
 def test_qwen2_style_use_sliding_window():
     # Qwen2 semantics: the first max_window_layers layers use full attention, the rest the window
     m = _parse(sliding_window=4096, use_sliding_window=True, max_window_layers=3)

@@ -2,8 +2,8 @@
 
 Handles the fields that differ between families: `text_config` nesting
 (multimodal wrappers), missing `head_dim` (hidden / heads), tied embeddings,
-`layer_types` lists (full / sliding / linear attention), Gemma's
-`sliding_window_pattern`, Qwen3.5's `full_attention_interval`, MoE field names
+`layer_types` lists (full / sliding / linear attention), Gemma 3's
+`sliding_window_pattern` and Gemma 2's alternation, Qwen3.5's `full_attention_interval`, MoE field names
 (`num_experts`, `num_local_experts`, `n_routed_experts`), DeepSeek's MLA and
 `first_k_dense_replace`. Unknown extra fields are ignored.
 """
@@ -74,6 +74,11 @@ def _layer_kind_counts(cfg: dict, num_layers: int, where: str) -> tuple[int, int
     if window and pattern:
         full = num_layers // pattern
         return full, num_layers - full, 0
+    if window and cfg.get("model_type") == "gemma2":
+        # Gemma 2's config.json names no pattern: its layers alternate, the first one sliding
+        # (transformers' Gemma2Config fills layer_types so, and vLLM reads those)
+        sliding = (num_layers + 1) // 2
+        return num_layers - sliding, sliding, 0
     if window and _bool_field(cfg, where, "use_sliding_window", False):
         max_window_layers = _int_field(cfg, where, "max_window_layers", default=num_layers)
         sliding = max(num_layers - max_window_layers, 0)

@@ -144,7 +144,7 @@ def sizing_table(sizing: Sizing):
     then the cheapest per hour overall and, for a batch job, its wall time at the target and at half of it."""
     from rich.table import Table
 
-    from jaxplan.report.tables import layout_label
+    from jaxplan.plots.labels import split_label as layout_label
 
     title = f"Sizing for >= {sizing.target_output_tokens_per_s:,.0f} output tokens/s within the SLOs"
     if sizing.rollout_prompts is not None:

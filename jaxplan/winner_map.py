@@ -60,6 +60,7 @@ from jaxplan.grid import (
     layout_index,
 )
 from jaxplan.physics.shapes import take
+from jaxplan.plots import labels
 from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens, workload_params
 from jaxplan.specs.workload import Arrival, Workload
@@ -305,16 +306,11 @@ def axis_label(name: str) -> str:
     return {"isl": "mean ISL", "osl": "mean OSL", "rate": "request rate", "hit": "prefix hit rate", "concurrency": "concurrency"}[name] + f" ({AXIS_FIELDS[name][1]})"
 
 
-def short_gpu(name: str) -> str:
-    """'h200_sxm' -> 'H200'."""
-    return name.split("_")[0].upper()
-
-
 def layout_label(row: dict | None) -> str:
     """'H200 TP4xPP1xDP2' (the figure's and the table's cell label); '' when nothing is feasible."""
     if row is None:
         return ""
-    return f"{short_gpu(row['gpu'])} TP{row['tensor_parallel_size']}xPP{row['pipeline_parallel_size']}xDP{row['data_parallel_size']}"
+    return labels.layout_label(row)
 
 
 @dataclasses.dataclass

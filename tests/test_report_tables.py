@@ -7,7 +7,8 @@ import io
 from rich.console import Console
 
 from jaxplan.cli.common import out
-from jaxplan.report.tables import DROP_ORDER, layout_label, rows_table
+from jaxplan.plots.labels import split_label as layout_label
+from jaxplan.report.tables import DROP_ORDER, rows_table
 
 # The widest realistic row: every cell at the length a large deployment gives it.
 ROW = dict(

@@ -52,7 +52,7 @@ def sensitivity(
     throughput, TTFT, TPOT and cost to ISL, OSL, arrival rate / concurrency and prefix hit rate."""
     from rich.table import Table
 
-    from jaxplan.report.tables import layout_label
+    from jaxplan.plots.labels import split_label as layout_label
     from jaxplan.sensitivity import for_rows
 
     check_writable(json_path, "--json")

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from jaxplan.errors import bad_value
+from jaxplan.plots.labels import split_label
 
 SECTIONS = (
     ("inputs", "Inputs"),
@@ -162,7 +163,7 @@ def _rows_table(rows: list[dict], caption: str) -> str:
         header += ["replay tok/s", "replay TTFT p99", "replay TPOT p99", "SLO met"]
     body = []
     for i, r in enumerate(rows, 1):
-        cells = [i, r["gpu"], f"TP{r['tensor_parallel_size']}xPP{r['pipeline_parallel_size']}xDP{r['data_parallel_size']}", r["num_gpus"], r["max_num_seqs"],
+        cells = [i, r["gpu"], split_label(r), r["num_gpus"], r["max_num_seqs"],
                  r["max_num_batched_tokens"], f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}",
                  f"{r['output_tokens_per_s_per_gpu']:,.0f}", _ms(r["ttft_p99_s"]), _ms(r["tpot_p99_s"]), f"{r['cost_per_million_output_tokens_usd']:.2f}"]
         if replayed:

@@ -9,6 +9,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from jaxplan.physics.steady_state import BOUND_NAMES
+from jaxplan.plots.labels import split_label
 
 
 def _ms(seconds: float) -> str:
@@ -35,16 +36,12 @@ def funnel_table(result) -> Table:
     return table
 
 
-def layout_label(row: dict) -> str:
-    return f"TP{row['tensor_parallel_size']}xPP{row['pipeline_parallel_size']}xDP{row['data_parallel_size']}"
-
-
 # The shortlist's columns: header (lines broken by hand), justification, cell. When the terminal is too
 # narrow for all of them, DROP_ORDER names the first to go; no value is ever cut.
 _COLUMNS = (
     ("#", "right", lambda i, r: str(i)),
     ("GPU", "left", lambda i, r: r["gpu"]),
-    ("layout", "left", lambda i, r: layout_label(r)),
+    ("layout", "left", lambda i, r: split_label(r)),
     ("GPUs", "right", lambda i, r: str(r["num_gpus"])),
     ("seqs", "right", lambda i, r: str(r["max_num_seqs"])),
     ("budget", "right", lambda i, r: str(r["max_num_batched_tokens"])),

@@ -778,3 +778,40 @@ def load_space(name):
     from jaxplan.specs import load_space as load
 
     return load(name)
+
+
+def test_an_output_path_too_long_names_its_option_in_one_short_line(tmp_path):
+    """Found by the --run-slow fuzz: a 3,000-character -o gave the OS error with the whole name (3,040
+    characters). Every output option is now checked before any work, and an OS error's path is cut."""
+    long = str(tmp_path / ("x" * 3000))
+    csv_in = tmp_path / "in.csv"
+    csv_in.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,1000,200,16\n")
+    for args, option in (
+        (["predict", str(csv_in), "--method", "analytical", "-o", long], "-o"),
+        (["simulate", str(csv_in), "-o", long], "-o"),
+        (["calibrate", "--measurements", str(csv_in), "--no-shared-data", "--report", long], "--report"),
+        (["report", "-o", long], "-o"),
+        (["sweep", "--json", long], "--json"),
+    ):
+        result = invoke(args, f"long {option}")
+        line = error_line(result)
+        assert result.exit_code == 1 and f"{option} = " in line and "longer than the" in line and len(line) < 300, (args[0], line)
+    from jaxplan.cli.common import _os_error_text
+
+    text = _os_error_text(OSError(36, "File name too long", "y" * 5000))
+    assert text.startswith("File name too long: 'yyy") and len(text) < 200
+
+
+def test_calibrate_rows_without_a_dataset_take_their_files_name(tmp_path, stub_fit):
+    """Found by the --run-slow fuzz: one row naming a dataset and one leaving it blank made the
+    provenance's sorted() compare None with a string (exit code 3)."""
+    path = tmp_path / "mine.csv"
+    path.write_text(
+        "model,gpu,tensor_parallel_size,isl,osl,concurrency,request_rate,num_prompts,measured_ttft_ms_mean,measured_tpot_ms_mean,dataset\n"
+        "llama-3.1-8b,h100_sxm,1,1000,200,16,,,100,10,lab\n"
+        "llama-3.1-8b,h100_sxm,2,4000,300,,3,300,250.5,12.25,\n"
+    )
+    out = tmp_path / "p.toml"
+    result = invoke(["calibrate", "--measurements", str(path), "--no-shared-data", "--steps", "5", "-o", str(out)], "blank dataset")
+    assert result.exit_code == 0, error_line(result)
+    assert 'datasets = ["lab", "mine.csv"]' in out.read_text()

@@ -400,7 +400,7 @@ def _toml_value(value) -> str:
 
 
 def provenance(rows: list[dict], report: dict, sources: list[str]) -> dict:
-    datasets = sorted({r.get("dataset", "?") for r in rows})
+    datasets = sorted({r.get("dataset") or "?" for r in rows})
     return {
         "date": datetime.date.today().isoformat(),
         "command": "jaxplan calibrate",

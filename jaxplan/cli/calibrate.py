@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from jaxplan.cli.common import app, clean_errors, out, progress_bar
+from jaxplan.cli.common import app, check_writable, clean_errors, out, progress_bar
 from jaxplan.errors import bad_value
 
 
@@ -29,6 +29,8 @@ def calibrate(
     from jaxplan.calibrate.run import calibrate as run_calibration, default_output, provenance, replay_check as run_replay_check, write_params
     from jaxplan.calibrate.serving import load_serving_rows, read_vllm_bench_json
 
+    check_writable(output, "-o")
+    check_writable(report_path, "--report")
     rows, sources = [], []
     if shared_data and data_root_exists():
         rows += load_serving_rows()
@@ -37,7 +39,7 @@ def calibrate(
         found = read_vllm_bench_json(path) if path.suffix == ".json" else read_predict_csv(path)
         if not found:
             raise bad_value("rows", 0, "the file has a header but no measurement rows", where=str(path))
-        rows += found
+        rows += [r if r.get("dataset") else {**r, "dataset": path.name} for r in found]  # a row without one is its file's
         sources.append(str(path))
     if not rows:
         raise bad_value("--measurements", None, "no measurements found: pass --measurements FILE or provide ../shared/data")

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from jaxplan.errors import PlanError, bad_value
+from jaxplan.errors import PlanError, bad_value, short_repr
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan LLM serving deployments on a CPU: how many GPUs, arranged how, for what traffic.")
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -45,14 +45,27 @@ RoutingOption = Annotated[Routing, typer.Option(help="Replay: how requests reach
 
 
 def check_writable(path: Optional[Path], option: str) -> None:
-    """Fail before any work if `path` cannot be written later."""
+    """Fail before any work if `path` cannot be written later (one short line naming `option`)."""
     if path is None:
         return
     parent = path.parent if str(path.parent) else Path(".")
+    name_max = _name_max(parent)
+    if len(os.fsencode(path.name)) > name_max:
+        raise bad_value(option, str(path), f"the file name is {len(os.fsencode(path.name)):,} bytes, longer than the {name_max} this file system allows; pick a shorter one")
     if not parent.is_dir():
-        raise bad_value(option, str(path), f"the directory {str(parent)!r} does not exist; create it or pick another path")
+        raise bad_value(option, str(path), f"the directory {short_repr(str(parent))} does not exist; create it or pick another path")
+    if path.is_dir():
+        raise bad_value(option, str(path), "is a directory; give a file name")
     if not os.access(parent, os.W_OK):
-        raise bad_value(option, str(path), f"the directory {str(parent)!r} is not writable; pick another path")
+        raise bad_value(option, str(path), f"the directory {short_repr(str(parent))} is not writable; pick another path")
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of `folder` takes (255 where it does not say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def clean_errors(command):
@@ -66,7 +79,7 @@ def clean_errors(command):
             err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
         except (OSError, UnicodeDecodeError) as error:
-            err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {_os_error_text(error)}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
@@ -77,6 +90,13 @@ def clean_errors(command):
             raise typer.Exit(code=3) from None
 
     return wrapper
+
+
+def _os_error_text(error: Exception) -> str:
+    """An OS error as one short line: a path too long to show (the error it often is) is cut like any value."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.strerror}: {short_repr(str(error.filename))}"
+    return str(error)
 
 
 def parse_prices(text: str | None) -> dict[str, float]:

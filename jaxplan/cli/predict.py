@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, clean_errors, err, out, progress_bar
+from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar
 from jaxplan.deadline import check_limit
 from jaxplan.errors import bad_value
 
@@ -34,6 +34,7 @@ def predict(
     from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
 
     check_limit(max_seconds)
+    check_writable(output, "-o")
     rows = read_predict_csv(input_csv)
     if not rows:
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
@@ -66,6 +67,7 @@ def simulate(
     from jaxplan.predict import OUTPUT_COLUMNS
 
     check_limit(max_seconds)
+    check_writable(output, "-o")
     rows = read_predict_csv(input_csv)
     if not rows:
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))

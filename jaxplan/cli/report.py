@@ -5,7 +5,6 @@ Also the figure-writing glue that `sweep --plot`, `simulate --plot` and `sensiti
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli.common import (
+    check_writable,
     BudgetOption,
     GpusOption,
     MaxMemoryGibOption,
@@ -105,7 +105,7 @@ def report(
     from jaxplan.report.vllm_command import vllm_serve_command
     from jaxplan.sensitivity import for_rows
 
-    _check_output(output)
+    check_writable(output, "-o")
     if plot:
         from jaxplan.plots.save import plot_dir
 
@@ -148,13 +148,3 @@ def report(
         write_figures(figures, plot)
         out.print(f"wrote {len(figures)} figures (PNG + SVG) to {plot}")
 
-
-def _check_output(path: Path) -> None:
-    """Fail before the sweep if the report cannot be written."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise PlanError(f"-o = {str(path)!r}: the directory {str(parent)!r} does not exist; create it or pick another path")
-    if path.is_dir():
-        raise PlanError(f"-o = {str(path)!r}: is a directory; give a file name such as report.html")
-    if not os.access(parent, os.W_OK):
-        raise PlanError(f"-o = {str(path)!r}: the directory {str(parent)!r} is not writable; pick another path")

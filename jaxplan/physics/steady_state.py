@@ -322,7 +322,11 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # In a lock-step wave the prompts are prefilled before the decodes start: those steps count
     # towards TTFT, and the decode steps carry no prefill.
     tpot_mean = sync * steps.decode_s + (1.0 - sync) * steps.mean_s
-    tpot_p99 = tpot_mean + P99_Z * spread
+    # A request's TPOT averages its steps, so it never exceeds a step that carries a chunk: the normal
+    # approximation's tail past that (few output tokens, most steps with a chunk) is cut there. Without
+    # the cut, faster memory (shorter decode steps, a wider spread) could raise the p99 while every
+    # step got shorter.
+    tpot_p99 = jnp.minimum(tpot_mean + P99_Z * spread, jnp.maximum(steps.chunk_s, tpot_mean))
     # A stable open loop serves exactly what arrives; otherwise b requests share the slot time.
     served = dp * w.osl_tokens * b / slot_s
     throughput = jnp.where(poisson & (utilization < 1.0), w.request_rate_per_s * w.osl_tokens, served)

@@ -17,7 +17,7 @@ Queueing: Poisson waits for a slot (Sakasegawa's M/M/c approximation, c = the
 replica's slots) and for the prefill "server" (M/D/1); closed loops and bursts
 wait in line for a slot (Little's law). p99s: exponential tail for Poisson
 waits; binomial spread of prefill-carrying steps over a request's tokens for
-TPOT.
+TPOT, at most the chunk-carrying step.
 
 Smoothing for gradients (the sensitivity view): the chunk count uses a
 straight-through ceil (exact value, gradient of the unrounded count);

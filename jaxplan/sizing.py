@@ -144,7 +144,7 @@ def sizing_table(sizing: Sizing):
     then the cheapest per hour overall and, for a batch job, its wall time at the target and at half of it."""
     from rich.table import Table
 
-    from jaxplan.plots.labels import split_label as layout_label
+    from jaxplan.plots.labels import split_label
 
     title = f"Sizing for >= {sizing.target_output_tokens_per_s:,.0f} output tokens/s within the SLOs"
     if sizing.rollout_prompts is not None:
@@ -163,7 +163,7 @@ def sizing_table(sizing: Sizing):
             picks = [("fewest GPUs, cheapest per token", choice.smallest)]
         for k, (pick, r) in enumerate(picks):
             cells = [
-                choice.gpu if k == 0 else "", pick, str(r["num_gpus"]), layout_label(r), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
+                choice.gpu if k == 0 else "", pick, str(r["num_gpus"]), split_label(r), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
                 f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}", f"{r['hourly_usd']:,.2f}",
                 f"{r['cost_per_million_output_tokens_usd']:.2f}",
             ]
@@ -177,7 +177,7 @@ def sizing_table(sizing: Sizing):
     notes = []
     if sizing.per_gpu:
         best = sizing.smallest_overall
-        notes.append(f"cheapest per hour: {best['gpu']} x {best['num_gpus']} ({layout_label(best)}) at ${best['hourly_usd']:,.2f}/h")
+        notes.append(f"cheapest per hour: {best['gpu']} x {best['num_gpus']} ({split_label(best)}) at ${best['hourly_usd']:,.2f}/h")
     if sizing.rollout_prompts is not None:
         at_target = sizing.rollout_s(sizing.target_output_tokens_per_s)
         half = sizing.rollout_s(0.5 * sizing.target_output_tokens_per_s)

@@ -60,9 +60,9 @@ from jaxplan.grid import (
     layout_index,
 )
 from jaxplan.physics.shapes import take
-from jaxplan.plots import labels
 from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens, workload_params
+from jaxplan.plots import labels
 from jaxplan.specs.workload import Arrival, Workload
 
 KNOB_AXES = tuple(a for a in range(len(AXES)) if a not in LAYOUT_AXES)  # seqs, budget, weight and KV dtypes

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from jaxplan.cli.common import out
-from jaxplan.plots.labels import split_label as layout_label
+from jaxplan.plots.labels import split_label
 from jaxplan.report.tables import DROP_ORDER, rows_table
 
 # The widest realistic row: every cell at the length a large deployment gives it.
@@ -27,7 +27,7 @@ TYPICAL = dict(
 )
 STAGE4_ONLY = {k: v for k, v in ROW.items() if not k.startswith("replay_")}
 REPLAY_CELLS = ("7,654,321", "65,432", "5,432", "50%")
-KEY_CELLS = ("b200_sxm", layout_label(ROW), "1024", "bf16/auto")
+KEY_CELLS = ("b200_sxm", split_label(ROW), "1024", "bf16/auto")
 
 
 def _render(width: int, row: dict) -> str:

@@ -49,9 +49,9 @@ def check_writable(path: Optional[Path], option: str) -> None:
     if path is None:
         return
     parent = path.parent if str(path.parent) else Path(".")
-    name_max = _name_max(parent)
-    if len(os.fsencode(path.name)) > name_max:
-        raise bad_value(option, str(path), f"the file name is {len(os.fsencode(path.name)):,} bytes, longer than the {name_max} this file system allows; pick a shorter one")
+    name_bytes, name_max = len(os.fsencode(path.name)), _name_max(parent)
+    if name_bytes > name_max:
+        raise bad_value(option, str(path), f"the file name is {name_bytes:,} bytes, longer than the {name_max} this file system allows; pick a shorter one")
     if not parent.is_dir():
         raise bad_value(option, str(path), f"the directory {short_repr(str(parent))} does not exist; create it or pick another path")
     if path.is_dir():

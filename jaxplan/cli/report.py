@@ -12,7 +12,6 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli.common import (
-    check_writable,
     BudgetOption,
     GpusOption,
     MaxMemoryGibOption,
@@ -26,6 +25,7 @@ from jaxplan.cli.common import (
     TargetOption,
     WorkloadOption,
     app,
+    check_writable,
     clean_errors,
     err,
     gib_bytes,

@@ -52,7 +52,7 @@ def sensitivity(
     throughput, TTFT, TPOT and cost to ISL, OSL, arrival rate / concurrency and prefix hit rate."""
     from rich.table import Table
 
-    from jaxplan.plots.labels import split_label as layout_label
+    from jaxplan.plots.labels import split_label
     from jaxplan.sensitivity import for_rows
 
     check_writable(json_path, "--json")
@@ -83,7 +83,7 @@ def sensitivity(
             table.add_column(short[p], justify="right")
         for i, row in enumerate(result.shortlist):
             cells = [f"{sens.elasticity[i, m, k]:+.2f}" for k in range(len(sens.parameters))]
-            table.add_row(str(i + 1), f"{row['gpu']} {layout_label(row)}", f"{sens.values[i, m]:.4g}", *cells)
+            table.add_row(str(i + 1), f"{row['gpu']} {split_label(row)}", f"{sens.values[i, m]:.4g}", *cells)
         out.print(table)
     if json_path:
         payload = {

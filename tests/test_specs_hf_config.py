@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from jaxplan.errors import PlanError
+from jaxplan.physics.memory import request_kv_bytes_per_gpu
+from jaxplan.physics.shapes import make_layout, model_shape
 from jaxplan.specs import ModelSpec, load_model
 from jaxplan.specs.hf_config import model_from_hf_dict, model_from_hf_file
 
@@ -208,8 +210,7 @@ def test_gemma3_sliding_window_pattern():
 def test_gemma2_alternates_sliding_and_full_layers():
     """Gemma-2-27B's config.json (public values) names a window but no pattern: transformers' Gemma2Config
     makes layer i sliding when i is even, so 23 of its 46 layers keep only the last 4,096 tokens. The
-    same config written with the newer layer_types gives the same spec; another model type with a bare
-    window stays full attention (the conservative reading: vLLM versions differ on it)."""
+    same config written with the newer layer_types gives the same spec."""
     gemma2 = {
         "model_type": "gemma2", "num_hidden_layers": 46, "hidden_size": 4608, "num_attention_heads": 32,
         "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 36864, "vocab_size": 256000,
@@ -220,7 +221,27 @@ def test_gemma2_alternates_sliding_and_full_layers():
     layer_types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(46)]
     assert _architecture(model_from_hf_dict(dict(gemma2, layer_types=layer_types), "g")) == _architecture(m)
     assert model_from_hf_dict(dict(gemma2, num_hidden_layers=3), "odd").sliding_window_layers == 2
-    assert model_from_hf_dict(dict(gemma2, model_type="mistral"), "m").sliding_window_layers == 0
+
+
+def test_a_bare_window_slides_on_every_layer():
+    """Mistral-7B-v0.1's config.json (public values) names a 4,096-token window and nothing else about it:
+    transformers applies it in every layer, and vLLM's Attention takes the model-wide window where the
+    layer names none. So a 32,768-token request keeps 4,096 tokens per layer: 512 MiB, not 4 GiB, in BF16.
+    Qwen2 and Qwen3 gate the window with use_sliding_window, false by default even when left out."""
+    mistral = {
+        "model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 32768,
+        "sliding_window": 4096, "tie_word_embeddings": False,
+    }
+    m = model_from_hf_dict(mistral, "mistral-7b-v0.1")
+    assert (m.full_attention_layers, m.sliding_window_layers, m.sliding_window_tokens) == (0, 32, 4096)
+    bytes_per_token = 2 * 8 * 128 * 2 * 32  # K and V, 8 KV heads of 128, BF16, 32 layers: 131,072
+    shape, layout = model_shape(m), make_layout(weight_bytes=2, kv_bytes=2)
+    assert float(request_kv_bytes_per_gpu(shape, layout, 32768.0)) == bytes_per_token * 4096 == 512 * 2**20
+    assert float(request_kv_bytes_per_gpu(shape, layout, 1000.0)) == bytes_per_token * 1008  # whole 16-token blocks
+    assert model_from_hf_dict(dict(mistral, sliding_window=None), "v0.2").sliding_window_layers == 0
+    assert model_from_hf_dict(dict(mistral, model_type="qwen2"), "q").sliding_window_layers == 0
+    assert model_from_hf_dict(dict(mistral, model_type="qwen3", use_sliding_window=True, max_window_layers=28), "q").sliding_window_layers == 4
 
 
 def test_qwen2_style_use_sliding_window():

@@ -3,9 +3,10 @@
 Handles the fields that differ between families: `text_config` nesting
 (multimodal wrappers), missing `head_dim` (hidden / heads), tied embeddings,
 `layer_types` lists (full / sliding / linear attention), Gemma 3's
-`sliding_window_pattern` and Gemma 2's alternation, Qwen3.5's `full_attention_interval`, MoE field names
-(`num_experts`, `num_local_experts`, `n_routed_experts`), DeepSeek's MLA and
-`first_k_dense_replace`. Unknown extra fields are ignored.
+`sliding_window_pattern`, Gemma 2's alternation, Qwen2's `use_sliding_window`, a
+bare window on every layer (Mistral-7B-v0.1, Phi-3), Qwen3.5's
+`full_attention_interval`, MoE field names (`num_experts`, `num_local_experts`,
+`n_routed_experts`), DeepSeek's MLA and `first_k_dense_replace`. Unknown extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -79,11 +80,27 @@ def _layer_kind_counts(cfg: dict, num_layers: int, where: str) -> tuple[int, int
         # (transformers' Gemma2Config fills layer_types so, and vLLM reads those)
         sliding = (num_layers + 1) // 2
         return num_layers - sliding, sliding, 0
-    if window and _bool_field(cfg, where, "use_sliding_window", False):
+    if window and _has_window_switch(cfg):
+        # Qwen2/Qwen3 semantics: the window is off unless use_sliding_window says otherwise, and then
+        # only layers from max_window_layers on slide
+        if not _bool_field(cfg, where, "use_sliding_window", False):
+            return num_layers, 0, 0
         max_window_layers = _int_field(cfg, where, "max_window_layers", default=num_layers)
         sliding = max(num_layers - max_window_layers, 0)
         return num_layers - sliding, sliding, 0
+    if window:
+        # A bare window (Mistral-7B-v0.1, Phi-3, Starcoder2) slides on every layer: transformers' attention
+        # reads it in each layer, and vLLM's Attention falls back to the model-wide window
+        # (ModelConfig.get_sliding_window -> CacheConfig.sliding_window) where a layer names none
+        return 0, num_layers, 0
     return num_layers, 0, 0
+
+
+def _has_window_switch(cfg: dict) -> bool:
+    """Whether the family gates its window with `use_sliding_window` (transformers' Qwen2/Qwen3 configs
+    default it to false even when config.json leaves it out)."""
+    model_type = cfg.get("model_type")
+    return "use_sliding_window" in cfg or (isinstance(model_type, str) and model_type.startswith(("qwen2", "qwen3")))
 
 
 def _moe_fields(cfg: dict, num_layers: int, where: str) -> dict:

@@ -301,11 +301,9 @@ def replay_predict_rows(
     from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
     from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.replay import sample_requests, simulate
-    from jaxplan.replay.clients import closed_loop_start_times, request_lifetime_s
 
     results = [dict(row) for row in rows]
     started_at = time.perf_counter() if started_at is None else started_at
-    analytical = None  # stage 4's rows, for closed-loop client lifetimes (computed when first needed)
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
@@ -320,13 +318,6 @@ def replay_predict_rows(
             hw, layout = pick(hw_all), pick(batch.layout)
             config = replay_config(layout, blocks[k : k + 1], routing=routing)
             requests = sample_requests(workload, None, seed)
-            if workload.concurrency and routing == "round_robin":  # closed loop: clients start as stage 4 assumes
-                if analytical is None:
-                    analytical = predict_rows(rows, params_path=params_path, source=source, efficiency=efficiency)
-                a = analytical[i]
-                lifetime_s = request_lifetime_s(a["ttft_ms_mean"], a["tpot_ms_mean"], workload.osl_mean_tokens)
-                starts = closed_loop_start_times(workload.concurrency, float(hw.closed_loop_sync_fraction[0]), lifetime_s, seed)
-                requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
             deadline = None if max_seconds is None else Deadline(
                 max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",
                 fix="replay fewer requests (--requests, or the row's num_prompts / concurrency) or use predict --method analytical",

@@ -139,6 +139,14 @@ def _derived_output_tok_s(concurrency: float, osl: float, ttft_ms: float, tpot_m
 
 # --- (a) AIConfigurator silicon ---------------------------------------------------------------------
 
+# The silicon rows do not state how many requests each run sent. AIConfigurator's own benchmark
+# runners send 10 per client: `genai-perf ... --request-count concurrency x 10` (after 2 x concurrency
+# warm-up requests) in src/aiconfigurator/eval/benchmarks/genai_perf_runner.py, and `num_prompts =
+# concurrency x 10` ("matches genai-perf scale: ~10 requests per active user") in
+# bench_serving_runner.py (github.com/ai-dynamo/aiconfigurator). A closed loop's first wave, whose
+# clients start together, is 1 / 10 of such a run; the replay's mean TTFT depends on it.
+SILICON_REQUESTS_PER_CLIENT = 10
+
 
 @functools.cache
 def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
@@ -184,14 +192,15 @@ def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
         concurrency = int(raw["batch_size"])
         isl, osl = float(raw["isl"]), float(raw["osl"])
         ttft, tpot = float(raw["silicon_ttft_ms"]), float(raw["silicon_tpot_ms"])
-        notes = [f"{raw['backend']} {raw['backend_version'] or '(version not given)'}", f"gemm_quant_mode={raw['gemm_quant_mode'] or '-'}", "kv dtype not stated (auto assumed)", "TTFT/TPOT statistic (mean vs median) not stated"]
+        notes = [f"{raw['backend']} {raw['backend_version'] or '(version not given)'}", f"gemm_quant_mode={raw['gemm_quant_mode'] or '-'}", "kv dtype not stated (auto assumed)", "TTFT/TPOT statistic (mean vs median) not stated",
+                 f"request count not stated: {SILICON_REQUESTS_PER_CLIENT} x concurrency assumed (AIConfigurator's own benchmark runners)"]
         if not raw["precision"]:
             notes.append("precision blank in source: bf16 assumed")
         rows.append(
             make_row(
                 model=model, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=1, data_parallel_size=1,
                 weight_dtype=precision, kv_cache_dtype="auto", isl=isl, osl=osl, concurrency=concurrency,
-                measured_ttft_ms_mean=ttft, measured_tpot_ms_mean=tpot,
+                num_prompts=SILICON_REQUESTS_PER_CLIENT * concurrency, measured_ttft_ms_mean=ttft, measured_tpot_ms_mean=tpot,
                 measured_output_tok_s=_derived_output_tok_s(concurrency, osl, ttft, tpot), measured_output_tok_s_derived=True,
                 dataset=SILICON, backend=raw["backend"], source_id=raw["id"], notes="; ".join(notes),
             )

@@ -20,7 +20,6 @@ from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.replay import ReplayConfig, sample_requests, simulate
-from jaxplan.replay.clients import closed_loop_start_times, request_lifetime_s
 from jaxplan.specs.workload import Arrival
 
 DEFAULT_REQUESTS = 2000
@@ -87,13 +86,6 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    if workload.arrival == Arrival.CLOSED and configs.routing == "round_robin":
-        # Clients start spread as stage 4 assumes; one request set serves every finalist, so the
-        # spread uses the finalists' median stage-4 lifetime and mean calibrated sync fraction.
-        lifetime_s = float(np.median([request_lifetime_s(r["ttft_mean_s"] * 1e3, r["tpot_mean_s"] * 1e3, workload.osl_mean_tokens) for r in rows]))
-        sync = float(np.mean(np.asarray(params[0].closed_loop_sync_fraction)))
-        starts = closed_loop_start_times(min(workload.concurrency, requests.num_requests), sync, lifetime_s, seed)
-        requests = requests._replace(arrival_s=np.concatenate([starts, np.zeros(requests.num_requests - len(starts), np.float32)]))
 
     hint = replica_steps_hint(rows, workload, requests, configs)
     metrics = jax.device_get(simulate(configs, requests, workload, physics_step, params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(rows), initial_slots=initial_slots_hint(rows), progress=progress))

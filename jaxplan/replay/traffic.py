@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxplan.buckets import bucket_size
 from jaxplan.errors import bad_value
+from jaxplan.replay.clients import output_length_shape
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 
 INF = float("inf")
@@ -29,8 +30,8 @@ class Requests(NamedTuple):
     prefix_hit_tokens: prompt tokens already in the prefix cache (rounded down to
         whole KV blocks and capped at prompt - 1 by the scheduler).
     arrival_s: arrival time, seconds, nondecreasing; all 0 for a burst. Closed loop of N
-        clients: arrival_s[:N] are the clients' start times (nondecreasing; 0 = all together,
-        see `jaxplan.replay.clients`), the rest are decided during the replay.
+        clients: arrival_s[:N] are the clients' start times (nondecreasing; `sample_requests`
+        starts them all at 0, as benchmark clients do), the rest are decided during the replay.
     """
 
     prompt_tokens: np.ndarray
@@ -60,7 +61,8 @@ def sample_requests(workload: Workload, num_requests: int | None = None, seed: i
     """Sample `num_requests` (default `workload.num_requests`) requests with numpy seed `seed`.
 
     ISL/OSL follow the workload's distributions (or its lengths_file, in order, repeated as needed
-    and scaled to the isl/osl means); prefix hits are
+    and scaled to the isl/osl means; a closed loop's fixed OSL gets the spread of
+    `jaxplan.replay.clients`); prefix hits are
     `floor(prefix_hit_rate * ISL)` tokens; Poisson arrivals start at t = 0 with
     exponential gaps of mean 1 / request_rate_per_s seconds.
     """
@@ -73,7 +75,8 @@ def sample_requests(workload: Workload, num_requests: int | None = None, seed: i
         prompt, output = recorded.scaled(n, workload.isl_mean_tokens, workload.osl_mean_tokens)
     else:
         prompt = _lengths(rng, workload.isl_distribution, workload.isl_mean_tokens, workload.isl_spread, n)
-        output = _lengths(rng, workload.osl_distribution, workload.osl_mean_tokens, workload.osl_spread, n)
+        osl_distribution, osl_spread = output_length_shape(workload)  # a closed loop's fixed OSL is spread (clients.py)
+        output = _lengths(rng, osl_distribution, workload.osl_mean_tokens, osl_spread, n)
     hit = np.floor(workload.prefix_hit_rate * prompt).astype(np.int32)
     if workload.arrival == Arrival.POISSON:
         gaps = rng.exponential(1.0 / workload.request_rate_per_s, n)

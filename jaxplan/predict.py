@@ -108,6 +108,7 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
             isl_tokens=isl, osl_tokens=osl, prefix_hit_rate=hit, request_rate_per_s=rate_value, concurrency=conc,
             arrival_code=code, max_context_factor=max_context_factor, length_cv=length_cv,
             ttft_slo_s=math.inf, tpot_slo_s=math.inf, target_output_tokens_per_s=0.0,
+            num_requests=max(num_prompts, conc) if has_concurrency else num_prompts,
         )
         for name, value in values.items():
             fields[name].append(value)

@@ -45,7 +45,6 @@ FIT_FIELDS = (
     "step_overhead_s",
     "per_seq_overhead_s",
     "request_overhead_s",
-    "closed_loop_sync_fraction",
 )
 FRACTIONS = {f for f in FIT_FIELDS if f.endswith("efficiency") or f.endswith("fraction")}
 LATENCY_FLOOR_S = 1e-7  # log-space latencies need a floor above BOUNDS' 0

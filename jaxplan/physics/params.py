@@ -35,13 +35,15 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "per_seq_overhead_s": (4e-6, 0.0, 1e-3),
     "p2p_latency_s": (20e-6, 0.0, 1e-2),
     "request_overhead_s": (0.02, 0.0, 2.0),
-    # Not hardware: how much of a fixed-length closed-loop benchmark's lock-step survives (0..1).
-    "closed_loop_sync_fraction": (0.25, 0.0, 1.0),
 }
+# Fields of older parameter files that the physics no longer reads; accepted and dropped.
+# closed_loop_sync_fraction (until 2026-12-02): a closed loop's first wave is now concurrency / num_requests.
+RETIRED = frozenset({"closed_loop_sync_fraction"})
 DEFAULTS = {field: bounds[0] for field, bounds in BOUNDS.items()}
 
 
 def validate(gpu: str, params: dict[str, float], where: str) -> dict[str, float]:
+    params = {k: v for k, v in params.items() if k not in RETIRED}
     unknown = set(params) - set(BOUNDS)
     if unknown:
         raise bad_value(f"[{gpu}].{sorted(unknown)[0]}", params[sorted(unknown)[0]], f"unknown parameter; known: {', '.join(BOUNDS)}", where=where)

@@ -146,7 +146,6 @@ class Hardware(NamedTuple):
     per_seq_overhead_s: jnp.ndarray
     p2p_latency_s: jnp.ndarray
     request_overhead_s: jnp.ndarray  # per request, outside the engine step (API server)
-    closed_loop_sync_fraction: jnp.ndarray  # lock-step left in fixed-length closed-loop clients
 
 
 def hardware_table(gpus: tuple[GpuSpec, ...], efficiency: dict[str, dict[str, float]]) -> Hardware:

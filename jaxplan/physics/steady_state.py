@@ -15,7 +15,8 @@ Little's law b = rate x (time a request holds a slot).
 
 Queueing: Poisson waits for a slot (Sakasegawa's M/M/c approximation, c = the
 replica's slots) and for the prefill "server" (M/D/1); closed loops and bursts
-wait in line for a slot (Little's law). p99s: exponential tail for Poisson
+wait in line for a slot (Little's law), and a closed loop's first wave, whose
+clients start together, for each other's prefills. p99s: exponential tail for Poisson
 waits; binomial spread of prefill-carrying steps over a request's tokens for
 TPOT, at most the chunk-carrying step.
 
@@ -43,6 +44,7 @@ GRID_KNOTS = 46  # knots at b_max x (i / 47)^2, i = 1..46, besides the ends and 
 CEIL_JUMPS = 4  # jumps of the prefill chunk count (under a shrinking chunk) that get knots
 KINK_SPREAD = 2e-5  # each kink gets two knots, this much (relative) either side: float32 rounding of where it is
 LN_100 = 4.605  # p99 of an exponential = mean x ln(100)
+P99_TAIL = 0.01  # the share of requests above a p99
 
 BOUND_MAX_NUM_SEQS, BOUND_KV_CACHE, BOUND_TOKEN_BUDGET, BOUND_DEMAND = 0, 1, 2, 3
 BOUND_NAMES = ("max_num_seqs", "KV cache", "token budget", "demand")
@@ -299,14 +301,18 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # Closed loops and bursts: arrivals follow completions, so the prefill "server" has no Poisson
     # queue; a new prompt finds another one prefilling with probability f and waits half of it.
     busy_wait = 0.5 * steps.chunk_fraction * steps.prefill_s
-    # Benchmark clients with fixed lengths stay partly in lock-step: a wave of b prompts arrives
-    # together and each waits, on average, for half the others' prefill. `closed_loop_sync_fraction`
-    # (calibrated) is how much of that wave survives; the rest behaves like desynchronised arrivals.
+    # Closed-loop benchmark clients all start at t = 0: that first wave of b prompts per replica arrives
+    # together and each waits, on average, for half the others' prefill. Later requests arrive as the
+    # earlier ones finish, apart (jaxplan.replay.clients). The wave is concurrency / num_requests of
+    # the run; its slowest 1% / wave of requests wait longest, so the p99 falls inside the wave once
+    # it holds more than 1% of the run.
     closed = w.arrival_code == 2
-    sync = jnp.where(closed, hw.closed_loop_sync_fraction, 0.0)
-    wave_wait = sync * 0.5 * jnp.maximum(b - 1.0, 0.0) * steps.prefill_s
+    wave = jnp.where(closed, jnp.clip(w.concurrency / jnp.maximum(w.num_requests, 1.0), 0.0, 1.0), 0.0)
+    wave_prefill_s = jnp.maximum(b - 1.0, 0.0) * steps.prefill_s
+    wave_wait = wave * 0.5 * wave_prefill_s
+    wave_wait_p99 = jnp.maximum(1.0 - P99_TAIL / jnp.maximum(wave, P99_TAIL), 0.0) * wave_prefill_s
     wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait, line_wait) + busy_wait + wave_wait)
-    wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + steps.chunk_fraction * steps.prefill_s + 2.0 * wave_wait)
+    wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + steps.chunk_fraction * steps.prefill_s + wave_wait_p99)
     # A new request first waits for the step in flight (half a step on average), then its chunks;
     # the API server's per-request work (tokenise, detokenise, HTTP) comes on top.
     first_token_s = 0.5 * steps.mean_s + steps.prefill_latency_s + hw.request_overhead_s
@@ -319,9 +325,9 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # The floor keeps the gradient finite where f is clipped to 0 or 1 (sqrt'(0) = inf times 0 is NaN).
     variance = jnp.maximum(steps.chunk_fraction * (1.0 - steps.chunk_fraction) / w.osl_tokens, 1e-12)
     spread = (steps.chunk_s - steps.decode_s) * jnp.sqrt(variance)
-    # In a lock-step wave the prompts are prefilled before the decodes start: those steps count
+    # In the first wave the prompts are prefilled before the decodes start: those steps count
     # towards TTFT, and the decode steps carry no prefill.
-    tpot_mean = sync * steps.decode_s + (1.0 - sync) * steps.mean_s
+    tpot_mean = wave * steps.decode_s + (1.0 - wave) * steps.mean_s
     # A request's TPOT averages its steps, so it never exceeds a step that carries a chunk: the normal
     # approximation's tail past that (few output tokens, most steps with a chunk) is cut there. Without
     # the cut, faster memory (shorter decode steps, a wider spread) could raise the p99 while every

@@ -27,6 +27,7 @@ class WorkloadParams(NamedTuple):
     ttft_slo_s: jnp.ndarray  # inf: none
     tpot_slo_s: jnp.ndarray
     target_output_tokens_per_s: jnp.ndarray  # 0: none
+    num_requests: jnp.ndarray  # requests in the run; a closed loop's first wave is concurrency / num_requests of them
 
 
 def _p99_factor(distribution: LengthDistribution, spread: float) -> float:
@@ -78,6 +79,7 @@ def workload_params(w: Workload, **overrides) -> WorkloadParams:
         ttft_slo_s=w.ttft_slo_s,
         tpot_slo_s=w.tpot_slo_s,
         target_output_tokens_per_s=w.target_output_tokens_per_s,
+        num_requests=w.num_requests,
     )
     values.update(overrides)
     return WorkloadParams(**{k: jnp.asarray(v, jnp.float32) for k, v in values.items()})

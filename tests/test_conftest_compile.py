@@ -1,0 +1,37 @@
+"""The suite compiles at LLVM's -O0 (tests/conftest.py): the flag is added once, other flags are kept,
+an optimisation level already set wins, and JAXPLAN_TEST_XLA_OPT=default opts out."""
+
+import os
+
+from conftest import FAST_COMPILE_ENV, FAST_COMPILE_FLAG, _compile_fast
+
+
+def test_the_flag_is_added_to_an_empty_environment():
+    env = {}
+    _compile_fast(env)
+    assert env["XLA_FLAGS"] == FAST_COMPILE_FLAG
+
+
+def test_other_flags_are_kept_and_the_flag_is_added_once():
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    _compile_fast(env)
+    _compile_fast(env)
+    assert env["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FAST_COMPILE_FLAG}"
+
+
+def test_a_level_already_set_wins():
+    env = {"XLA_FLAGS": "--xla_backend_optimization_level=2"}
+    _compile_fast(env)
+    assert env["XLA_FLAGS"] == "--xla_backend_optimization_level=2"
+
+
+def test_the_opt_out_leaves_the_flags_alone():
+    env = {FAST_COMPILE_ENV: "default", "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    _compile_fast(env)
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
+
+
+def test_this_run_compiles_fast_unless_opted_out():
+    flags = os.environ.get("XLA_FLAGS", "")
+    if os.environ.get(FAST_COMPILE_ENV, "fast") == "fast":
+        assert "xla_backend_optimization_level" in flags

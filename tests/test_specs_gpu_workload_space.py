@@ -152,6 +152,8 @@ def test_a_target_above_what_poisson_arrivals_bring_names_the_rate_that_would_br
 
 def test_workload_arrival_variants():
     assert Workload(**W, arrival=Arrival.CLOSED, concurrency=32).describe().count("32 in flight") == 1
+    # a closed loop's request count sets its first wave's share (stage 4 and the replay)
+    assert "closed loop, 64 in flight, 640 requests (first wave 10%)" in Workload(**W, arrival=Arrival.CLOSED, concurrency=64, num_requests=640).describe()
     assert "Poisson 2 req/s" in Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0).describe()
 
 

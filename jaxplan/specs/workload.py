@@ -154,7 +154,7 @@ class Workload:
         arrival = {
             Arrival.POISSON: f"Poisson {self.request_rate_per_s:g} req/s",
             Arrival.BURST: f"burst of {self.num_requests}",
-            Arrival.CLOSED: f"closed loop, {self.concurrency} in flight",
+            Arrival.CLOSED: f"closed loop, {self.concurrency} in flight, {self.num_requests:,} requests (first wave {min(self.concurrency / self.num_requests, 1.0):.0%})",
         }[self.arrival]
         slo = []
         if math.isfinite(self.ttft_slo_s):

@@ -17,6 +17,8 @@ GPUS = ("b200_sxm", "h200_sxm")
 # 24.2% / 15.0% replayed (B200 / H200).
 DOCUMENTED_KV_TTFT = {"b200_sxm": 0.234, "h200_sxm": 0.154}
 DOCUMENTED_KV_TTFT_REPLAY = {"b200_sxm": 0.243, "h200_sxm": 0.151}
+# In sample (the shipped fit), replayed: 11.3% / 5.1%.
+DOCUMENTED_KV_TTFT_REPLAY_IN_SAMPLE = {"b200_sxm": 0.114, "h200_sxm": 0.052}
 
 
 def needs_data():
@@ -75,6 +77,9 @@ def test_shipped_report_holds_the_documented_held_out_numbers():
         replay = report["held_out_replay"][gpu]
         assert replay["rows"] == 60 and replay["kv_fits"]["tpot_mape"] <= 0.10
         assert replay["kv_fits"]["ttft_mape"] <= DOCUMENTED_KV_TTFT_REPLAY[gpu]
+        in_sample = report["in_sample_replay"][gpu]
+        assert in_sample["rows"] == 60 and in_sample["kv_fits"]["ttft_mape"] <= DOCUMENTED_KV_TTFT_REPLAY_IN_SAMPLE[gpu]
+        assert in_sample["kv_fits"]["tpot_mape"] <= 0.08
     assert report["fit_rows"] == 120 and report["fit_rows_kv_fits"] == 114
     assert any("llama-3.1-8b" in key for key in report["not_fitted"])
 
@@ -158,17 +163,18 @@ def test_held_out_accuracy_analytical_and_replay(held_out):
 
 def test_calibrate_step_groups_count_the_fits_and_the_replay_check():
     """The progress bar's steps: priors, per-GPU fit, held-out configurations, one held-out fit per GPU
-    (if several), and with the replay check a held-out replay per GPU and a replay per unseen campaign."""
+    (if several), and with the replay check a held-out and an in-sample replay per GPU and a replay per
+    unseen campaign."""
     from jaxplan.cli.calibrate import fit_step_groups
 
     rows = [{"backend": "vllm", "gpu": g, "measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0} for g in GPUS]
     assert fit_step_groups(rows) == 1 + 2 + 2
     assert fit_step_groups(rows[:1]) == 3  # one GPU: no held-out GPU fit
     assert fit_step_groups([{"backend": "sglang", "gpu": "h100_sxm"}]) == 1  # no fit-backend row: priors only
-    assert fit_step_groups(rows, replay_check=True) == 1 + 2 + 2 * 2  # priors, fit, held-out configurations, per GPU: held-out fit and replay
-    assert fit_step_groups(rows[:1], replay_check=True) == 3  # one GPU: no held-out GPU
+    assert fit_step_groups(rows, replay_check=True) == 1 + 2 + 2 * 3  # priors, fit, held-out configurations, per GPU: held-out fit and replay, in-sample replay
+    assert fit_step_groups(rows[:1], replay_check=True) == 3  # one GPU: no held-out GPU, no replay check
     unseen = dict(rows[0], gpu="a100_sxm", dataset="vllm_a100_tp_vs_pp", model="llama-3.1-70b")
-    assert fit_step_groups(rows + [unseen], replay_check=True) == 1 + 2 + 2 * 2 + 1  # and its replay
+    assert fit_step_groups(rows + [unseen], replay_check=True) == 1 + 2 + 2 * 3 + 1  # and its replay
     assert fit_step_groups(rows + [unseen], replay_check=False) == 1 + 2 + 2
 
 

@@ -355,7 +355,8 @@ def replay_check(rows: list[dict], report: dict, params: dict[str, dict[str, flo
     """Held-out accuracy of `jaxplan predict`'s default method: each held-out GPU's fitted-campaign
     rows replayed step by step with the parameters fitted without that GPU
     (`report["held_out_params"]`, from `calibrate`). GPU -> accuracy (see `accuracy`).
-    With `params` (the final fit) it also replays `unseen_gpu_groups` into report["not_fitted_replay"]."""
+    With `params` (the final fit) it also replays each fitted GPU's rows into report["in_sample_replay"]
+    and `unseen_gpu_groups` into report["not_fitted_replay"]."""
     t0 = time.perf_counter()
     fit_rows = [r for r in evaluated_rows(rows) if not fit_excluded(r)]
     out = {}
@@ -363,6 +364,9 @@ def replay_check(rows: list[dict], report: dict, params: dict[str, dict[str, flo
         out[held] = accuracy([r for r in fit_rows if r["gpu"] == held], {held: values}, replay=True)
         log(f"held out {held}, replay: {out[held]} ({time.perf_counter() - t0:.0f} s)")
     if params is not None:
+        for gpu in sorted({r["gpu"] for r in fit_rows}):
+            report.setdefault("in_sample_replay", {})[gpu] = accuracy([r for r in fit_rows if r["gpu"] == gpu], {gpu: params[gpu]}, replay=True)
+            log(f"in sample {gpu}, replay: {report['in_sample_replay'][gpu]} ({time.perf_counter() - t0:.0f} s)")
         for key, group in unseen_gpu_groups(rows).items():
             report.setdefault("not_fitted_replay", {})[key] = accuracy(group, params, replay=True)
             log(f"not fitted {key}, replay: {report['not_fitted_replay'][key]} ({time.perf_counter() - t0:.0f} s)")

@@ -253,15 +253,14 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
     """The replay's Workload for row k of a batch, which is `row`: its lengths (mean and distribution)
     and arrival process.
 
-    Requests: `num_requests` if given, else the row's num_prompts, else its lengths_file's count,
-    else DEFAULT_NUM_PROMPTS (at least the concurrency of a closed loop)."""
+    Requests: `num_requests` if given, else the count stage 4 weighs the row's first wave by
+    (`_workload_arrays`: its num_prompts, else its lengths_file's count, else DEFAULT_NUM_PROMPTS;
+    at least the concurrency of a closed loop)."""
     w = jax.device_get(batch.workload)
-    num_prompts = row.get("num_prompts")
     code = int(w.arrival_code[k])
     arrival = {0: Arrival.POISSON, 1: Arrival.BURST, 2: Arrival.CLOSED}[code]
-    given = num_prompts not in (None, "") and math.isfinite(float(num_prompts)) and float(num_prompts) >= 1
     shape = _length_shape(row, f"row {int(batch.row_ids[k]) + 1}")
-    count = num_requests or (int(w.concurrency[k]) if code == 1 else int(float(num_prompts)) if given else _default_num_prompts(shape))
+    count = num_requests or int(round(float(w.num_requests[k])))
     return Workload(
         name=f"row {int(batch.row_ids[k]) + 1}",
         isl_mean_tokens=float(w.isl_tokens[k]), osl_mean_tokens=float(w.osl_tokens[k]), arrival=arrival,

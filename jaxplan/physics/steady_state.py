@@ -310,7 +310,7 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     wave = jnp.where(closed, jnp.clip(w.concurrency / jnp.maximum(w.num_requests, 1.0), 0.0, 1.0), 0.0)
     wave_prefill_s = jnp.maximum(b - 1.0, 0.0) * steps.prefill_s
     wave_wait = wave * 0.5 * wave_prefill_s
-    wave_wait_p99 = jnp.maximum(1.0 - P99_TAIL / jnp.maximum(wave, P99_TAIL), 0.0) * wave_prefill_s
+    wave_wait_p99 = (1.0 - P99_TAIL / jnp.maximum(wave, P99_TAIL)) * wave_prefill_s  # 0 while wave <= 1%
     wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait, line_wait) + busy_wait + wave_wait)
     wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + steps.chunk_fraction * steps.prefill_s + wave_wait_p99)
     # A new request first waits for the step in flight (half a step on average), then its chunks;

@@ -1,6 +1,7 @@
 """Kernel-table priors for the FP8 input quantisation: the least-squares split of an FP8 GEMM's time
 into tensor-core work and quantisation, checked on planted tables, by hand, and against NVIDIA's
-measured GEMMs at the shapes a TP-sharded Llama-3.1-70B runs."""
+measured GEMMs at the shapes a TP-sharded Llama-3.1-70B runs; the cost of reading an FP8 KV cache,
+by hand and from NVIDIA's decode-attention tables; the all-reduce group sizes."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -132,6 +133,49 @@ def test_allreduce_priors_read_group_sizes_apart():
     assert b200["allreduce_two_gpu_ratio"] == pytest.approx(0.773, abs=0.02)
     for gpu in ("a100_sxm", "h100_sxm"):
         assert fit.kernel_priors(gpu)["allreduce_two_gpu_ratio"] < 1.0, gpu
+
+
+def generation_table(rows):
+    """A GenerationAttentionTable from (batch, context, kv_dtype, kernel, latency_s) tuples; 64 query
+    heads, 8 KV heads of 128 (Llama-3.1-70B at TP1): 4,096 B of BF16 KV per token and layer."""
+    from jaxplan.calibrate.kernels import GenerationAttentionTable
+
+    cols = list(zip(*rows))
+    n = len(rows)
+    return GenerationAttentionTable(
+        batch=np.array(cols[0], np.int64), context_tokens=np.array(cols[1], np.int64), num_heads=np.full(n, 64), num_kv_heads=np.full(n, 8),
+        head_dim=np.full(n, 128), kv_dtype=np.array(cols[2]), window_tokens=np.zeros(n, np.int64), kernel_source=np.array(cols[3]), latency_s=np.array(cols[4]),
+    )
+
+
+def test_fp8_kv_read_prior_hand_computed():
+    """Pairs of the same call with FP8 and BF16 caches give 2 B x t(FP8) / t(BF16); a call reading less
+    than 512 MiB of BF16 KV (launch-bound), a call without its BF16 twin and another kernel's twin do
+    not count. 64 x 4,096 tokens x 4,096 B = 1 GiB and 128 x 4,096 = 2 GiB qualify; 16 x 4,096 = 256 MiB does not."""
+    table = generation_table([
+        (64, 4096, "bf16", "fa3", 2.0e-4), (64, 4096, "fp8", "fa3", 1.5e-4),  # 1.5
+        (128, 4096, "bf16", "fa3", 4.0e-4), (128, 4096, "fp8", "fa3", 2.4e-4),  # 1.2
+        (256, 4096, "bf16", "fa3", 8.0e-4), (256, 4096, "fp8", "fa3", 7.2e-4),  # 1.8
+        (16, 4096, "bf16", "fa3", 1.0e-5), (16, 4096, "fp8", "fa3", 1.0e-5),  # too small: would be 2.0
+        (512, 4096, "fp8", "fa3", 1.0e-3),  # no BF16 twin
+        (64, 8192, "bf16", "fa3", 4.0e-4), (64, 8192, "fp8", "triton", 8.0e-4),  # another kernel: would be 4.0
+    ])
+    assert fit.fp8_kv_read_prior(table) == pytest.approx(1.5)
+    assert fit.fp8_kv_read_prior(generation_table([(16, 4096, "bf16", "fa3", 1e-5), (16, 4096, "fp8", "fa3", 1e-5)])) is None
+
+
+def test_fp8_kv_read_priors_from_nvidias_decode_tables():
+    """NVIDIA's vLLM decode-attention tables: an FP8 KV cache costs 1.35 B per element on H100, 1.76 on
+    H200 (FA3 dequantises as it reads, and H200's faster HBM leaves it further behind) and 1.17 on B200;
+    every one between the byte it stores and the two of BF16. Without FP8 timings (A100) the default."""
+    if not _data.data_root_exists():
+        pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
+    found = {g: fit.kernel_priors(g)["fp8_kv_read_bytes_per_element"] for g in ("h100_sxm", "h200_sxm", "b200_sxm", "a100_sxm")}
+    assert found["h100_sxm"] == pytest.approx(1.35, abs=0.02)
+    assert found["h200_sxm"] == pytest.approx(1.76, abs=0.02)
+    assert found["b200_sxm"] == pytest.approx(1.17, abs=0.02)
+    assert found["a100_sxm"] == DEFAULTS["fp8_kv_read_bytes_per_element"]
+    assert all(1.0 < v < 2.0 for v in found.values())
 
 
 def test_padding_rows_carry_no_weight_in_the_fit_loss():

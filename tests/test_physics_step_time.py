@@ -129,10 +129,12 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     # Attention cores. KV bytes of one token in one layer on one GPU:
     kv_ways_cache = np.where(m.kv_split_by_tp > 0, np.minimum(tp, m.kv_heads), 1.0)
     kv_token = m.kv_elements_per_token_per_layer / kv_ways_cache * kvb
+    # Decode reads an FP8 cache at the GPU's `fp8_kv_read_bytes_per_element` (its kernels dequantise).
+    kv_token_read = m.kv_elements_per_token_per_layer / kv_ways_cache * np.where(kvb < 1.5, hw["fp8_kv_read_bytes_per_element"], kvb)
     heads = m.q_heads / tp
     sliding_read = np.minimum(micro["context"], micro["decode"] * m.sliding_window_tokens)
     read = m.full_layers * micro["context"] + m.sliding_layers * sliding_read  # token-layers of KV read
-    ops.append((1.0, 2 * heads * (m.attn_score_dim_decode + m.attn_value_dim_decode) * read, read * kv_token, attn_rate))
+    ops.append((1.0, 2 * heads * (m.attn_score_dim_decode + m.attn_value_dim_decode) * read, read * kv_token_read, attn_rate))
     ops.append((1.0, 2 * heads * (m.attn_score_dim_prefill + m.attn_value_dim_prefill) * micro["pairs"] * m.softmax_layers,
                 m.softmax_layers * micro["prefill"] * kv_token, attn_rate))
     seqs = micro["decode"] + micro["prefill_seqs"]
@@ -243,6 +245,41 @@ def test_reference_hand_case_decode_step(shapes, hardware):
     # 1e-3 relative slack: the activations' bytes (a few MB) are not in the hand count.
     assert floor_s < got < (1.1 * floor_s + fixed_s) * 1.001
     assert got == pytest.approx(float(ref_step_time(m, hw, lay, batch)[0]), rel=F32_REL)
+
+
+def test_fp8_kv_decode_reads_cost_the_gpus_bytes_per_element(shapes, hardware):
+    """Llama-3.1-70B at TP8, 64 requests decoding at 4,096 tokens of context each, FP8 KV: 80 layers x
+    2 x 1 KV head x 128 x 262,144 tokens = 5,368,709,120 elements read. Decode attention is memory
+    bound there, so raising `fp8_kv_read_bytes_per_element` from 1 to 1.76 (H200's tables) adds
+    0.76 B x that over the achievable bandwidth (within the roofline's 10%), and a BF16 cache ignores it."""
+    m = shapes["llama-3.1-70b"]
+    h200 = GPUS.index("h200_sxm")
+    batch = {"decode": np.array([64.0]), "context": np.array([64 * 4096.0]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
+    elements = 80 * 2 * 1 * 128 * 64 * 4096
+    assert elements == 5_368_709_120
+    bw = float(hardware.hbm_bandwidth_bytes_per_s[h200] * hardware.memory_bandwidth_efficiency[h200])
+
+    def step(kvb, read_bytes):
+        table = hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element.at[h200].set(read_bytes))
+        lay = {"tp": np.array([8.0]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([kvb])}
+        return float(code_step_time(m, table, h200, lay, batch)[0])
+
+    extra_s = step(1.0, 1.76) - step(1.0, 1.0)
+    assert 0.76 * elements / bw <= extra_s * (1 + 1e-5) <= 1.1 * 0.76 * elements / bw
+    assert step(2.0, 1.76) == step(2.0, 1.0)
+    # FP8 at 1.76 B still reads less than BF16 at 2 B; at 2 B per element it saves nothing.
+    assert step(1.0, 1.76) < step(2.0, 1.0)
+    assert step(1.0, 2.0) == pytest.approx(step(2.0, 1.0), rel=1e-6)
+
+
+@SETTINGS
+@given(model=st.sampled_from(MODELS), gpu=st.integers(0, len(GPUS) - 1), seed=st.integers(0, 2**31 - 1), factor=st.floats(1.0, 4.0))
+def test_costlier_fp8_kv_reads_never_speed_a_step(shapes, hardware, model, gpu, seed, factor):
+    m = shapes[model]
+    lay, batch = random_case(seed)
+    base = code_step_time(m, hardware, gpu, lay, batch)
+    costlier = hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element * factor)
+    assert np.all(code_step_time(m, costlier, gpu, lay, batch) >= base * (1 - ULPS))
 
 
 @SETTINGS

@@ -11,8 +11,9 @@ GEMM FLOP efficiency from compute-bound GEMMs (FP8 ones less the quantisation
 of their input, whose bytes per element come from a least-squares split of
 the compute-bound FP8 GEMMs' times), bandwidth efficiency from
 weight-streaming GEMMs (few tokens, big weights), attention efficiency from
-long-context prefill attention, all-reduce latency and bandwidth (in groups
-of 8 GPUs, and the ratio of groups of 2 to that) from the collective tables.
+long-context prefill attention, the cost of reading an FP8 KV cache from decode
+attention timed with FP8 and BF16 caches, all-reduce latency and bandwidth (in
+groups of 8 GPUs, and the ratio of groups of 2 to that) from the collective tables.
 Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 """
 
@@ -116,6 +117,12 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     except Exception:  # noqa: BLE001
         pass
     try:
+        fp8_kv = fp8_kv_read_prior(kernels.load_generation_attention(gpu, data_root=data_root))
+        if fp8_kv is not None:
+            prior["fp8_kv_read_bytes_per_element"] = fp8_kv
+    except Exception:  # noqa: BLE001
+        pass
+    try:
         comm = kernels.load_allreduce(gpu, data_root=data_root)
         n = comm.num_gpus.astype(np.float64)
         small = comm.message_bytes <= 64 * 1024
@@ -132,6 +139,23 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     except Exception:  # noqa: BLE001
         pass
     return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
+
+
+FP8_KV_PRIOR_MIN_BF16_BYTES = 512 * 2**20  # a BF16 cache read this large is memory-bound: launch costs < 5%
+
+
+def fp8_kv_read_prior(gen) -> float | None:
+    """Bytes per element decode attention spends reading an FP8 KV cache: the median over the calls
+    timed with both caches (same batch, context, heads, head size and kernel) whose BF16 cache reads
+    at least FP8_KV_PRIOR_MIN_BF16_BYTES, of 2 B x t(FP8) / t(BF16). None without such pairs."""
+    kv_bytes_bf16 = 2.0 * gen.num_kv_heads * gen.head_dim * gen.context_tokens * gen.batch.astype(np.float64) * 2.0
+
+    def key(i):
+        return (gen.batch[i], gen.context_tokens[i], gen.num_heads[i], gen.num_kv_heads[i], gen.head_dim[i], gen.kernel_source[i], gen.window_tokens[i])
+
+    bf16 = {key(i): gen.latency_s[i] for i in np.flatnonzero(gen.kv_dtype == "bf16")}
+    ratios = [2.0 * gen.latency_s[i] / bf16[key(i)] for i in np.flatnonzero((gen.kv_dtype == "fp8") & (kv_bytes_bf16 >= FP8_KV_PRIOR_MIN_BF16_BYTES)) if key(i) in bf16]
+    return float(np.median(ratios)) if ratios else None
 
 
 def fp8_quant_prior(gemm, rows, peak, bytes_per_s):

@@ -49,7 +49,8 @@ KV_BLOCK_TOKENS = 16  # vLLM's default block size
 # per layer). Everything else comes from the serving fit: the HBM fraction of CUDA-graph decode (the
 # tables' weight-streaming GEMMs sit 0.10 below it on both fitted GPUs), the small-message all-reduce
 # latency (vLLM's custom all-reduce in CUDA graphs, not the tables' NCCL), and the runtime's per-layer,
-# per-step, per-sequence and per-request overheads.
+# per-step, per-sequence and per-request overheads. Fields outside `fit.FIT_FIELDS` are never fitted:
+# every GPU keeps its kernel value of them (e.g. `fp8_kv_read_bytes_per_element`, from decode attention).
 KERNEL_FIELDS = (
     "gemm_flops_efficiency", "fp8_quant_bytes_per_element", "attention_flops_efficiency",
     "allreduce_bandwidth_efficiency", "allreduce_two_gpu_ratio",

@@ -23,6 +23,11 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     # HBM bytes per input element of an FP8 GEMM's activation quantisation (a separate kernel):
     # read bf16 and write fp8 = 3 in one pass; a dynamic per-tensor scale reads twice.
     "fp8_quant_bytes_per_element": (3.0, 0.0, 40.0),
+    # HBM bytes decode attention spends per element of an FP8 KV cache (1 = the byte it stores): the
+    # kernels dequantise as they read, and on Hopper that costs more than the byte saved. NVIDIA's
+    # decode-attention tables (FP8 against BF16 KV, >= 512 MiB read): H100 1.35, H200 1.76, B200 1.17.
+    # The default is H100's. Capacity is unaffected (one byte per element is stored).
+    "fp8_kv_read_bytes_per_element": (1.35, 0.5, 4.0),
     "memory_bandwidth_efficiency": (0.80, 0.05, 1.0),
     "attention_flops_efficiency": (0.45, 0.02, 1.0),
     "layer_latency_s": (8e-6, 0.0, 1e-3),

@@ -136,6 +136,7 @@ class Hardware(NamedTuple):
     # Calibrated (see jaxplan/physics/params.py).
     gemm_flops_efficiency: jnp.ndarray
     fp8_quant_bytes_per_element: jnp.ndarray
+    fp8_kv_read_bytes_per_element: jnp.ndarray  # decode attention's HBM bytes per FP8 KV element read
     memory_bandwidth_efficiency: jnp.ndarray
     attention_flops_efficiency: jnp.ndarray
     layer_latency_s: jnp.ndarray

@@ -119,18 +119,25 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     return attn + linear + dense + moe + head + fp8_quant_time_s(model, hw, layout, tokens)
 
 
+def kv_read_bytes_per_element(hw: Hardware, layout: Layout):
+    """HBM bytes decode attention spends per KV element it reads: the stored 2 for BF16, the GPU's
+    `fp8_kv_read_bytes_per_element` for an FP8 cache (its kernels dequantise as they read)."""
+    return jnp.where(layout.kv_bytes_per_element < 1.5, hw.fp8_kv_read_bytes_per_element, layout.kv_bytes_per_element)
+
+
 def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch):
     """Attention cores of one full forward: decode reads each request's KV, prefill is quadratic."""
     tp = layout.tensor_parallel_size
     heads = model.q_heads / tp
     bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
     flops_per_s = hw.bf16_flops_per_s * hw.attention_flops_efficiency
-    kv_token_bytes = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    kv_elements = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout)
+    kv_token_bytes = kv_elements * layout.kv_bytes_per_element
     # Sliding-window layers read at most the window per decoding request.
     windowed_context = jnp.minimum(batch.decode_context_tokens, batch.decode_tokens * model.sliding_window_tokens)
     context_read = model.full_layers * batch.decode_context_tokens + model.sliding_layers * windowed_context
     decode_flops = 2.0 * heads * (model.attn_score_dim_decode + model.attn_value_dim_decode) * context_read
-    decode = roofline(decode_flops / flops_per_s, context_read * kv_token_bytes / bytes_per_s)
+    decode = roofline(decode_flops / flops_per_s, context_read * kv_elements * kv_read_bytes_per_element(hw, layout) / bytes_per_s)
     pairs = batch.prefill_attention_pairs
     prefill_flops = 2.0 * heads * (model.attn_score_dim_prefill + model.attn_value_dim_prefill) * pairs * model.softmax_layers
     written = model.softmax_layers * batch.prefill_tokens * kv_token_bytes

@@ -262,6 +262,8 @@ def test_vllm_dense_grid():
         grid = {(r["tensor_parallel_size"], r["isl"], r["osl"], r["concurrency"]) for r in rows if r["gpu"] == gpu}
         assert len(grid) == 4 * 3 * 5
     assert {r["weight_dtype"] for r in rows} == {"fp8"}
+    assert {r["kv_cache_dtype"] for r in rows} == {"fp8"}  # AIConfigurator pairs FP8 weights with FP8 KV
+    assert serving.silicon_kv_cache_dtype("fp8") == "fp8" and serving.silicon_kv_cache_dtype("bf16") == "auto"
 
 
 def test_serving_rows_are_valid_and_normalized():

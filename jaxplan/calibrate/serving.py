@@ -148,6 +148,18 @@ def _derived_output_tok_s(concurrency: float, osl: float, ttft_ms: float, tpot_m
 SILICON_REQUESTS_PER_CLIENT = 10
 
 
+# Nor do they state the KV cache dtype. AIConfigurator pairs an FP8 GEMM with an FP8 KV cache, and its
+# generator passes its KV quantisation to every backend (module_bridge.py: kvcache_quant_mode ->
+# kv_cache_dtype; config/backend_config_mapping.yaml: vLLM and SGLang `--kv-cache-dtype`, TRT-LLM
+# `kv_cache_config.dtype`). The rows say so too: with a BF16 cache, 6 of the 120 vLLM Llama-3.1-70B rows
+# cannot hold their clients' contexts and would queue for seconds to minutes where 0.4-40 s was measured
+# (H200 TP1 8192/1024 at 32 clients: 32 s with BF16 KV, 3.1 s with FP8, 3.1 s measured; B200 TP1
+# 1024/8192 at 64 clients: 18 s replayed with BF16, 0.36 s with FP8, 0.38 s measured).
+def silicon_kv_cache_dtype(weight_dtype: str) -> str:
+    """The KV cache dtype assumed for a silicon row: FP8 with FP8 weights, else `auto`."""
+    return "fp8" if weight_dtype == "fp8" else "auto"
+
+
 @functools.cache
 def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
     dropped = Counter()
@@ -192,14 +204,15 @@ def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
         concurrency = int(raw["batch_size"])
         isl, osl = float(raw["isl"]), float(raw["osl"])
         ttft, tpot = float(raw["silicon_ttft_ms"]), float(raw["silicon_tpot_ms"])
-        notes = [f"{raw['backend']} {raw['backend_version'] or '(version not given)'}", f"gemm_quant_mode={raw['gemm_quant_mode'] or '-'}", "kv dtype not stated (auto assumed)", "TTFT/TPOT statistic (mean vs median) not stated",
+        kv_dtype = silicon_kv_cache_dtype(precision)
+        notes = [f"{raw['backend']} {raw['backend_version'] or '(version not given)'}", f"gemm_quant_mode={raw['gemm_quant_mode'] or '-'}", f"kv dtype not stated ({kv_dtype} assumed)", "TTFT/TPOT statistic (mean vs median) not stated",
                  f"request count not stated: {SILICON_REQUESTS_PER_CLIENT} x concurrency assumed (AIConfigurator's own benchmark runners)"]
         if not raw["precision"]:
             notes.append("precision blank in source: bf16 assumed")
         rows.append(
             make_row(
                 model=model, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=1, data_parallel_size=1,
-                weight_dtype=precision, kv_cache_dtype="auto", isl=isl, osl=osl, concurrency=concurrency,
+                weight_dtype=precision, kv_cache_dtype=kv_dtype, isl=isl, osl=osl, concurrency=concurrency,
                 num_prompts=SILICON_REQUESTS_PER_CLIENT * concurrency, measured_ttft_ms_mean=ttft, measured_tpot_ms_mean=tpot,
                 measured_output_tok_s=_derived_output_tok_s(concurrency, osl, ttft, tpot), measured_output_tok_s_derived=True,
                 dataset=SILICON, backend=raw["backend"], source_id=raw["id"], notes="; ".join(notes),

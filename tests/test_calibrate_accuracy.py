@@ -91,6 +91,34 @@ def test_the_parameters_are_written_before_the_replay_check(tmp_path, monkeypatc
     assert f"wrote{target}(calibratedin" in "".join(result.output.split())  # rich may wrap the path
 
 
+def test_one_gpu_of_your_own_gets_its_rows_replayed(tmp_path):
+    """A user's measurements of one GPU: no GPU to hold out, but `jaxplan calibrate` still replays the
+    rows step by step with the fit it wrote (`in_sample_replay`: how far `jaxplan predict`'s default
+    method is from them) and says so; `--no-replay-check` skips it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from jaxplan.cli import app
+
+    measured = dict(backend="vllm", dataset="user", measured_ttft_ms_mean=200.0, measured_tpot_ms_mean=30.0, measured_output_tok_s=100.0)
+    rows = [dict(BASE, **measured, osl=64, concurrency=c, num_prompts=2 * c) for c in (1, 4)]
+    path, report_path = tmp_path / "measured.csv", tmp_path / "report.json"
+    columns = list(rows[0])
+    path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
+    args = ["calibrate", "--measurements", str(path), "--no-shared-data", "--steps", "2", "-o", str(tmp_path / "p.toml"), "--report", str(report_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "replaying rows as a check" in " ".join(result.output.split())
+    report = json.loads(report_path.read_text())
+    replayed = report["in_sample_replay"]["h100_sxm"]
+    assert replayed["rows"] == 2 and "not_predicted" not in replayed and replayed["ttft_mape"] >= 0 and replayed["tpot_mape"] >= 0
+    assert "held_out_replay" not in report and report["held_out_params"] == {}
+    result = CliRunner().invoke(app, args + ["--no-replay-check"])
+    assert result.exit_code == 0, result.output
+    assert "in_sample_replay" not in json.loads(report_path.read_text())
+
+
 def test_held_out_configurations_are_scored_by_a_fit_that_never_saw_them(monkeypatch):
     """One GPU, four layouts x two concurrencies: the extra fit sees the rows of three layouts and the
     report scores the fourth with it; four folds score every layout once, each by a fit without it."""

@@ -170,8 +170,8 @@ def test_held_out_accuracy_analytical_and_replay(held_out):
 
 def test_calibrate_step_groups_count_the_fits_and_the_replay_check():
     """The progress bar's steps: priors, per-GPU fit, held-out configurations, one held-out fit per GPU
-    (if several), and with the replay check a held-out and an in-sample replay per GPU and a replay per
-    unseen campaign."""
+    (if several), and with the replay check an in-sample replay per GPU, a held-out replay per GPU (if
+    several) and a replay per unseen campaign."""
     from jaxplan.cli.calibrate import fit_step_groups
 
     rows = [{"backend": "vllm", "gpu": g, "measured_ttft_ms_mean": 1.0, "measured_tpot_ms_mean": 1.0} for g in GPUS]
@@ -179,7 +179,7 @@ def test_calibrate_step_groups_count_the_fits_and_the_replay_check():
     assert fit_step_groups(rows[:1]) == 3  # one GPU: no held-out GPU fit
     assert fit_step_groups([{"backend": "sglang", "gpu": "h100_sxm"}]) == 1  # no fit-backend row: priors only
     assert fit_step_groups(rows, replay_check=True) == 1 + 2 + 2 * 3  # priors, fit, held-out configurations, per GPU: held-out fit and replay, in-sample replay
-    assert fit_step_groups(rows[:1], replay_check=True) == 3  # one GPU: no held-out GPU, no replay check
+    assert fit_step_groups(rows[:1], replay_check=True) == 3 + 1  # one GPU: no held-out GPU, its in-sample replay
     unseen = dict(rows[0], gpu="a100_sxm", dataset="vllm_a100_tp_vs_pp", model="llama-3.1-70b")
     assert fit_step_groups(rows + [unseen], replay_check=True) == 1 + 2 + 2 * 3 + 1  # and its replay
     assert fit_step_groups(rows + [unseen], replay_check=False) == 1 + 2 + 2

@@ -355,7 +355,8 @@ def unseen_gpu_groups(rows: list[dict]) -> dict[str, list[dict]]:
 def replay_check(rows: list[dict], report: dict, params: dict[str, dict[str, float]] | None = None, log=print) -> dict:
     """Held-out accuracy of `jaxplan predict`'s default method: each held-out GPU's fitted-campaign
     rows replayed step by step with the parameters fitted without that GPU
-    (`report["held_out_params"]`, from `calibrate`). GPU -> accuracy (see `accuracy`).
+    (`report["held_out_params"]`, from `calibrate`; none where a single GPU was fitted). GPU -> accuracy
+    (see `accuracy`).
     With `params` (the final fit) it also replays each fitted GPU's rows into report["in_sample_replay"]
     and `unseen_gpu_groups` into report["not_fitted_replay"]."""
     t0 = time.perf_counter()

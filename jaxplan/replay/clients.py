@@ -16,10 +16,15 @@ together finish apart. Any spread from 0.05 to 0.3 gives the same TTFT on those
 rows (MAPE within 0.4 points; 0.02 leaves some waves together), so the value is
 a choice inside a flat range, not a fit. Only the first wave, which starts
 together, waits for the others' prefills; its weight is concurrency / requests,
-so the request count (`num_prompts`) matters to a benchmark's mean TTFT.
+so the request count (`num_prompts`) matters to a benchmark's mean TTFT. Where
+the replay runs fewer requests than the workload's run (the sweep replays at most
+2,000), `scored_requests` thins the first wave in the latency statistics back to
+its share of the whole run.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 
@@ -33,3 +38,23 @@ def output_length_shape(workload: Workload) -> tuple[LengthDistribution, float]:
     if workload.arrival == Arrival.CLOSED and fixed:
         return LengthDistribution.UNIFORM, DESYNC_SPREAD
     return workload.osl_distribution, workload.osl_spread
+
+
+def scored_requests(arrival_s, workload: Workload) -> np.ndarray:
+    """Which replayed requests the latency statistics count, [F, R] bool from arrival times [F, R] (s).
+
+    All of them, except in a closed loop replayed with fewer requests R than the workload's run N:
+    there the first wave (the c requests submitted at t = 0) would weigh c / R instead of c / N, so
+    only m = round(c (R - c) / (N - c)) of them, evenly spread over the wave (whose TTFTs rise with
+    its admission order), are counted: m / (m + R - c) = c / N."""
+    arrival = np.asarray(arrival_s, np.float64)
+    replayed = arrival.shape[-1]
+    if workload.arrival != Arrival.CLOSED or workload.num_requests <= replayed:
+        return np.ones(arrival.shape, bool)
+    wave = arrival <= 0.0
+    c = wave.sum(-1, keepdims=True)
+    later = np.maximum(replayed - c, 0)
+    keep = np.rint(c * later / np.maximum(workload.num_requests - c, 1))
+    rank = np.cumsum(wave, -1) - 1  # position in the wave, in request order
+    counted = np.floor((rank + 1) * keep / np.maximum(c, 1)) > np.floor(rank * keep / np.maximum(c, 1))
+    return ~wave | counted

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
 from jaxplan.replay.traffic import request_bucket
 
@@ -105,8 +106,9 @@ def _pad_trace(trace, size: int):
 
 
 @functools.partial(jax.jit, static_argnames=("series_points",))
-def _summarize(trace, num_requests, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
-    """Metrics of a trace whose request axis is padded (past `num_requests`: requests that never arrived)."""
+def _summarize(trace, num_requests, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
+    """Metrics of a trace whose request axis is padded (past `num_requests`: requests that never arrived);
+    `scored` [F, R] bool: the requests the latency distributions count (`clients.scored_requests`)."""
     finished = trace.finish_step >= 0  # [F, R]
     real = (jnp.arange(finished.shape[-1]) < num_requests)[None, :]
     osl = trace.output_tokens[None, :].astype(jnp.float32)
@@ -116,7 +118,7 @@ def _summarize(trace, num_requests, ttft_slo_s, tpot_slo_s, slo_percentile, *, s
     tpot = decode_s / jnp.maximum(osl - 1, 1)
     # One sort for every per-request distribution: rows TTFT, TPOT, e2e.
     values = jnp.stack([trace.ttft_s, tpot, trace.e2e_s], axis=1)  # [F, 3, R]
-    valid = jnp.stack([finished, multi, finished], axis=1)
+    valid = jnp.stack([finished, multi, finished], axis=1) & scored[:, None, :]
     n = jnp.sum(valid, -1)
     means = jnp.where(n > 0, jnp.sum(jnp.where(valid, values, 0.0), -1) / jnp.maximum(n, 1), jnp.nan)
     pct = _percentiles(values, valid, PERCENTILES + (slo_percentile,))  # [F, 3, 4]
@@ -167,9 +169,12 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
     The request axis is padded to `request_bucket(R)` first, so that request counts in one bucket
     share one compiled program."""
     num_r = int(np.shape(trace.prompt_tokens)[-1])
+    padded = _pad_trace(trace, request_bucket(num_r))
+    scored = scored_requests(trace.arrival_s, workload)
     return _summarize(
-        _pad_trace(trace, request_bucket(num_r)),
+        padded,
         jnp.int32(num_r),
+        jnp.asarray(np.pad(scored, [(0, 0)] * (scored.ndim - 1) + [(0, padded.arrival_s.shape[-1] - num_r)])),
         jnp.asarray(workload.ttft_slo_s, jnp.float32),
         jnp.asarray(workload.tpot_slo_s, jnp.float32),
         jnp.asarray(workload.slo_percentile, jnp.float32),

@@ -26,7 +26,7 @@ from jaxplan.physics.traffic import WorkloadParams, length_shape
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
-from jaxplan.specs.space import DTYPE_BYTES
+from jaxplan.specs.space import DTYPE_BYTES, WEIGHT_DTYPES
 from jaxplan.specs.workload import Arrival, Workload, length_fields
 
 # vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
@@ -118,7 +118,7 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
 def _layout_arrays(rows: list[dict], wheres: list[str]) -> Layout:
     columns = {name: [] for name in Layout._fields}
     for row, where in zip(rows, wheres):
-        for dtype_field, allowed in (("weight_dtype", ("bf16", "fp8")), ("kv_cache_dtype", ("auto", "fp8", "bf16"))):
+        for dtype_field, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_cache_dtype", ("auto", "fp8", "bf16"))):
             if str(row.get(dtype_field) or allowed[0]) not in allowed:
                 raise bad_value(dtype_field, row.get(dtype_field), f"use one of {', '.join(allowed)}", where=where)
         sizes = {}
@@ -219,6 +219,21 @@ def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadPa
     return unpad_rows(est, num, size)
 
 
+def weight_only_note(gpu, weight_dtype: str) -> str:
+    """'' or a note for a status column: FP8 (NVFP4) weights on a GPU without FP8 (FP4) tensor cores
+    run weight-only, as vLLM's Marlin kernels do: the smaller weights are read, the GEMMs run in bf16
+    (the physics prices them so; the sweep's structure sieve leaves such layouts out)."""
+    peak = {"fp8": gpu.fp8_flops_per_s, "nvfp4": gpu.fp4_flops_per_s}.get(weight_dtype)
+    if peak is None or peak > 0:
+        return ""
+    cores = "FP8" if weight_dtype == "fp8" else "FP4"
+    return f"; {gpu.name} has no {cores} tensor cores: {weight_dtype} weights priced weight-only (bf16 GEMMs as in vLLM's Marlin kernels)"
+
+
+def _row_note(batch: RowBatch, k: int, row: dict) -> str:
+    return weight_only_note(batch.gpus[int(batch.gpu_index[k])], str(row.get("weight_dtype") or "bf16"))
+
+
 def predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", efficiency: dict | None = None) -> list[dict]:
     """Input rows plus the predicted output columns (times in ms, rates per second).
 
@@ -243,7 +258,7 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
                 tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3,
                 output_tok_s=float(est.output_tokens_per_s[k]),
                 request_s=float(est.requests_per_s[k]),
-                status="overloaded: the arrival rate exceeds what this deployment serves; TTFT grows without bound" if overloaded else "ok",
+                status=("overloaded: the arrival rate exceeds what this deployment serves; TTFT grows without bound" if overloaded else "ok") + _row_note(batch, k, rows[i]),
             )
     return results
 
@@ -331,7 +346,7 @@ def replay_predict_rows(
                 tpot_ms_p99=float(m.tpot.p99_s[0]) * 1e3,
                 output_tok_s=float(m.output_tokens_per_s[0]),
                 request_s=float(m.request_throughput_per_s[0]),
-                status="ok" if int(m.unfinished[0]) == 0 else f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)",
+                status=("ok" if int(m.unfinished[0]) == 0 else f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)") + _row_note(batch, k, rows[i]),
             )
             for column in OUTPUT_COLUMNS[:-1]:  # no NaN in an output: TPOT is undefined when every request has 1 output token
                 if results[i][column] is not None and not math.isfinite(results[i][column]):

@@ -178,6 +178,8 @@ def structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, weight_byte
         return Reason.GPU_BUDGET
     if weight_bytes == 1 and gpu.fp8_flops_per_s <= 0:
         return Reason.FP8_UNSUPPORTED
+    if weight_bytes < 1 and gpu.fp4_flops_per_s <= 0:
+        return Reason.FP4_UNSUPPORTED
     if budget_tokens < seqs:
         return Reason.BUDGET_BELOW_SEQS
     return Reason.ADMITTED

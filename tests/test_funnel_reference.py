@@ -29,7 +29,8 @@ CASES = [
 
 # A space that trips every stage-1..3 reason, including the ones 'small' never does: TP=3/6 does
 # not divide 64 heads, PP=3 not 80 layers, TP x PP = 16 spans a node with multi-node off, budget
-# tokens 16 < max_num_seqs 64, and a token budget of 16 sustains < 1 coding request
+# tokens 16 < max_num_seqs 64, NVFP4 weights on H100 and A100 (no FP4 tensor cores; A100 none for
+# FP8 either), and a token budget of 16 sustains < 1 coding request
 # (PP x 16 x OSL 300 / (300 + ISL 8000) = 0.58 at PP = 1; 1.16 at PP = 2).
 EDGE_SPACE = SearchSpace(
     name="edge",
@@ -38,6 +39,7 @@ EDGE_SPACE = SearchSpace(
     data_parallel_size=(1, 2, 4),
     max_num_seqs=(8, 64),
     max_num_batched_tokens=(16, 8192),
+    weight_dtype=("bf16", "fp8", "nvfp4"),
     gpu_budget=16,
     allow_multi_node=False,
 )
@@ -76,3 +78,12 @@ def test_edge_space_trips_every_early_reason():
     for reason in Reason:
         if STAGE_OF.get(reason, 0) in (1, 2, 3):
             assert got.get(reason, 0) > 0, f"{reason.name} never fired: the edge space no longer covers it"
+
+
+def test_nvfp4_weights_match_the_reference_on_a_gpu_with_fp4_tensor_cores():
+    """B200 admits NVFP4 layouts (0.5625 bytes per weight): their memory and capacity sieves and their
+    stage-4 estimates agree with the reference, and H100 in the same sweep rejects them."""
+    space = SearchSpace(name="nvfp4", tensor_parallel_size=(1, 2, 4), pipeline_parallel_size=(1,), data_parallel_size=(1, 2),
+                        max_num_seqs=(64, 256), max_num_batched_tokens=(2048, 8192), weight_dtype=("fp8", "nvfp4"), gpu_budget=8)
+    got = compare("llama-3.1-70b", "b200_sxm,h100_sxm", "reasoning", space)
+    assert got.get(Reason.FP4_UNSUPPORTED, 0) == space.size(1) // 2  # H100's NVFP4 half, all of it

@@ -29,6 +29,7 @@ from jaxplan.physics import (
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.steady_state import BOUND_KV_CACHE, max_concurrency
 from jaxplan.specs import load_gpu, load_model, load_workload
+from jaxplan.specs.space import DTYPE_BYTES
 
 F32 = 1e-5  # float32 rounding of sums/products of a few terms (see the module docstring)
 GIB = 1024**3
@@ -131,6 +132,11 @@ def test_kv_projection_weights_replicate_past_the_kv_heads(llama):
     # FP8 weights: layers at 1 byte, embeddings still BF16.
     hand_fp8 = LLAMA_LAYER_PARAMS * 1 + 2 * LLAMA_EMBED_PARAMS * 2
     assert f(weight_bytes_per_gpu(llama, make_layout(weight_bytes=1))) == pytest.approx(hand_fp8, rel=F32)
+    # NVFP4 weights: layers at 4 bits plus an FP8 scale per 16 = 0.5625 bytes, embeddings still BF16:
+    # 68,451,041,280 x 0.5625 + 4,202,692,608 = 42,706,403,328 bytes (39.8 GiB).
+    hand_nvfp4 = LLAMA_LAYER_PARAMS * 0.5625 + 2 * LLAMA_EMBED_PARAMS * 2
+    assert hand_nvfp4 == 42_706_403_328
+    assert f(weight_bytes_per_gpu(llama, make_layout(weight_bytes=DTYPE_BYTES["nvfp4"]))) == pytest.approx(hand_nvfp4, rel=F32)
 
 
 def test_qwen35_keeps_kv_in_16_of_64_layers():

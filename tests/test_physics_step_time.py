@@ -32,7 +32,7 @@ from jaxplan.physics import (
 )
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.steady_state import estimate, max_concurrency
-from jaxplan.physics.step_time import roofline
+from jaxplan.physics.step_time import gemm_time_s, roofline
 from jaxplan.specs import known, load_gpu, load_model, load_workload
 from jaxplan.specs.workload import Arrival
 
@@ -103,8 +103,12 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     micro = {k: v / pp for k, v in batch.items()}  # one of PP micro-batches (they pipeline)
     T = micro["prefill"] + micro["decode"]
     logit_rows = micro["decode"] + micro["prefill_seqs"]  # a logit per decoding request and per prompt chunk
-    fp8 = (wb < 1.5) & (hw["fp8_flops_per_s"] > 0)
-    gemm_rate = np.where(fp8, hw["fp8_flops_per_s"], hw["bf16_flops_per_s"]) * hw["gemm_flops_efficiency"]
+    # NVFP4 weights (0.5625 B) run on FP4 tensor cores at their own efficiency, FP8 ones (1 B) on FP8
+    # tensor cores; where the GPU lacks those cores the smaller weights are read and the GEMMs run in bf16.
+    fp4 = (wb < 0.75) & (hw["fp4_flops_per_s"] > 0)
+    fp8 = (wb == 1.0) & (hw["fp8_flops_per_s"] > 0)
+    gemm_rate = np.select([fp4, fp8], [hw["fp4_flops_per_s"] * hw["fp4_gemm_flops_efficiency"], hw["fp8_flops_per_s"] * hw["gemm_flops_efficiency"]],
+                          hw["bf16_flops_per_s"] * hw["gemm_flops_efficiency"])
     bw = hw["hbm_bandwidth_bytes_per_s"] * hw["memory_bandwidth_efficiency"]
     attn_rate = hw["bf16_flops_per_s"] * hw["attention_flops_efficiency"]
 
@@ -141,11 +145,12 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     ops.append((m.linear_layers, (micro["prefill"] + micro["decode"]) * m.linear_flops_per_token_per_layer / tp,
                 2 * seqs * m.linear_state_bytes_per_layer / tp, attn_rate))
     compute = sum(n * ref_roofline(f / rate, b / bw) for n, f, b, rate in ops)
-    # FP8 GEMMs first quantise their input (a kernel of its own, at the HBM bandwidth): per token the
+    # FP8 and NVFP4 GEMMs first quantise their input (a kernel of its own, at the HBM bandwidth): per token the
     # hidden state into QKV and into gate/up (or the experts), the TP shard of the attention output
     # into O and of the FFN activation into the down projection.
     inputs = (m.softmax_layers + m.linear_layers) * (h + h / tp) + (m.dense_mlp_layers + m.moe_layers) * (h + ffn)
-    compute = compute + np.where(fp8, T * inputs * hw["fp8_quant_bytes_per_element"] / bw, 0.0)
+    quant_bytes = np.select([fp4, fp8], [hw["fp4_quant_bytes_per_element"], hw["fp8_quant_bytes_per_element"]], 0.0)
+    compute = compute + T * inputs * quant_bytes / bw
 
     # Communication: 2 ring all-reduces per layer of the micro-batch's hidden states (BF16).
     message = T * h * 2
@@ -170,7 +175,7 @@ def random_case(seed: int, n: int = N):
     rng = np.random.default_rng(seed)
     lay = {
         "tp": rng.choice([1.0, 2.0, 4.0, 8.0, 16.0], n), "pp": rng.choice([1.0, 2.0, 4.0], n),
-        "wb": rng.choice([1.0, 2.0], n), "kvb": rng.choice([1.0, 2.0], n),
+        "wb": rng.choice([0.5625, 1.0, 2.0], n), "kvb": rng.choice([1.0, 2.0], n),
     }
     decode = np.floor(rng.uniform(0, 1, n) ** 2 * 1024) * rng.choice([0.0, 1.0], n, p=[0.2, 0.8])
     per_request = rng.uniform(1, 65536, n)
@@ -280,17 +285,21 @@ def test_more_bandwidth_or_flops_never_slows_a_step(shapes, hardware, model, gpu
     base = code_step_time(m, hardware, gpu, lay, batch)
     for fields in (
         ("hbm_bandwidth_bytes_per_s",),
-        ("bf16_flops_per_s", "fp8_flops_per_s"),
+        ("bf16_flops_per_s", "fp8_flops_per_s", "fp4_flops_per_s"),
         ("bf16_flops_per_s",),
         ("fp8_flops_per_s",),
+        ("fp4_flops_per_s",),
+        ("fp4_gemm_flops_efficiency",),
         ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s"),
     ):
         faster = hardware._replace(**{f: getattr(hardware, f) * factor for f in fields})
         t = code_step_time(m, faster, gpu, lay, batch)
         assert np.all(t <= base * (1 + ULPS)), f"{fields} x {factor}: {model} on {GPUS[gpu]}"
-    # A cheaper read of an FP8 KV cache (fewer HBM bytes per element) never slows a step either.
-    cheaper = hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element / factor)
-    assert np.all(code_step_time(m, cheaper, gpu, lay, batch) <= base * (1 + ULPS)), f"FP8 KV read / {factor}: {model} on {GPUS[gpu]}"
+    # A cheaper read of an FP8 KV cache or quantisation of a GEMM's input (fewer HBM bytes per element)
+    # never slows a step either.
+    for field in ("fp8_kv_read_bytes_per_element", "fp8_quant_bytes_per_element", "fp4_quant_bytes_per_element"):
+        cheaper = hardware._replace(**{field: getattr(hardware, field) / factor})
+        assert np.all(code_step_time(m, cheaper, gpu, lay, batch) <= base * (1 + ULPS)), f"{field} / {factor}: {model} on {GPUS[gpu]}"
 
 
 @SETTINGS
@@ -444,3 +453,31 @@ def test_estimate_gradient_hand_case(hardware):
     assert float(est.output_tokens_per_s[0]) == pytest.approx(500.0, rel=1e-5)
     # TTFT grows with the prompt: d TTFT / d ISL > 0.
     assert jac[outputs.index("ttft_mean_s")][0] > 0
+
+
+def test_nvfp4_gemms_run_on_fp4_tensor_cores_where_the_gpu_has_them(shapes, hardware):
+    """A prefill of 8,192 tokens of Llama-3.1-70B at TP4 with NVFP4 weights (0.5625 B per parameter).
+      linear FLOPs per GPU: 2 x 8,192 x 68,451,041,280 / 4 = 2.8037e14
+      input elements quantised per token: 80 x (8,192 x (1 + 1/4) + 8,192 + 28,672 / 4) = 2,048,000
+    On B200 the FLOPs run at the FP4 peak x `fp4_gemm_flops_efficiency` (compute bound: the weights'
+    9.6 GB read is 30x shorter), plus the quantisation at `fp4_quant_bytes_per_element`; the LM head
+    (logits of one token: zero here) only reads its BF16 weights. On H100, which has no FP4 tensor
+    cores, the same layout runs its GEMMs at the bf16 rate and quantises nothing (weight-only)."""
+    m = shapes["llama-3.1-70b"]
+    tokens = 8192.0
+    flops = 2 * tokens * 68_451_041_280 / 4
+    inputs = 80 * (8192 * 1.25 + 8192 + 28_672 / 4)
+    assert inputs == 2_048_000
+    head_bytes = 128_256 * 8192 / 4 * 2
+    layout = make_layout(tp=4, weight_bytes=0.5625)
+    for name, rate_fields, quant_field in (("b200_sxm", ("fp4_flops_per_s", "fp4_gemm_flops_efficiency"), "fp4_quant_bytes_per_element"),
+                                           ("h100_sxm", ("bf16_flops_per_s", "gemm_flops_efficiency"), None)):
+        hw = hw_dict(hardware, GPUS.index(name))
+        bw = hw["hbm_bandwidth_bytes_per_s"] * hw["memory_bandwidth_efficiency"]
+        quant_s = tokens * inputs * hw[quant_field] / bw if quant_field else 0.0
+        want = flops / (hw[rate_fields[0]] * hw[rate_fields[1]]) + quant_s + head_bytes / bw
+        got = float(gemm_time_s(m, take(hardware, jnp.int32(GPUS.index(name))), layout, jnp.float32(tokens), jnp.float32(0.0)))
+        # The rooflines sit at most 0.2% above the dominant term where one term is 30x the other.
+        assert want <= got * (1 + F32_REL) and got <= want * 1.004, name
+    b200 = hw_dict(hardware, GPUS.index("b200_sxm"))
+    assert b200["fp4_flops_per_s"] == pytest.approx(9e15, rel=F32_REL) and b200["fp4_quant_bytes_per_element"] > 0

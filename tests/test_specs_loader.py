@@ -203,6 +203,8 @@ def test_a_10_to_the_30_parameter_model_is_rejected(tmp_path):
         ("bf16_flops_per_s = 989", "bf16_flops_per_s"),  # TFLOP/s typed where FLOP/s belong
         ("fp8_flops_per_s = 1978", "fp8_flops_per_s"),  # accepted before: only [0, 1e17] was checked
         ("fp8_flops_per_s = -1", "fp8_flops_per_s"),
+        ("fp4_flops_per_s = 9000", "fp4_flops_per_s"),  # PFLOP/s-scale typo: a FLOP/s figure or 0 (no FP4)
+        ("fp4_flops_per_s = -1", "fp4_flops_per_s"),
         ("gpus_per_node = 0", "gpus_per_node"),
         ("gpus_per_node = 8.5", "gpus_per_node"),
         ("price_usd_per_hour = -1", "price_usd_per_hour"),

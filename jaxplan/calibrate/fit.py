@@ -9,7 +9,8 @@ TTFT accuracy with an implausible GEMM efficiency.
 Stage 1 (`kernel_priors`, closed form over NVIDIA's per-kernel tables):
 GEMM FLOP efficiency from compute-bound GEMMs (FP8 ones less the quantisation
 of their input, whose bytes per element come from a least-squares split of
-the compute-bound FP8 GEMMs' times), bandwidth efficiency from
+the compute-bound FP8 GEMMs' times; NVFP4 GEMMs, where the GPU has FP4 tensor
+cores, the same way against the FP4 peak), bandwidth efficiency from
 weight-streaming GEMMs (few tokens, big weights), attention efficiency from
 long-context prefill attention, the cost of reading an FP8 KV cache from decode
 attention timed with FP8 and BF16 caches, all-reduce latency and bandwidth (in
@@ -108,6 +109,8 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     if big.any():
         compute_s = np.maximum(gemm.latency_s - quant_s, 0.05 * gemm.latency_s)
         prior["gemm_flops_efficiency"] = float(np.median(flops[big] / compute_s[big] / peak[big]))
+    if spec.fp4_flops_per_s:
+        prior.update(nvfp4_gemm_prior(gpu, spec, bytes_per_s, data_root))
     try:
         ctx = kernels.load_context_attention(gpu, data_root=data_root)
         long = ctx.isl_tokens >= 4096
@@ -141,6 +144,28 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
 
 
+def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, data_root=None) -> dict[str, float]:
+    """`fp4_gemm_flops_efficiency` and `fp4_quant_bytes_per_element` from the GPU's NVFP4 GEMM
+    table, read as the FP8 pair is (the same split of compute-bound GEMMs into FLOPs at the FP4 peak
+    and input quantisation at `bytes_per_s`, then the median efficiency net of it over GEMMs with
+    m, n, k >= 4096); {} without such a table."""
+    from jaxplan.calibrate import kernels
+
+    try:
+        gemm = kernels.load_gemm(gpu, dtypes=("nvfp4",), data_root=data_root)
+    except Exception:  # noqa: BLE001 - no NVFP4 timings for this GPU: keep the defaults
+        return {}
+    peak = np.full(gemm.m.shape, float(spec.fp4_flops_per_s))
+    compute = (gemm.m >= 1024) & (gemm.n >= 1024) & (gemm.k >= 1024)
+    big = (gemm.m >= 4096) & (gemm.n >= 4096) & (gemm.k >= 4096)
+    if compute.sum() < 2 or not big.any():
+        return {}
+    quant_bytes, quant_s = fp8_quant_prior(gemm, compute, peak, bytes_per_s)
+    compute_s = np.maximum(gemm.latency_s - quant_s, 0.05 * gemm.latency_s)
+    efficiency = float(np.median(kernels.gemm_flops(gemm)[big] / compute_s[big] / peak[big]))
+    return {"fp4_gemm_flops_efficiency": efficiency, "fp4_quant_bytes_per_element": quant_bytes}
+
+
 FP8_KV_PRIOR_MIN_BF16_BYTES = 512 * 2**20  # a BF16 cache read this large is memory-bound: launch costs < 5%
 
 
@@ -159,9 +184,9 @@ def fp8_kv_read_prior(gen) -> float | None:
 
 
 def fp8_quant_prior(gemm, rows, peak, bytes_per_s):
-    """(bytes per input element, quantisation seconds per row [N]) of FP8 GEMMs: least squares on the
-    relative error of latency = FLOPs / (e x peak) + m x k x bytes / bandwidth over the compute-bound
-    FP8 rows `rows` [N] bool (two unknowns, 1 / e and bytes; both kept >= 0)."""
+    """(bytes per input element, quantisation seconds per row [N]) of FP8 (or NVFP4) GEMMs: least
+    squares on the relative error of latency = FLOPs / (e x peak) + m x k x bytes / bandwidth over the
+    compute-bound rows `rows` [N] bool of one dtype (two unknowns, 1 / e and bytes; both kept >= 0)."""
     from scipy.optimize import nnls
 
     flops = 2.0 * gemm.m * gemm.n * gemm.k.astype(np.float64)

@@ -25,11 +25,12 @@ class Reason(enum.IntEnum):
     TPOT_SLO = 12
     BELOW_TARGET = 13
     PADDING = 14  # not a candidate (last chunk's padding); never reported
+    FP4_UNSUPPORTED = 15  # stage 1 (added after PADDING: codes keep their values)
 
 
 STAGE_OF = {
     Reason.TP_HEADS: 1, Reason.PP_LAYERS: 1, Reason.NODE_FIT: 1, Reason.GPU_BUDGET: 1,
-    Reason.FP8_UNSUPPORTED: 1, Reason.BUDGET_BELOW_SEQS: 1,
+    Reason.FP8_UNSUPPORTED: 1, Reason.FP4_UNSUPPORTED: 1, Reason.BUDGET_BELOW_SEQS: 1,
     Reason.WEIGHTS_DONT_FIT: 2, Reason.NO_KV_FOR_LONGEST_REQUEST: 2,
     Reason.NO_CONCURRENCY: 3,
     Reason.OVERLOADED: 4, Reason.TTFT_SLO: 4, Reason.TPOT_SLO: 4, Reason.BELOW_TARGET: 4,
@@ -41,6 +42,7 @@ DESCRIPTION = {
     Reason.NODE_FIT: "TP x PP spans nodes and multi-node replicas are off",
     Reason.GPU_BUDGET: "TP x PP x DP exceeds the GPU budget",
     Reason.FP8_UNSUPPORTED: "FP8 weights on a GPU without FP8 tensor cores",
+    Reason.FP4_UNSUPPORTED: "NVFP4 weights on a GPU without FP4 tensor cores (before Blackwell)",
     Reason.BUDGET_BELOW_SEQS: "max_num_batched_tokens < max_num_seqs (vLLM refuses it)",
     Reason.WEIGHTS_DONT_FIT: "weights + activations + runtime reserve exceed gpu_memory_utilization x HBM",
     Reason.NO_KV_FOR_LONGEST_REQUEST: "no room for the KV cache of one longest (p99) request",
@@ -57,6 +59,7 @@ RELAX = {
     Reason.NODE_FIT: "allow multi-node replicas (allow_multi_node = true) or use smaller TP x PP",
     Reason.GPU_BUDGET: "raise --budget",
     Reason.FP8_UNSUPPORTED: "use bf16 weights on this GPU or add an FP8-capable GPU type",
+    Reason.FP4_UNSUPPORTED: "use fp8 or bf16 weights on this GPU or add an FP4-capable GPU type (b200_sxm)",
     Reason.BUDGET_BELOW_SEQS: "add larger max_num_batched_tokens values",
     Reason.WEIGHTS_DONT_FIT: "add larger TP/PP, FP8 weights, GPUs with more HBM, or a larger budget",
     Reason.NO_KV_FOR_LONGEST_REQUEST: "add larger TP/PP, FP8 KV cache, or shorter ISL/OSL",

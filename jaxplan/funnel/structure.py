@@ -1,4 +1,4 @@
-"""Stage 1, structure: divisibility, node fit, GPU budget, FP8 support, vLLM's own rules."""
+"""Stage 1, structure: divisibility, node fit, GPU budget, FP8 / FP4 support, vLLM's own rules."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jaxplan.funnel.reasons import Reason
 from jaxplan.grid import Candidates
 from jaxplan.physics.shapes import Hardware, ModelShape
+from jaxplan.physics.step_time import FP4_WEIGHTS_BELOW_BYTES, FP8_WEIGHTS_BELOW_BYTES
 
 
 def first_failure(checks: list[tuple[jnp.ndarray, Reason]]) -> jnp.ndarray:
@@ -21,12 +22,14 @@ def structure(model: ModelShape, hw: Hardware, c: Candidates, gpu_budget, allow_
     """[C] reason code; hw is gathered per candidate."""
     tp, pp = c.tensor_parallel_size, c.pipeline_parallel_size
     gpus_per_replica = tp * pp
+    low_precision = c.weight_bytes_per_param < FP8_WEIGHTS_BELOW_BYTES
     checks = [
         ((jnp.mod(model.q_heads, tp) != 0) | (jnp.mod(model.hidden_size, tp) != 0), Reason.TP_HEADS),
         (jnp.mod(model.num_layers, pp) != 0, Reason.PP_LAYERS),
         ((gpus_per_replica > hw.gpus_per_node) & ~allow_multi_node, Reason.NODE_FIT),
         (gpus_per_replica * c.data_parallel_size > gpu_budget, Reason.GPU_BUDGET),
-        ((c.weight_bytes_per_param < 1.5) & (hw.fp8_flops_per_s <= 0), Reason.FP8_UNSUPPORTED),
+        (low_precision & (c.weight_bytes_per_param >= FP4_WEIGHTS_BELOW_BYTES) & (hw.fp8_flops_per_s <= 0), Reason.FP8_UNSUPPORTED),
+        ((c.weight_bytes_per_param < FP4_WEIGHTS_BELOW_BYTES) & (hw.fp4_flops_per_s <= 0), Reason.FP4_UNSUPPORTED),
         (c.max_num_batched_tokens < c.max_num_seqs, Reason.BUDGET_BELOW_SEQS),
     ]
     return first_failure(checks)

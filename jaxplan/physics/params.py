@@ -28,6 +28,11 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     # decode-attention tables (FP8 against BF16 KV, >= 512 MiB read): H100 1.35, H200 1.76, B200 1.17.
     # The default is H100's. Capacity is unaffected (one byte per element is stored).
     "fp8_kv_read_bytes_per_element": (1.35, 0.5, 4.0),
+    # NVFP4 GEMMs (FP4 tensor cores, Blackwell on): their efficiency of the FP4 peak, and the HBM bytes per
+    # input element of quantising their bf16 input to NVFP4 (with its block scales). NVIDIA's B200 GEMM
+    # tables: 0.54 and 4.9 (FP8 GEMMs there: 0.74 and 17). Read off the tables, never fitted.
+    "fp4_gemm_flops_efficiency": (0.55, 0.05, 1.0),
+    "fp4_quant_bytes_per_element": (5.0, 0.0, 40.0),
     "memory_bandwidth_efficiency": (0.80, 0.05, 1.0),
     "attention_flops_efficiency": (0.45, 0.02, 1.0),
     "layer_latency_s": (8e-6, 0.0, 1e-3),

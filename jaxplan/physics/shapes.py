@@ -129,6 +129,7 @@ class Hardware(NamedTuple):
     hbm_bandwidth_bytes_per_s: jnp.ndarray
     bf16_flops_per_s: jnp.ndarray
     fp8_flops_per_s: jnp.ndarray  # 0: no FP8 tensor cores
+    fp4_flops_per_s: jnp.ndarray  # 0: no FP4 tensor cores
     intra_node_bandwidth_bytes_per_s: jnp.ndarray
     inter_node_bandwidth_bytes_per_s: jnp.ndarray
     gpus_per_node: jnp.ndarray
@@ -137,6 +138,8 @@ class Hardware(NamedTuple):
     gemm_flops_efficiency: jnp.ndarray
     fp8_quant_bytes_per_element: jnp.ndarray
     fp8_kv_read_bytes_per_element: jnp.ndarray  # decode attention's HBM bytes per FP8 KV element read
+    fp4_gemm_flops_efficiency: jnp.ndarray  # NVFP4 GEMMs, of the FP4 peak
+    fp4_quant_bytes_per_element: jnp.ndarray
     memory_bandwidth_efficiency: jnp.ndarray
     attention_flops_efficiency: jnp.ndarray
     layer_latency_s: jnp.ndarray
@@ -156,6 +159,7 @@ def hardware_table(gpus: tuple[GpuSpec, ...], efficiency: dict[str, dict[str, fl
         "hbm_bandwidth_bytes_per_s": [g.hbm_bandwidth_bytes_per_s for g in gpus],
         "bf16_flops_per_s": [g.bf16_flops_per_s for g in gpus],
         "fp8_flops_per_s": [g.fp8_flops_per_s for g in gpus],
+        "fp4_flops_per_s": [g.fp4_flops_per_s for g in gpus],
         "intra_node_bandwidth_bytes_per_s": [g.intra_node_bandwidth_bytes_per_s for g in gpus],
         "inter_node_bandwidth_bytes_per_s": [g.inter_node_bandwidth_bytes_per_s for g in gpus],
         "gpus_per_node": [g.gpus_per_node for g in gpus],
@@ -180,7 +184,7 @@ class Layout(NamedTuple):
     tensor_parallel_size: jnp.ndarray
     pipeline_parallel_size: jnp.ndarray
     data_parallel_size: jnp.ndarray
-    weight_bytes_per_param: jnp.ndarray  # 2 (bf16) or 1 (fp8)
+    weight_bytes_per_param: jnp.ndarray  # 2 (bf16), 1 (fp8) or 0.5625 (nvfp4)
     kv_bytes_per_element: jnp.ndarray  # 2 (auto = bf16) or 1 (fp8)
     max_num_seqs: jnp.ndarray
     max_num_batched_tokens: jnp.ndarray

@@ -1,8 +1,8 @@
 """Step time: seconds for one scheduler step of one replica. The single source of truth.
 
 Per operator: time = roofline(FLOPs / achievable FLOP/s, bytes / achievable
-bandwidth) (FP8 GEMMs add the quantisation of their input, a memory-bound kernel
-of its own), where `roofline` is a smooth maximum (never below the true max,
+bandwidth) (FP8 and NVFP4 GEMMs add the quantisation of their input, a memory-bound
+kernel of its own), where `roofline` is a smooth maximum (never below the true max,
 at most 10% above it where both terms are equal, differentiable everywhere,
 and cheap: one square root). Added to that: a fixed latency per layer (kernel launches),
 two all-reduces per layer under TP (latency + ring bandwidth term, on the
@@ -53,14 +53,27 @@ class StepCost(NamedTuple):
     total_s: jnp.ndarray
 
 
+# Weight bytes per parameter below which a layout's weights are FP8 (1) or NVFP4 (0.5625), not bf16 (2).
+FP8_WEIGHTS_BELOW_BYTES = 1.5
+FP4_WEIGHTS_BELOW_BYTES = 0.75
+
+
+def uses_fp4_gemms(hw: Hardware, layout: Layout):
+    """NVFP4 weights on a GPU with FP4 tensor cores."""
+    return (layout.weight_bytes_per_param < FP4_WEIGHTS_BELOW_BYTES) & (hw.fp4_flops_per_s > 0)
+
+
 def uses_fp8_gemms(hw: Hardware, layout: Layout):
     """FP8 weights on a GPU with FP8 tensor cores."""
-    return (layout.weight_bytes_per_param < 1.5) & (hw.fp8_flops_per_s > 0)
+    fp8 = (layout.weight_bytes_per_param < FP8_WEIGHTS_BELOW_BYTES) & (layout.weight_bytes_per_param >= FP4_WEIGHTS_BELOW_BYTES)
+    return fp8 & (hw.fp8_flops_per_s > 0)
 
 
 def gemm_flops_per_s(hw: Hardware, layout: Layout):
-    """Achievable GEMM FLOP/s: FP8 tensor cores for FP8 weights where the GPU has them."""
-    return jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_flops_per_s, hw.bf16_flops_per_s) * hw.gemm_flops_efficiency
+    """Achievable GEMM FLOP/s: the FP4 (FP8) tensor cores for NVFP4 (FP8) weights where the GPU has
+    them, each at its own efficiency (NVFP4: `fp4_gemm_flops_efficiency`), else bf16."""
+    fp8_or_bf16 = jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_flops_per_s, hw.bf16_flops_per_s) * hw.gemm_flops_efficiency
+    return jnp.where(uses_fp4_gemms(hw, layout), hw.fp4_flops_per_s * hw.fp4_gemm_flops_efficiency, fp8_or_bf16)
 
 
 def gemm_input_elements_per_token(model: ModelShape, layout: Layout):
@@ -74,17 +87,24 @@ def gemm_input_elements_per_token(model: ModelShape, layout: Layout):
     return attention + ffn
 
 
-def fp8_quant_s_per_token(model: ModelShape, hw: Hardware, layout: Layout):
-    """FP8 GEMMs quantise their bf16 input first, a memory-bound kernel of its own: seconds per token
-    = input elements x `fp8_quant_bytes_per_element` at the achievable HBM bandwidth; 0 for bf16.
-    Shaped like the layout and hardware (per configuration, not per step)."""
-    moved = gemm_input_elements_per_token(model, layout) * hw.fp8_quant_bytes_per_element
-    return jnp.where(uses_fp8_gemms(hw, layout), moved / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency), 0.0)
+def quant_bytes_per_input_element(hw: Hardware, layout: Layout):
+    """HBM bytes per GEMM input element that quantising the bf16 input costs: the GPU's
+    `fp8_quant_bytes_per_element` (`fp4_quant_bytes_per_element`) for FP8 (NVFP4) GEMMs, 0 for bf16."""
+    fp8 = jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_quant_bytes_per_element, 0.0)
+    return jnp.where(uses_fp4_gemms(hw, layout), hw.fp4_quant_bytes_per_element, fp8)
 
 
-def fp8_quant_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens):
-    """Seconds the FP8 input quantisation of `tokens` tokens takes (see `fp8_quant_s_per_token`)."""
-    return tokens * fp8_quant_s_per_token(model, hw, layout)
+def input_quant_s_per_token(model: ModelShape, hw: Hardware, layout: Layout):
+    """FP8 and NVFP4 GEMMs quantise their bf16 input first, a memory-bound kernel of its own: seconds
+    per token = input elements x `quant_bytes_per_input_element` at the achievable HBM bandwidth; 0 for
+    bf16. Shaped like the layout and hardware (per configuration, not per step)."""
+    moved = gemm_input_elements_per_token(model, layout) * quant_bytes_per_input_element(hw, layout)
+    return moved / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency)
+
+
+def input_quant_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens):
+    """Seconds the input quantisation of `tokens` tokens takes (see `input_quant_s_per_token`)."""
+    return tokens * input_quant_s_per_token(model, hw, layout)
 
 
 def _gemm(tokens, params_per_gpu, weight_bytes, in_width, out_width, flops_per_s, bytes_per_s):
@@ -116,7 +136,7 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     moe = model.moe_layers * roofline(moe_flops / flops_per_s, moe_bytes / bytes_per_s)
     head_params = model.vocab_size * h / tp
     head = _gemm(logit_tokens, head_params, EMBEDDING_BYTES_PER_PARAM, h, model.vocab_size / tp, hw.bf16_flops_per_s * hw.gemm_flops_efficiency, bytes_per_s)
-    return attn + linear + dense + moe + head + fp8_quant_time_s(model, hw, layout, tokens)
+    return attn + linear + dense + moe + head + input_quant_time_s(model, hw, layout, tokens)
 
 
 def kv_read_bytes_per_element(hw: Hardware, layout: Layout):

@@ -23,9 +23,14 @@ def model_argument(model: ModelSpec) -> str:
 
 
 def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9) -> str:
-    """A `vllm serve` command line with vLLM's own argument names."""
+    """A `vllm serve` command line with vLLM's own argument names. NVFP4 weights need a checkpoint
+    quantised ahead of time (NVIDIA ModelOpt); vLLM cannot quantise to NVFP4 as it loads, so the model
+    argument is a placeholder naming the one to quantise."""
+    served = model_argument(model)
+    if row["weight_dtype"] == "nvfp4":
+        served = f"<NVFP4 checkpoint of {served}>"
     args = [
-        "vllm", "serve", model_argument(model),
+        "vllm", "serve", served,
         "--tensor-parallel-size", str(row["tensor_parallel_size"]),
         "--pipeline-parallel-size", str(row["pipeline_parallel_size"]),
         "--data-parallel-size", str(row["data_parallel_size"]),
@@ -37,4 +42,6 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
         args += ["--kv-cache-dtype", "fp8"]
     if row["weight_dtype"] == "fp8":
         args += ["--quantization", "fp8"]
+    if row["weight_dtype"] == "nvfp4":
+        args += ["--quantization", "modelopt_fp4"]
     return shlex.join(args)

@@ -22,8 +22,9 @@ SANE_RANGES = {
 class GpuSpec:
     """Peak (spec-sheet) numbers; achievable fractions come from calibration.
 
-    fp8_flops_per_s is 0 where the GPU has no FP8 tensor cores (A100): FP8
-    weights are rejected there by the structure sieve.
+    fp8_flops_per_s is 0 where the GPU has no FP8 tensor cores (A100), and
+    fp4_flops_per_s where it has no FP4 ones (every GPU before Blackwell): FP8 and
+    NVFP4 weights are rejected there by the structure sieve.
     """
 
     name: str
@@ -35,6 +36,7 @@ class GpuSpec:
     inter_node_bandwidth_bytes_per_s: float
     gpus_per_node: int
     price_usd_per_hour: float
+    fp4_flops_per_s: float = 0.0
     display_name: str = ""
     source: str = ""
 
@@ -46,10 +48,11 @@ class GpuSpec:
                 raise bad_value(field, value, "must be a finite number", where=where)
             if not low <= value <= high or (value == 0 and field != "price_usd_per_hour"):
                 raise bad_value(field, value, f"must lie in [{low:g}, {high:g}] (SI units: bytes, bytes/s, FLOP/s, USD/h)", where=where)
-        fp8 = self.fp8_flops_per_s
-        low, high = SANE_RANGES["bf16_flops_per_s"]  # FP8 peaks share the BF16 scale (1x-2x of it)
-        if not isinstance(fp8, (int, float)) or isinstance(fp8, bool) or not (fp8 == 0 or low <= fp8 <= high):
-            raise bad_value("fp8_flops_per_s", fp8, f"must be 0 (no FP8) or a FLOP/s figure in [{low:g}, {high:g}]", where=where)
+        low, high = SANE_RANGES["bf16_flops_per_s"]  # FP8 and FP4 peaks share the BF16 scale (1x-4x of it)
+        for field, label in (("fp8_flops_per_s", "FP8"), ("fp4_flops_per_s", "FP4")):
+            peak = getattr(self, field)
+            if not isinstance(peak, (int, float)) or isinstance(peak, bool) or not (peak == 0 or low <= peak <= high):
+                raise bad_value(field, peak, f"must be 0 (no {label}) or a FLOP/s figure in [{low:g}, {high:g}]", where=where)
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not 1 <= self.gpus_per_node <= 1024:
             raise bad_value("gpus_per_node", self.gpus_per_node, "must be an integer in 1..1024", where=where)
 

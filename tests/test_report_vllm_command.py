@@ -1,0 +1,51 @@
+"""The `vllm serve` line a shortlisted row turns into: vLLM's own argument names and values, parsed
+back with shlex; NVFP4 rows name the checkpoint they need instead of one vLLM would load as BF16."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from jaxplan.predict import weight_only_note
+from jaxplan.report.vllm_command import vllm_serve_command
+from jaxplan.specs import load_gpu, load_model
+
+ROW = dict(tensor_parallel_size=4, pipeline_parallel_size=2, data_parallel_size=3, max_num_seqs=96, max_num_batched_tokens=512,
+           weight_dtype="bf16", kv_cache_dtype="auto")
+
+
+def args(row: dict) -> list[str]:
+    return shlex.split(vllm_serve_command(load_model("llama-3.1-70b"), row, 0.85))
+
+
+def option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_bf16_row_names_every_layout_knob():
+    argv = args(ROW)
+    assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-70B"]
+    expected = {"--tensor-parallel-size": "4", "--pipeline-parallel-size": "2", "--data-parallel-size": "3", "--max-num-seqs": "96",
+                "--max-num-batched-tokens": "512", "--gpu-memory-utilization": "0.85"}
+    assert {name: option(argv, name) for name in expected} == expected
+    assert "--quantization" not in argv and "--kv-cache-dtype" not in argv
+
+
+@pytest.mark.parametrize(("weight_dtype", "kv_cache_dtype", "quantization", "model"), [
+    ("fp8", "fp8", "fp8", "meta-llama/Llama-3.1-70B"),  # vLLM quantises BF16 weights to FP8 as it loads them
+    ("nvfp4", "fp8", "modelopt_fp4", "<NVFP4 checkpoint of meta-llama/Llama-3.1-70B>"),  # it cannot for NVFP4
+])
+def test_low_precision_rows(weight_dtype, kv_cache_dtype, quantization, model):
+    argv = args(dict(ROW, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype))
+    assert argv[2] == model
+    assert option(argv, "--quantization") == quantization and option(argv, "--kv-cache-dtype") == "fp8"
+
+
+def test_weight_only_rows_say_so():
+    """FP8 weights on A100 and NVFP4 weights before Blackwell run weight-only (vLLM's Marlin kernels):
+    predict prices them so and says it in the row's status; where the tensor cores exist it says nothing."""
+    assert "a100_sxm has no FP8 tensor cores" in weight_only_note(load_gpu("a100_sxm"), "fp8")
+    assert "h200_sxm has no FP4 tensor cores" in weight_only_note(load_gpu("h200_sxm"), "nvfp4")
+    assert weight_only_note(load_gpu("b200_sxm"), "nvfp4") == weight_only_note(load_gpu("h200_sxm"), "fp8") == ""
+    assert weight_only_note(load_gpu("a100_sxm"), "bf16") == ""

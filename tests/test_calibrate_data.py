@@ -201,7 +201,7 @@ def test_kernel_fixtures_load_with_types():
         comm = kernels.read_kernel_csv(FIXTURES / f"allreduce_{gpu}.csv")
         assert isinstance(comm, kernels.CommTable) and len(comm.op) == 132 and set(comm.num_gpus) == {2, 4, 8}
     total = sum(p.stat().st_size for p in FIXTURES.iterdir())
-    assert total < 100_000
+    assert total < 120_000  # 109 KB since the NVFP4 rows' groups (2026-12-03)
 
 
 def test_kernel_csv_round_trip_exact(tmp_path):
@@ -236,20 +236,21 @@ def test_kernel_fixtures_are_up_to_date():
 
 def test_serving_row_counts():
     real_data()
-    assert len(serving.load_silicon_rows()) == 463
-    assert len(serving.load_trtllm_rows()) == 349
+    assert len(serving.load_silicon_rows()) == 685  # 222 of them NVFP4 (B200)
+    assert len(serving.load_trtllm_rows()) == 380  # 31 of them FP4 (NVFP4, B200)
     assert len(serving.load_vllm_a100_rows()) == 16
     rows = serving.load_serving_rows()
-    assert len(rows) == 828
+    assert len(rows) == 1081
     by_backend = {b: sum(r["backend"] == b for r in rows) for b in ("vllm", "sglang", "trtllm")}
-    assert by_backend == {"vllm": 157, "sglang": 113, "trtllm": 558}
+    assert by_backend == {"vllm": 217, "sglang": 149, "trtllm": 715}
+    assert sum(r["weight_dtype"] == "nvfp4" for r in rows) == 253 and {r["gpu"] for r in rows if r["weight_dtype"] == "nvfp4"} == {"b200_sxm"}
 
 
 def test_drop_counts_account_for_every_source_row():
     real_data()
     drops = serving.serving_drop_counts()
-    assert sum(drops[serving.SILICON].values()) + 463 == 4304
-    assert sum(drops[serving.TRTLLM].values()) + 349 == 373 + 328 + 150 + 36
+    assert sum(drops[serving.SILICON].values()) + 685 == 4304
+    assert sum(drops[serving.TRTLLM].values()) + 380 == 373 + 328 + 150 + 36
     assert sum(drops[serving.VLLM_A100].values()) + 16 == 24
     assert drops[serving.SILICON]["disagg mode (separate prefill/decode workers)"] == 1495
 
@@ -257,13 +258,15 @@ def test_drop_counts_account_for_every_source_row():
 def test_vllm_dense_grid():
     real_data()
     rows = [r for r in serving.load_silicon_rows() if r["backend"] == "vllm" and r["model"] == "llama-3.1-70b"]
-    assert len(rows) == 120
-    for gpu in ("h200_sxm", "b200_sxm"):
-        grid = {(r["tensor_parallel_size"], r["isl"], r["osl"], r["concurrency"]) for r in rows if r["gpu"] == gpu}
+    assert len(rows) == 180
+    for gpu, dtype in (("h200_sxm", "fp8"), ("b200_sxm", "fp8"), ("b200_sxm", "nvfp4")):
+        grid = {(r["tensor_parallel_size"], r["isl"], r["osl"], r["concurrency"]) for r in rows if r["gpu"] == gpu and r["weight_dtype"] == dtype}
         assert len(grid) == 4 * 3 * 5
-    assert {r["weight_dtype"] for r in rows} == {"fp8"}
-    assert {r["kv_cache_dtype"] for r in rows} == {"fp8"}  # AIConfigurator pairs FP8 weights with FP8 KV
-    assert serving.silicon_kv_cache_dtype("fp8") == "fp8" and serving.silicon_kv_cache_dtype("bf16") == "auto"
+    assert {r["weight_dtype"] for r in rows} == {"fp8", "nvfp4"}
+    assert {r["kv_cache_dtype"] for r in rows} == {"fp8"}  # AIConfigurator pairs FP8 and NVFP4 weights with FP8 KV
+    assert serving.silicon_kv_cache_dtype("fp8") == serving.silicon_kv_cache_dtype("nvfp4") == "fp8" and serving.silicon_kv_cache_dtype("bf16") == "auto"
+    assert serving.silicon_weight_dtype("fp4", "nvfp4") == "nvfp4" and serving.silicon_weight_dtype("", "") == "bf16"
+    assert serving.silicon_weight_dtype("fp4", "mxfp4") is None and serving.silicon_weight_dtype("int4", "int4_wo") is None
 
 
 def test_serving_rows_are_valid_and_normalized():
@@ -272,7 +275,7 @@ def test_serving_rows_are_valid_and_normalized():
     for row in rows:
         assert list(row) == list(R.COLUMNS)
         R.check_row(dict(row), where="test")
-        assert row["backend"] in R.BACKENDS and row["weight_dtype"] in ("bf16", "fp8")
+        assert row["backend"] in R.BACKENDS and row["weight_dtype"] in ("bf16", "fp8", "nvfp4")
         assert row["concurrency"] is not None or row["request_rate"] is not None
         assert row["measured_output_tok_s"] is not None or row["measured_ttft_ms_mean"] is not None
     silicon = [r for r in rows if r["dataset"] == serving.SILICON]
@@ -460,7 +463,7 @@ def test_vllm_bench_json_not_json(tmp_path):
 
 def test_fixture_serving_rows_round_trip(tmp_path):
     rows = R.read_predict_csv(FIXTURES / "serving_rows.csv")
-    assert len(rows) == 100
+    assert len(rows) == 125
     assert {r["dataset"] for r in rows} == set(serving.DATASETS)
     # lengths files are named relative to the CSV and resolved against its folder on reading
     with_lengths = [r for r in rows if r["lengths_file"]]
@@ -576,7 +579,7 @@ def test_serving_arrays_are_si():
     assert all(len(a) == len(rows) for a in arrays)
     i = next(k for k, r in enumerate(rows) if r["measured_ttft_ms_mean"] is not None)
     assert arrays.ttft_s[i] == pytest.approx(rows[i]["measured_ttft_ms_mean"] / 1000)
-    assert set(np.unique(arrays.weight_bytes_per_element)) <= {1, 2}
+    assert set(np.unique(arrays.weight_bytes_per_element)) == {0.5625, 1, 2}  # the fixtures hold NVFP4 rows too
     offline = [k for k, r in enumerate(rows) if r["measured_ttft_ms_mean"] is None]
     assert offline and np.all(np.isnan(arrays.ttft_s[offline]))
 
@@ -643,7 +646,7 @@ def test_random_split_is_seeded():
     rows = R.read_predict_csv(FIXTURES / "serving_rows.csv")
     a_train, a_test = metrics.random_split(rows, 0.25, seed=3)
     b_train, b_test = metrics.random_split(rows, 0.25, seed=3)
-    assert a_test == b_test and a_train == b_train and len(a_test) == 25
+    assert a_test == b_test and a_train == b_train and len(a_test) == 31  # round(0.25 x 125)
     assert metrics.random_split(rows, 0.25, seed=4)[1] != a_test
     g_train, g_test = metrics.random_split(rows, 0.3, seed=1, group_key="model")
     assert not {r["model"] for r in g_train} & {r["model"] for r in g_test}

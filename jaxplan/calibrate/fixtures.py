@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -27,14 +28,16 @@ KERNEL_ROWS = {"gemm": 120, "context_attention": 80, "generation_attention": 80}
 
 
 def serving_subset(rows: list[dict], per_group: int = ROWS_PER_GROUP, seed: int = SEED) -> list[dict]:
-    """Up to `per_group` rows of every (dataset, model, gpu, backend, weight_dtype) group, seeded, source order kept."""
+    """Up to `per_group` rows of every (dataset, model, gpu, backend, weight_dtype) group, seeded per
+    group, source order kept."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for index, row in enumerate(rows):
         groups[(row["dataset"], row["model"], row["gpu"], row["backend"], row["weight_dtype"])].append(index)
-    rng = np.random.default_rng(seed)
     keep = []
     for key in sorted(groups):
         members = groups[key]
+        # Seeded per group: a group added to the data leaves every other group's choice as it was.
+        rng = np.random.default_rng([seed, zlib.crc32("|".join(map(str, key)).encode())])
         chosen = members if len(members) <= per_group else rng.choice(members, size=per_group, replace=False).tolist()
         keep.extend(chosen)
     return [rows[i] for i in sorted(keep)]

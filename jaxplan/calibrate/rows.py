@@ -14,7 +14,7 @@ Column meanings:
   model                      bundled jaxplan model name (HF ids and aliases are resolved), or a config path
   gpu                        jaxplan GPU name (h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x)
   tensor_parallel_size, pipeline_parallel_size, data_parallel_size   per deployment (DP = replicas)
-  weight_dtype               bf16 | fp8
+  weight_dtype               bf16 | fp8 | nvfp4
   kv_cache_dtype             auto (= model dtype, bf16) | fp8
   isl, osl                   mean input / output tokens per request
   concurrency                closed loop: requests kept in flight (whole deployment)
@@ -50,7 +50,7 @@ import numpy as np
 from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
-from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
+from jaxplan.specs.space import DTYPE_BYTES, KV_CACHE_DTYPES, WEIGHT_DTYPES
 from jaxplan.specs.workload import MAX_LENGTH_SPREAD, SPREAD_RANGE, length_fields
 
 INPUT_COLUMNS = (
@@ -177,7 +177,7 @@ def check_row(row: dict, where: str) -> dict:
             raise bad_value(column, row[column], "must be true or false", where=where)
         row[column] = bool(row[column])
     if row["weight_dtype"] not in WEIGHT_DTYPES:
-        raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (fp4/int4 are not modeled)", where=where)
+        raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (NVFP4 is nvfp4; MXFP4 and int4 are not modeled)", where=where)
     if row["kv_cache_dtype"] not in KV_CACHE_DTYPES:
         raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
     if row["backend"] not in (None, "", *BACKENDS):
@@ -333,7 +333,7 @@ class ServingArrays(NamedTuple):
     tensor_parallel_size: np.ndarray  # int64
     pipeline_parallel_size: np.ndarray  # int64
     data_parallel_size: np.ndarray  # int64
-    weight_bytes_per_element: np.ndarray  # int64: 2 (bf16) | 1 (fp8)
+    weight_bytes_per_element: np.ndarray  # float64: 2 (bf16) | 1 (fp8) | 0.5625 (nvfp4)
     kv_bytes_per_element: np.ndarray  # int64: 2 (auto) | 1 (fp8)
     isl_tokens: np.ndarray  # float64: mean input tokens per request
     osl_tokens: np.ndarray  # float64: mean output tokens per request
@@ -348,8 +348,6 @@ class ServingArrays(NamedTuple):
 
 def serving_arrays(rows) -> ServingArrays:
     """Stack rows (validated or not) into `ServingArrays`; ms become seconds."""
-    dtype_bytes = {"bf16": 2, "fp8": 1, "auto": 2}
-
     def column(name, scale=1.0):
         return np.array([np.nan if r.get(name) is None else float(r[name]) * scale for r in rows], dtype=np.float64)
 
@@ -359,8 +357,8 @@ def serving_arrays(rows) -> ServingArrays:
         tensor_parallel_size=np.array([r["tensor_parallel_size"] for r in rows], dtype=np.int64),
         pipeline_parallel_size=np.array([r.get("pipeline_parallel_size") or 1 for r in rows], dtype=np.int64),
         data_parallel_size=np.array([r.get("data_parallel_size") or 1 for r in rows], dtype=np.int64),
-        weight_bytes_per_element=np.array([dtype_bytes[r.get("weight_dtype") or "bf16"] for r in rows], dtype=np.int64),
-        kv_bytes_per_element=np.array([dtype_bytes[r.get("kv_cache_dtype") or "auto"] for r in rows], dtype=np.int64),
+        weight_bytes_per_element=np.array([DTYPE_BYTES[r.get("weight_dtype") or "bf16"] for r in rows], dtype=np.float64),
+        kv_bytes_per_element=np.array([DTYPE_BYTES[r.get("kv_cache_dtype") or "auto"] for r in rows], dtype=np.int64),
         isl_tokens=column("isl"),
         osl_tokens=column("osl"),
         concurrency=column("concurrency"),

@@ -50,7 +50,8 @@ KV_BLOCK_TOKENS = 16  # vLLM's default block size
 # tables' weight-streaming GEMMs sit 0.10 below it on both fitted GPUs), the small-message all-reduce
 # latency (vLLM's custom all-reduce in CUDA graphs, not the tables' NCCL), and the runtime's per-layer,
 # per-step, per-sequence and per-request overheads. Fields outside `fit.FIT_FIELDS` are never fitted:
-# every GPU keeps its kernel value of them (e.g. `fp8_kv_read_bytes_per_element`, from decode attention).
+# every GPU keeps its kernel value of them (e.g. `fp8_kv_read_bytes_per_element`, from decode attention,
+# and the NVFP4 GEMMs' `fp4_gemm_flops_efficiency` and `fp4_quant_bytes_per_element`).
 KERNEL_FIELDS = (
     "gemm_flops_efficiency", "fp8_quant_bytes_per_element", "attention_flops_efficiency",
     "allreduce_bandwidth_efficiency", "allreduce_two_gpu_ratio",
@@ -208,14 +209,15 @@ def fit_excluded(row: dict) -> str | None:
 
 
 def implied_peak_fraction(row: dict) -> float:
-    """Fraction of the GPU's dense peak (FP8 for FP8 weights) that the linear layers alone need to run
+    """Fraction of the GPU's dense peak (FP8 / FP4 for FP8 / NVFP4 weights) that the linear layers alone need to run
     one step of a closed-loop row in its measured TPOT: b (1 + ISL / OSL) tokens per step (b decodes
     and b / OSL new prompts), 2 x parameters FLOPs per token, spread over TP GPUs. A row above the
     best GEMM efficiency in the kernel tables cannot have run its stated workload uncached."""
     from jaxplan.specs import load_gpu, load_model
 
     gpu, model = load_gpu(row["gpu"]), load_model(row["model"])
-    peak = gpu.fp8_flops_per_s if row.get("weight_dtype") == "fp8" and gpu.fp8_flops_per_s else gpu.bf16_flops_per_s
+    low_precision_peak = {"fp8": gpu.fp8_flops_per_s, "nvfp4": gpu.fp4_flops_per_s}.get(row.get("weight_dtype"), 0.0)
+    peak = low_precision_peak or gpu.bf16_flops_per_s
     shape = model_shape(model)
     linear_params = float(shape.softmax_layers * shape.attn_params_per_layer + shape.dense_mlp_layers * shape.dense_mlp_params_per_layer)
     tokens = float(row["concurrency"]) * (1.0 + float(row["isl"]) / float(row["osl"]))

@@ -155,9 +155,21 @@ SILICON_REQUESTS_PER_CLIENT = 10
 # cannot hold their clients' contexts and would queue for seconds to minutes where 0.4-40 s was measured
 # (H200 TP1 8192/1024 at 32 clients: 32 s with BF16 KV, 3.1 s with FP8, 3.1 s measured; B200 TP1
 # 1024/8192 at 64 clients: 18 s replayed with BF16, 0.36 s with FP8, 0.38 s measured).
+# NVFP4 checkpoints come with an FP8 KV cache as well (ModelOpt's `kv_cache_quant_algo: FP8`, and
+# AIConfigurator's NVFP4 configurations pair `gemm_quant_mode nvfp4` with `kvcache_quant_mode fp8`).
 def silicon_kv_cache_dtype(weight_dtype: str) -> str:
-    """The KV cache dtype assumed for a silicon row: FP8 with FP8 weights, else `auto`."""
-    return "fp8" if weight_dtype == "fp8" else "auto"
+    """The KV cache dtype assumed for a silicon row: FP8 with FP8 or NVFP4 weights, else `auto`."""
+    return "fp8" if weight_dtype in ("fp8", "nvfp4") else "auto"
+
+
+def silicon_weight_dtype(precision: str, gemm_quant_mode: str) -> str | None:
+    """jaxplan's weight dtype of a silicon row (blank precision: bf16), or None where it is not
+    modeled (int4, FP4 other than NVFP4)."""
+    if precision in ("", "bf16", "fp8"):
+        return precision or "bf16"
+    if precision == "fp4" and gemm_quant_mode == "nvfp4":
+        return "nvfp4"
+    return None
 
 
 @functools.cache
@@ -179,9 +191,9 @@ def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
         if model is None:
             dropped[f"model {raw['model_path']} not bundled"] += 1
             continue
-        precision = raw["precision"] or "bf16"
-        if precision not in ("bf16", "fp8"):
-            dropped[f"precision {precision} (jaxplan models bf16|fp8 weights)"] += 1
+        precision = silicon_weight_dtype(raw["precision"], raw["gemm_quant_mode"])
+        if precision is None:
+            dropped[f"precision {raw['precision']} / {raw['gemm_quant_mode']} (jaxplan models bf16, fp8 and nvfp4 weights)"] += 1
             continue
         tp = int(raw["tp_size"])
         if raw["pp_size"] not in ("", "1"):
@@ -226,7 +238,7 @@ def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
 
 def _trtllm_offline_row(file_stem, model, gpu, precision, tp, pp, isl, osl, tput, notes, dropped):
     """One offline max-throughput row (all requests queued at once) or None (reason counted)."""
-    weight = {"FP8": "fp8", "FP16": "bf16", "BF16": "bf16"}.get(precision)
+    weight = {"FP8": "fp8", "FP4": "nvfp4", "FP16": "bf16", "BF16": "bf16"}.get(precision)  # TRT-LLM's FP4 is NVFP4
     if weight is None:
         dropped[f"{file_stem}: precision {precision}"] += 1
         return None
@@ -234,7 +246,7 @@ def _trtllm_offline_row(file_stem, model, gpu, precision, tp, pp, isl, osl, tput
     extra = ["FP16 engine mapped to bf16 (same bytes and tensor-core rate)"] if precision == "FP16" else []
     return make_row(
         model=model, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=1,
-        weight_dtype=weight, kv_cache_dtype="fp8" if weight == "fp8" else "auto", isl=float(isl), osl=float(osl),
+        weight_dtype=weight, kv_cache_dtype=silicon_kv_cache_dtype(weight), isl=float(isl), osl=float(osl),
         request_rate=math.inf, num_prompts=num_requests, measured_output_tok_s=float(tput),
         dataset=TRTLLM, backend="trtllm", source_id=f"{file_stem}:{model}:{gpu}:tp{tp}pp{pp}:{isl}x{osl}",
         notes="; ".join(notes + extra),

@@ -85,6 +85,28 @@ def test_empty_result_exits_nonzero_and_explains(runner):
     assert "Winner:" not in result.stdout
 
 
+def test_nvfp4_on_hopper_empties_the_funnel_at_stage_1_and_says_so(runner):
+    """--weight-dtypes replaces the space's weight_dtype: NVFP4 alone on H100 (no FP4 tensor cores)
+    leaves nothing, and the explanation names the FP4 sieve and what to relax (exit code 2)."""
+    result = runner.invoke(app, ["sweep", "--gpus", "h100_sxm", "--space", "small", "--weight-dtypes", "nvfp4", "--no-replay"])
+    assert result.exit_code == 2, result.output
+    explanation = [line for line in result.stderr.splitlines() if line.startswith("no configuration survived")]
+    assert len(explanation) == 1 and "stage 1 (structure)" in explanation[0]
+    assert RELAX[Reason.FP4_UNSUPPORTED] in explanation[0]
+
+
+@pytest.mark.parametrize(("option", "value", "fragment"), [
+    ("--weight-dtypes", "fp16,fp8", "'fp16' is not one of them"),
+    ("--weight-dtypes", "fp8,fp8", "at most once"),
+    ("--kv-cache-dtypes", " , ", "at least one"),
+])
+def test_bad_dtype_lists_exit_1_with_one_line(runner, option, value, fragment):
+    result = runner.invoke(app, [*SMALL, option, value])
+    assert result.exit_code == 1 and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and option in lines[0] and fragment in lines[0], result.stderr
+
+
 def test_list_names_every_bundled_spec(runner):
     result = runner.invoke(app, ["list"])
     assert result.exit_code == 0, result.output

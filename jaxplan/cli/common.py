@@ -28,6 +28,8 @@ GpusOption = Annotated[str, typer.Option(help="Comma-separated GPU types: h100_s
 WorkloadOption = Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")]
 SpaceOption = Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")]
 BudgetOption = Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")]
+WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs FP4 tensor cores: b200_sxm).")]
+KvDtypesOption = Annotated[Optional[str], typer.Option(help="KV-cache dtypes to search: auto,fp8 (overrides the space's kv_cache_dtype).")]
 TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
 RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]
 PriceOption = Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")]
@@ -120,8 +122,20 @@ def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
 
-def sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price):
-    """Load and validate the inputs shared by sweep and sensitivity."""
+def dtype_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """'bf16, fp8' -> ('bf16', 'fp8'); one line naming `option` for an empty, unknown or repeated value."""
+    values = tuple(v.strip().lower() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in allowed]
+    if not values or bad or len(set(values)) != len(values):
+        problem = f"{bad[0]!r} is not one of them" if bad else "name each at most once" if values else "name at least one"
+        raise bad_value(option, text, f"use comma-separated values from {', '.join(allowed)}; {problem}")
+    return values
+
+
+def sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None):
+    """Load and validate the inputs shared by sweep, report, size and sensitivity."""
+    from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
+
     from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
     from jaxplan.specs.workload import Arrival
 
@@ -144,6 +158,10 @@ def sweep_options(model, gpus, workload, space, budget, target_throughput, rate,
     space_spec = load_space(space)
     if budget is not None:
         space_spec = space_spec.replace(gpu_budget=budget)
+    if weight_dtypes is not None:
+        space_spec = space_spec.replace(weight_dtype=dtype_list(weight_dtypes, "--weight-dtypes", WEIGHT_DTYPES))
+    if kv_cache_dtypes is not None:
+        space_spec = space_spec.replace(kv_cache_dtype=dtype_list(kv_cache_dtypes, "--kv-cache-dtypes", KV_CACHE_DTYPES))
     return model_spec, gpu_specs, workload_spec, space_spec
 
 

@@ -13,6 +13,7 @@ import typer
 
 from jaxplan.cli.common import (
     BudgetOption,
+    KvDtypesOption,
     GpusOption,
     MaxMemoryGibOption,
     ModelOption,
@@ -34,6 +35,7 @@ from jaxplan.cli.common import (
     run_sweep,
     stage7_deadline,
     sweep_options,
+    WeightDtypesOption,
 )
 from jaxplan.errors import PlanError
 
@@ -81,6 +83,8 @@ def report(
     workload: WorkloadOption = "coding",
     space: SpaceOption = "default",
     budget: BudgetOption = None,
+    weight_dtypes: WeightDtypesOption = None,
+    kv_cache_dtypes: KvDtypesOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
@@ -110,7 +114,7 @@ def report(
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     started = time.perf_counter()
     result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     if not result.shortlist:

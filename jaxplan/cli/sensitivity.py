@@ -11,6 +11,7 @@ import typer
 from jaxplan.cli.common import (
     check_writable,
     BudgetOption,
+    KvDtypesOption,
     GpusOption,
     MaxMemoryGibOption,
     ModelOption,
@@ -26,6 +27,7 @@ from jaxplan.cli.common import (
     out,
     run_sweep,
     sweep_options,
+    WeightDtypesOption,
 )
 from jaxplan.errors import PlanError
 
@@ -38,6 +40,8 @@ def sensitivity(
     workload: WorkloadOption = "coding",
     space: SpaceOption = "default",
     budget: BudgetOption = None,
+    weight_dtypes: WeightDtypesOption = None,
+    kv_cache_dtypes: KvDtypesOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=200, help="Finalists to analyse.")] = 10,
@@ -56,7 +60,7 @@ def sensitivity(
     from jaxplan.sensitivity import for_rows
 
     check_writable(json_path, "--json")
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     if plot:
         from jaxplan.plots.save import plot_dir
 

@@ -11,6 +11,7 @@ import typer
 from jaxplan.cli.common import (
     check_writable,
     BudgetOption,
+    KvDtypesOption,
     GpusOption,
     MaxMemoryGibOption,
     ModelOption,
@@ -27,6 +28,7 @@ from jaxplan.cli.common import (
     out,
     run_sweep,
     sweep_options,
+    WeightDtypesOption,
 )
 
 
@@ -38,6 +40,8 @@ def size(
     workload: WorkloadOption = "rl-rollout",
     space: SpaceOption = "default",
     budget: BudgetOption = None,
+    weight_dtypes: WeightDtypesOption = None,
+    kv_cache_dtypes: KvDtypesOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     price: PriceOption = None,
@@ -53,7 +57,7 @@ def size(
     from jaxplan.sizing import size_deployments, sizing_table
 
     check_writable(json_path, "--json")
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     if workload_spec.target_output_tokens_per_s <= 0:
         raise PlanError(f"workload {workload_spec.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
     result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, 1, params=params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)

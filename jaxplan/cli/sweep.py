@@ -11,6 +11,7 @@ import typer
 
 from jaxplan.cli.common import (
     BudgetOption,
+    KvDtypesOption,
     GpusOption,
     MaxMemoryGibOption,
     ModelOption,
@@ -32,6 +33,7 @@ from jaxplan.cli.common import (
     run_sweep,
     stage7_deadline,
     sweep_options,
+    WeightDtypesOption,
 )
 
 
@@ -43,6 +45,8 @@ def sweep(
     workload: WorkloadOption = "coding",
     space: SpaceOption = "default",
     budget: BudgetOption = None,
+    weight_dtypes: WeightDtypesOption = None,
+    kv_cache_dtypes: KvDtypesOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
@@ -63,7 +67,7 @@ def sweep(
     from jaxplan.report.vllm_command import vllm_serve_command
 
     check_writable(json_path, "--json")
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price)
+    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     if plot:
         from jaxplan.plots.save import plot_dir
 

@@ -134,9 +134,8 @@ def dtype_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, .
 
 def sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None):
     """Load and validate the inputs shared by sweep, report, size and sensitivity."""
-    from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
-
     from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+    from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
     from jaxplan.specs.workload import Arrival
 
     model_spec = load_model(model)

@@ -30,7 +30,7 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "fp8_kv_read_bytes_per_element": (1.35, 0.5, 4.0),
     # NVFP4 GEMMs (FP4 tensor cores, Blackwell on): their efficiency of the FP4 peak, and the HBM bytes per
     # input element of quantising their bf16 input to NVFP4 (with its block scales). NVIDIA's B200 GEMM
-    # tables: 0.54 and 4.9 (FP8 GEMMs there: 0.74 and 17). Read off the tables, never fitted.
+    # tables: 0.54 and 4.4 (FP8 GEMMs there: 0.70 and 15). Read off the tables, never fitted.
     "fp4_gemm_flops_efficiency": (0.55, 0.05, 1.0),
     "fp4_quant_bytes_per_element": (5.0, 0.0, 40.0),
     "memory_bandwidth_efficiency": (0.80, 0.05, 1.0),

@@ -157,6 +157,39 @@ def test_nvfp4_priors_from_b200s_gemm_tables():
     assert np.all(np.diff(optimism) > 0) and 1.0 < optimism[0] < 1.2 and 1.3 < optimism[-1] < 1.6, optimism
 
 
+def test_gemm_floor_prior_is_the_median_of_the_tiny_gemms(monkeypatch):
+    """A planted table: GEMMs of <= 16 tokens over <= 1 MiB of weights take 3, 4 and 5 us (median 4 us);
+    larger ones (more tokens, or a 2 MiB BF16 weight) do not count. No NVFP4 table: that field keeps
+    its default."""
+    from jaxplan.calibrate import kernels
+
+    m = np.array([1, 16, 8, 32, 16])
+    n = np.array([256, 512, 1024, 256, 1024])
+    k = np.array([256, 512, 512, 256, 1024])  # the last: 1024 x 1024 x 2 B = 2 MiB
+    table = GemmTable(m, n, k, np.full(5, "bf16"), np.full(5, "cutlass"), np.array([3e-6, 5e-6, 4e-6, 9e-6, 9e-6]))
+
+    def load_gemm(gpu, dtypes, data_root=None):
+        if dtypes != ("bf16",):
+            raise FileNotFoundError(dtypes)
+        return table
+
+    monkeypatch.setattr(kernels, "load_gemm", load_gemm)
+    assert fit.gemm_floor_prior("h200_sxm") == {"gemm_floor_s": pytest.approx(4e-6)}
+
+
+def test_gemm_floors_from_nvidias_tables():
+    """H200: 3.0 us (BF16), 5.4 us (FP8, with its input quantisation); B200: 2.2, 6.0 and 7.0 us (NVFP4).
+    A low-precision GEMM's floor is a second kernel's worth above BF16's on every GPU with tables."""
+    if not _data.data_root_exists():
+        pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
+    h200, b200 = fit.kernel_priors("h200_sxm"), fit.kernel_priors("b200_sxm")
+    assert h200["gemm_floor_s"] == pytest.approx(3.0e-6, abs=0.1e-6) and h200["fp8_gemm_floor_s"] == pytest.approx(5.4e-6, abs=0.1e-6)
+    assert b200["gemm_floor_s"] == pytest.approx(2.2e-6, abs=0.1e-6) and b200["fp8_gemm_floor_s"] == pytest.approx(6.0e-6, abs=0.1e-6)
+    assert b200["fp4_gemm_floor_s"] == pytest.approx(7.0e-6, abs=0.1e-6)
+    for prior in (h200, b200, fit.kernel_priors("h100_sxm"), fit.kernel_priors("l40s")):
+        assert prior["fp8_gemm_floor_s"] > 1.5 * prior["gemm_floor_s"]
+
+
 def test_allreduce_efficiency_by_group_size_hand_computed():
     """8 GPUs (and more) at the 8-GPU efficiency; 2 GPUs at ratio x that; 4 GPUs at sqrt(ratio) x that."""
     from jaxplan.physics.step_time import allreduce_efficiency, allreduce_time_s

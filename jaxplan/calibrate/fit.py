@@ -111,6 +111,7 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
         prior["gemm_flops_efficiency"] = float(np.median(flops[big] / compute_s[big] / peak[big]))
     if spec.fp4_flops_per_s:
         prior.update(nvfp4_gemm_prior(gpu, spec, bytes_per_s, data_root))
+    prior.update(gemm_floor_prior(gpu, data_root))
     try:
         ctx = kernels.load_context_attention(gpu, data_root=data_root)
         long = ctx.isl_tokens >= 4096
@@ -164,6 +165,28 @@ def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, data_root=None) -> dict
     compute_s = np.maximum(gemm.latency_s - quant_s, 0.05 * gemm.latency_s)
     efficiency = float(np.median(kernels.gemm_flops(gemm)[big] / compute_s[big] / peak[big]))
     return {"fp4_gemm_flops_efficiency": efficiency, "fp4_quant_bytes_per_element": quant_bytes}
+
+
+GEMM_FLOOR_MAX_TOKENS = 16
+GEMM_FLOOR_MAX_WEIGHT_BYTES = 2**20
+
+
+def gemm_floor_prior(gpu: str, data_root=None) -> dict[str, float]:
+    """`gemm_floor_s`, `fp8_gemm_floor_s`, `fp4_gemm_floor_s`: the median time of the GEMMs of each dtype
+    in the GPU's tables that multiply <= 16 tokens by <= 1 MiB of weights (their bytes would take
+    < 0.5 us: what is left is the kernels' own least time); a dtype without such GEMMs keeps its default."""
+    from jaxplan.calibrate import kernels
+
+    found = {}
+    for dtype, bytes_per_weight, field in (("bf16", 2.0, "gemm_floor_s"), ("fp8", 1.0, "fp8_gemm_floor_s"), ("nvfp4", 0.5625, "fp4_gemm_floor_s")):
+        try:
+            gemm = kernels.load_gemm(gpu, dtypes=(dtype,), data_root=data_root)
+        except Exception:  # noqa: BLE001 - no table of this dtype
+            continue
+        tiny = (gemm.m <= GEMM_FLOOR_MAX_TOKENS) & (gemm.n * gemm.k * bytes_per_weight <= GEMM_FLOOR_MAX_WEIGHT_BYTES)
+        if tiny.any():
+            found[field] = float(np.median(gemm.latency_s[tiny]))
+    return found
 
 
 FP8_KV_PRIOR_MIN_BF16_BYTES = 512 * 2**20  # a BF16 cache read this large is memory-bound: launch costs < 5%

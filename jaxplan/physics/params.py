@@ -33,6 +33,13 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     # tables: 0.54 and 4.4 (FP8 GEMMs there: 0.70 and 15). Read off the tables, never fitted.
     "fp4_gemm_flops_efficiency": (0.55, 0.05, 1.0),
     "fp4_quant_bytes_per_element": (5.0, 0.0, 40.0),
+    # The least time one weight GEMM takes however few bytes it reads (a tiny GEMM is launch- and
+    # tail-bound): BF16, FP8 and NVFP4 (the last two with their input quantisation, a second kernel).
+    # NVIDIA's tables, GEMMs of <= 16 tokens over <= 1 MiB of weights: H100/H200 3.0 / 5.4 us, B200 2.2 /
+    # 6.0 / 7.0 us. Read off the tables, never fitted; they bind in decode at high TP.
+    "gemm_floor_s": (3e-6, 0.0, 1e-4),
+    "fp8_gemm_floor_s": (5.4e-6, 0.0, 1e-4),
+    "fp4_gemm_floor_s": (7e-6, 0.0, 1e-4),
     "memory_bandwidth_efficiency": (0.80, 0.05, 1.0),
     "attention_flops_efficiency": (0.45, 0.02, 1.0),
     "layer_latency_s": (8e-6, 0.0, 1e-3),

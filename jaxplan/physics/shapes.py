@@ -140,6 +140,9 @@ class Hardware(NamedTuple):
     fp8_kv_read_bytes_per_element: jnp.ndarray  # decode attention's HBM bytes per FP8 KV element read
     fp4_gemm_flops_efficiency: jnp.ndarray  # NVFP4 GEMMs, of the FP4 peak
     fp4_quant_bytes_per_element: jnp.ndarray
+    gemm_floor_s: jnp.ndarray  # least seconds of one weight GEMM: BF16, FP8, NVFP4
+    fp8_gemm_floor_s: jnp.ndarray
+    fp4_gemm_floor_s: jnp.ndarray
     memory_bandwidth_efficiency: jnp.ndarray
     attention_flops_efficiency: jnp.ndarray
     layer_latency_s: jnp.ndarray

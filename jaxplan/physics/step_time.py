@@ -2,7 +2,8 @@
 
 Per operator: time = roofline(FLOPs / achievable FLOP/s, bytes / achievable
 bandwidth) (FP8 and NVFP4 GEMMs add the quantisation of their input, a memory-bound
-kernel of its own), where `roofline` is a smooth maximum (never below the true max,
+kernel of its own; and a weight GEMM takes at least its dtype's floor, the least time
+of its kernels), where `roofline` is a smooth maximum (never below the true max,
 at most 10% above it where both terms are equal, differentiable everywhere,
 and cheap: one square root). Added to that: a fixed latency per layer (kernel launches),
 two all-reduces per layer under TP (latency + ring bandwidth term, on the
@@ -107,11 +108,20 @@ def input_quant_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens):
     return tokens * input_quant_s_per_token(model, hw, layout)
 
 
-def _gemm(tokens, params_per_gpu, weight_bytes, in_width, out_width, flops_per_s, bytes_per_s):
-    """One linear layer: T x in -> T x out over a weight shard of `params_per_gpu`."""
+def gemm_floor_s(hw: Hardware, layout: Layout):
+    """The least seconds one weight GEMM of the layout takes: the GPU's `gemm_floor_s`, or for FP8 and
+    NVFP4 GEMMs (on their tensor cores) `fp8_gemm_floor_s` / `fp4_gemm_floor_s`, which include the
+    kernel that quantises their input."""
+    low_precision = jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_gemm_floor_s, hw.gemm_floor_s)
+    return jnp.where(uses_fp4_gemms(hw, layout), hw.fp4_gemm_floor_s, low_precision)
+
+
+def _gemm(tokens, params_per_gpu, weight_bytes, in_width, out_width, flops_per_s, bytes_per_s, floor_s):
+    """One linear operator: T x in -> T x out over a weight shard of `params_per_gpu`, at least
+    `floor_s` (the floor of its GEMMs; smooth, like the roofline)."""
     flops = 2.0 * tokens * params_per_gpu
     moved = params_per_gpu * weight_bytes + tokens * (in_width + out_width) * ACTIVATION_BYTES
-    return roofline(flops / flops_per_s, moved / bytes_per_s)
+    return roofline(roofline(flops / flops_per_s, moved / bytes_per_s), floor_s)
 
 
 def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_tokens):
@@ -123,19 +133,22 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     h = model.hidden_size
     kv_share = jnp.minimum(tp, model.kv_heads)
     attn_params = (model.attn_params_per_layer - model.kv_proj_params_per_layer) / tp + model.kv_proj_params_per_layer / kv_share
-    attn = model.softmax_layers * _gemm(tokens, attn_params, wb, h, 2.0 * h / tp, flops_per_s, bytes_per_s)
-    linear = model.linear_layers * _gemm(tokens, model.linear_params_per_layer / tp, wb, h, 2.0 * h / tp, flops_per_s, bytes_per_s)
+    # Each operator below is two GEMMs (QKV and O; the in- and out-projections; gate/up and down), so
+    # at least two floors.
+    pair_floor_s = 2.0 * gemm_floor_s(hw, layout)
+    attn = model.softmax_layers * _gemm(tokens, attn_params, wb, h, 2.0 * h / tp, flops_per_s, bytes_per_s, pair_floor_s)
+    linear = model.linear_layers * _gemm(tokens, model.linear_params_per_layer / tp, wb, h, 2.0 * h / tp, flops_per_s, bytes_per_s, pair_floor_s)
     ffn_width = model.ffn_intermediate_per_token / tp
-    dense = model.dense_mlp_layers * _gemm(tokens, model.dense_mlp_params_per_layer / tp, wb, h, ffn_width, flops_per_s, bytes_per_s)
+    dense = model.dense_mlp_layers * _gemm(tokens, model.dense_mlp_params_per_layer / tp, wb, h, ffn_width, flops_per_s, bytes_per_s, pair_floor_s)
     # MoE: FLOPs follow the active experts; bytes follow the experts any token in the batch touched,
     # E * (1 - (1 - k/E)^T) in expectation under uniform routing.
     k, e = model.experts_per_token, model.num_experts
     touched = e * (1.0 - jnp.power(jnp.clip(1.0 - k / e, 0.0, 1.0), tokens)) + model.shared_experts
     moe_flops = 2.0 * tokens * (k + model.shared_experts) * model.expert_params / tp
     moe_bytes = touched * model.expert_params / tp * wb + tokens * (h + ffn_width) * ACTIVATION_BYTES
-    moe = model.moe_layers * roofline(moe_flops / flops_per_s, moe_bytes / bytes_per_s)
+    moe = model.moe_layers * roofline(roofline(moe_flops / flops_per_s, moe_bytes / bytes_per_s), pair_floor_s)
     head_params = model.vocab_size * h / tp
-    head = _gemm(logit_tokens, head_params, EMBEDDING_BYTES_PER_PARAM, h, model.vocab_size / tp, hw.bf16_flops_per_s * hw.gemm_flops_efficiency, bytes_per_s)
+    head = _gemm(logit_tokens, head_params, EMBEDDING_BYTES_PER_PARAM, h, model.vocab_size / tp, hw.bf16_flops_per_s * hw.gemm_flops_efficiency, bytes_per_s, hw.gemm_floor_s)
     return attn + linear + dense + moe + head + input_quant_time_s(model, hw, layout, tokens)
 
 

@@ -223,8 +223,7 @@ def weight_only_note(gpu, weight_dtype: str) -> str:
     """'' or a note for a status column: FP8 (NVFP4) weights on a GPU without FP8 (FP4) tensor cores
     run weight-only, as vLLM's Marlin kernels do: the smaller weights are read, the GEMMs run in bf16
     (the physics prices them so; the sweep's structure sieve leaves such layouts out)."""
-    peak = {"fp8": gpu.fp8_flops_per_s, "nvfp4": gpu.fp4_flops_per_s}.get(weight_dtype)
-    if peak is None or peak > 0:
+    if weight_dtype == "bf16" or gpu.tensor_core_flops_per_s(weight_dtype) > 0:
         return ""
     cores = "FP8" if weight_dtype == "fp8" else "FP4"
     return f"; {gpu.name} has no {cores} tensor cores: {weight_dtype} weights priced weight-only (bf16 GEMMs as in vLLM's Marlin kernels)"

@@ -216,8 +216,7 @@ def implied_peak_fraction(row: dict) -> float:
     from jaxplan.specs import load_gpu, load_model
 
     gpu, model = load_gpu(row["gpu"]), load_model(row["model"])
-    low_precision_peak = {"fp8": gpu.fp8_flops_per_s, "nvfp4": gpu.fp4_flops_per_s}.get(row.get("weight_dtype"), 0.0)
-    peak = low_precision_peak or gpu.bf16_flops_per_s
+    peak = gpu.tensor_core_flops_per_s(row.get("weight_dtype") or "bf16") or gpu.bf16_flops_per_s
     shape = model_shape(model)
     linear_params = float(shape.softmax_layers * shape.attn_params_per_layer + shape.dense_mlp_layers * shape.dense_mlp_params_per_layer)
     tokens = float(row["concurrency"]) * (1.0 + float(row["isl"]) / float(row["osl"]))

@@ -59,15 +59,24 @@ FP8_WEIGHTS_BELOW_BYTES = 1.5
 FP4_WEIGHTS_BELOW_BYTES = 0.75
 
 
+def fp4_weights(weight_bytes_per_param):
+    """NVFP4 weights (whatever the GPU)."""
+    return weight_bytes_per_param < FP4_WEIGHTS_BELOW_BYTES
+
+
+def fp8_weights(weight_bytes_per_param):
+    """FP8 weights (whatever the GPU)."""
+    return (weight_bytes_per_param < FP8_WEIGHTS_BELOW_BYTES) & ~fp4_weights(weight_bytes_per_param)
+
+
 def uses_fp4_gemms(hw: Hardware, layout: Layout):
     """NVFP4 weights on a GPU with FP4 tensor cores."""
-    return (layout.weight_bytes_per_param < FP4_WEIGHTS_BELOW_BYTES) & (hw.fp4_flops_per_s > 0)
+    return fp4_weights(layout.weight_bytes_per_param) & (hw.fp4_flops_per_s > 0)
 
 
 def uses_fp8_gemms(hw: Hardware, layout: Layout):
     """FP8 weights on a GPU with FP8 tensor cores."""
-    fp8 = (layout.weight_bytes_per_param < FP8_WEIGHTS_BELOW_BYTES) & (layout.weight_bytes_per_param >= FP4_WEIGHTS_BELOW_BYTES)
-    return fp8 & (hw.fp8_flops_per_s > 0)
+    return fp8_weights(layout.weight_bytes_per_param) & (hw.fp8_flops_per_s > 0)
 
 
 def gemm_flops_per_s(hw: Hardware, layout: Layout):

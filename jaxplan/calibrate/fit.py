@@ -92,7 +92,6 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
         gemm = kernels.load_gemm(gpu, dtypes=("bf16", "fp8"), data_root=data_root)
     except Exception:  # noqa: BLE001 - no table for this GPU: keep the defaults
         return prior
-    flops = kernels.gemm_flops(gemm)
     fp8 = (gemm.dtype == "fp8") & bool(spec.fp8_flops_per_s)
     peak = np.where(fp8, spec.fp8_flops_per_s or spec.bf16_flops_per_s, spec.bf16_flops_per_s)
     weight_bytes = gemm.n * gemm.k * np.where(gemm.dtype == "fp8", 1.0, 2.0)
@@ -107,8 +106,7 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
         quant_s = np.where(fp8, quant_s, 0.0)
     big = (gemm.m >= 4096) & (gemm.n >= 4096) & (gemm.k >= 4096)
     if big.any():
-        compute_s = np.maximum(gemm.latency_s - quant_s, 0.05 * gemm.latency_s)
-        prior["gemm_flops_efficiency"] = float(np.median(flops[big] / compute_s[big] / peak[big]))
+        prior["gemm_flops_efficiency"] = net_gemm_efficiency(gemm, quant_s, peak, big)
     if spec.fp4_flops_per_s:
         prior.update(nvfp4_gemm_prior(gpu, spec, bytes_per_s, data_root))
     prior.update(gemm_floor_prior(gpu, data_root))
@@ -162,9 +160,16 @@ def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, data_root=None) -> dict
     if compute.sum() < 2 or not big.any():
         return {}
     quant_bytes, quant_s = fp8_quant_prior(gemm, compute, peak, bytes_per_s)
+    return {"fp4_gemm_flops_efficiency": net_gemm_efficiency(gemm, quant_s, peak, big), "fp4_quant_bytes_per_element": quant_bytes}
+
+
+def net_gemm_efficiency(gemm, quant_s, peak, rows) -> float:
+    """Median over `rows` [N] bool of FLOPs / (latency less its input quantisation `quant_s`) / `peak`
+    (the quantisation never taken as more than 95% of a GEMM's time)."""
+    from jaxplan.calibrate import kernels
+
     compute_s = np.maximum(gemm.latency_s - quant_s, 0.05 * gemm.latency_s)
-    efficiency = float(np.median(kernels.gemm_flops(gemm)[big] / compute_s[big] / peak[big]))
-    return {"fp4_gemm_flops_efficiency": efficiency, "fp4_quant_bytes_per_element": quant_bytes}
+    return float(np.median(kernels.gemm_flops(gemm)[rows] / compute_s[rows] / peak[rows]))
 
 
 GEMM_FLOOR_MAX_TOKENS = 16
@@ -178,7 +183,10 @@ def gemm_floor_prior(gpu: str, data_root=None) -> dict[str, float]:
     from jaxplan.calibrate import kernels
 
     found = {}
-    for dtype, bytes_per_weight, field in (("bf16", 2.0, "gemm_floor_s"), ("fp8", 1.0, "fp8_gemm_floor_s"), ("nvfp4", 0.5625, "fp4_gemm_floor_s")):
+    from jaxplan.specs.space import DTYPE_BYTES
+
+    for dtype, field in (("bf16", "gemm_floor_s"), ("fp8", "fp8_gemm_floor_s"), ("nvfp4", "fp4_gemm_floor_s")):
+        bytes_per_weight = DTYPE_BYTES[dtype]
         try:
             gemm = kernels.load_gemm(gpu, dtypes=(dtype,), data_root=data_root)
         except Exception:  # noqa: BLE001 - no table of this dtype

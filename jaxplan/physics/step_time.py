@@ -79,11 +79,17 @@ def uses_fp8_gemms(hw: Hardware, layout: Layout):
     return fp8_weights(layout.weight_bytes_per_param) & (hw.fp8_flops_per_s > 0)
 
 
+def by_gemm_kind(hw: Hardware, layout: Layout, bf16, fp8, fp4):
+    """`fp4` where the layout's GEMMs run on FP4 tensor cores, `fp8` on FP8 ones, else `bf16` (also for
+    FP8 / NVFP4 weights on a GPU without those cores: weight-only, bf16 GEMMs)."""
+    return jnp.where(uses_fp4_gemms(hw, layout), fp4, jnp.where(uses_fp8_gemms(hw, layout), fp8, bf16))
+
+
 def gemm_flops_per_s(hw: Hardware, layout: Layout):
     """Achievable GEMM FLOP/s: the FP4 (FP8) tensor cores for NVFP4 (FP8) weights where the GPU has
     them, each at its own efficiency (NVFP4: `fp4_gemm_flops_efficiency`), else bf16."""
-    fp8_or_bf16 = jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_flops_per_s, hw.bf16_flops_per_s) * hw.gemm_flops_efficiency
-    return jnp.where(uses_fp4_gemms(hw, layout), hw.fp4_flops_per_s * hw.fp4_gemm_flops_efficiency, fp8_or_bf16)
+    return by_gemm_kind(hw, layout, hw.bf16_flops_per_s * hw.gemm_flops_efficiency, hw.fp8_flops_per_s * hw.gemm_flops_efficiency,
+                        hw.fp4_flops_per_s * hw.fp4_gemm_flops_efficiency)
 
 
 def gemm_input_elements_per_token(model: ModelShape, layout: Layout):
@@ -100,8 +106,7 @@ def gemm_input_elements_per_token(model: ModelShape, layout: Layout):
 def quant_bytes_per_input_element(hw: Hardware, layout: Layout):
     """HBM bytes per GEMM input element that quantising the bf16 input costs: the GPU's
     `fp8_quant_bytes_per_element` (`fp4_quant_bytes_per_element`) for FP8 (NVFP4) GEMMs, 0 for bf16."""
-    fp8 = jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_quant_bytes_per_element, 0.0)
-    return jnp.where(uses_fp4_gemms(hw, layout), hw.fp4_quant_bytes_per_element, fp8)
+    return by_gemm_kind(hw, layout, 0.0, hw.fp8_quant_bytes_per_element, hw.fp4_quant_bytes_per_element)
 
 
 def input_quant_s_per_token(model: ModelShape, hw: Hardware, layout: Layout):
@@ -121,8 +126,7 @@ def gemm_floor_s(hw: Hardware, layout: Layout):
     """The least seconds one weight GEMM of the layout takes: the GPU's `gemm_floor_s`, or for FP8 and
     NVFP4 GEMMs (on their tensor cores) `fp8_gemm_floor_s` / `fp4_gemm_floor_s`, which include the
     kernel that quantises their input."""
-    low_precision = jnp.where(uses_fp8_gemms(hw, layout), hw.fp8_gemm_floor_s, hw.gemm_floor_s)
-    return jnp.where(uses_fp4_gemms(hw, layout), hw.fp4_gemm_floor_s, low_precision)
+    return by_gemm_kind(hw, layout, hw.gemm_floor_s, hw.fp8_gemm_floor_s, hw.fp4_gemm_floor_s)
 
 
 def _gemm(tokens, params_per_gpu, weight_bytes, in_width, out_width, flops_per_s, bytes_per_s, floor_s):

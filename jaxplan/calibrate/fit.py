@@ -13,8 +13,9 @@ the compute-bound FP8 GEMMs' times; NVFP4 GEMMs, where the GPU has FP4 tensor
 cores, the same way against the FP4 peak), bandwidth efficiency from
 weight-streaming GEMMs (few tokens, big weights), attention efficiency from
 long-context prefill attention, the cost of reading an FP8 KV cache from decode
-attention timed with FP8 and BF16 caches, all-reduce latency and bandwidth (in
-groups of 8 GPUs, and the ratio of groups of 2 to that) from the collective tables.
+attention timed with FP8 and BF16 caches, all-reduce latency from small messages
+and bandwidth from prefill-sized ones as vLLM runs them (in groups of 8 GPUs, and
+the ratio of groups of 2 to that) from the collective tables.
 Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 """
 
@@ -124,23 +125,44 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
             prior["fp8_kv_read_bytes_per_element"] = fp8_kv
     except Exception:  # noqa: BLE001
         pass
+    prior.update(allreduce_prior(gpu, spec, data_root))
+    return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
+
+
+ALLREDUCE_LATENCY_MAX_BYTES = 64 * 2**10  # a decode step's all-reduce of a few sequences is this small
+# A prefill step's all-reduce: 1k-8k tokens x hidden 8192 x 2 B (2k-16k tokens at hidden 4096).
+PREFILL_ALLREDUCE_MIN_BYTES = 16 * 2**20
+PREFILL_ALLREDUCE_MAX_BYTES = 128 * 2**20
+
+
+def allreduce_prior(gpu: str, spec, data_root=None) -> dict[str, float]:
+    """All-reduce fields from the GPU's collective tables ({} without them):
+    `allreduce_latency_s`, the median time of all-reduces <= ALLREDUCE_LATENCY_MAX_BYTES (NCCL and vLLM's
+    custom all-reduce in CUDA graphs, as decode runs it); `allreduce_bandwidth_efficiency`, the median
+    ring-equivalent fraction of the link reached by 8 GPUs over prefill-sized messages
+    (PREFILL_ALLREDUCE_MIN_BYTES..MAX), as vLLM runs them without CUDA graphs (a prefill step is larger
+    than the captured sizes; vLLM's custom kernel up to 8 MiB, NCCL above); `allreduce_two_gpu_ratio`,
+    2 GPUs' median fraction over the 8-GPU one. A field whose rows are missing keeps its default."""
+    from jaxplan.calibrate import kernels
+
+    found = {}
     try:
         comm = kernels.load_allreduce(gpu, data_root=data_root)
-        n = comm.num_gpus.astype(np.float64)
-        small = comm.message_bytes <= 64 * 1024
-        if small.any():
-            prior["allreduce_latency_s"] = float(np.median(comm.latency_s[small]))
-        large = comm.message_bytes >= 64 * 2**20
-        fraction = 2.0 * (n - 1.0) / n * comm.message_bytes / comm.latency_s / spec.intra_node_bandwidth_bytes_per_s
-        if large.any():
-            prior["allreduce_bandwidth_efficiency"] = float(np.median(fraction[large]))
-        pair, eight = large & (n == 2), large & (n == 8)
-        if pair.any() and eight.any():
-            prior["allreduce_bandwidth_efficiency"] = float(np.median(fraction[eight]))
-            prior["allreduce_two_gpu_ratio"] = float(np.median(fraction[pair]) / prior["allreduce_bandwidth_efficiency"])
-    except Exception:  # noqa: BLE001
-        pass
-    return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
+    except Exception:  # noqa: BLE001 - no collective tables for this GPU
+        return found
+    small = comm.message_bytes <= ALLREDUCE_LATENCY_MAX_BYTES
+    if small.any():
+        found["allreduce_latency_s"] = float(np.median(comm.latency_s[small]))
+    comm = kernels.load_custom_allreduce(gpu, modes=("eager",), data_root=data_root)  # read above with the graph rows
+    n = comm.num_gpus.astype(np.float64)
+    fraction = 2.0 * (n - 1.0) / n * comm.message_bytes / comm.latency_s / spec.intra_node_bandwidth_bytes_per_s
+    prefill = (comm.message_bytes >= PREFILL_ALLREDUCE_MIN_BYTES) & (comm.message_bytes <= PREFILL_ALLREDUCE_MAX_BYTES)
+    pair, eight = prefill & (n == 2), prefill & (n == 8)
+    if eight.any():
+        found["allreduce_bandwidth_efficiency"] = float(np.median(fraction[eight]))
+        if pair.any():
+            found["allreduce_two_gpu_ratio"] = float(np.median(fraction[pair]) / found["allreduce_bandwidth_efficiency"])
+    return found
 
 
 def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, data_root=None) -> dict[str, float]:

@@ -225,7 +225,6 @@ def test_allreduce_bandwidth_prior_is_vllms_at_prefill_sizes():
     if not _data.data_root_exists():
         pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
     from jaxplan.calibrate import kernels
-    from jaxplan.specs.loader import load_gpu
 
     for gpu in ("h200_sxm", "b200_sxm"):
         table = kernels.load_custom_allreduce(gpu, modes=("eager",))

@@ -46,10 +46,11 @@ KV_BLOCK_TOKENS = 16  # vLLM's default block size
 # report) takes these from its own kernel tables (`fit.kernel_priors`): they time the operations that
 # dominate prefill under serving conditions (compute-bound GEMMs and, for FP8, the quantisation of their
 # input; long-context attention; vLLM's all-reduces without CUDA graphs at 16-128 MiB, what a
-# 1k-8k-token prefill step sends per layer, `fit.allreduce_prior`). Everything else comes from the serving fit: the HBM fraction of CUDA-graph decode (the
-# tables' weight-streaming GEMMs sit 0.10 below it on both fitted GPUs), the small-message all-reduce
-# latency (vLLM's custom all-reduce in CUDA graphs, not the tables' NCCL), and the runtime's per-layer,
-# per-step, per-sequence and per-request overheads. Fields outside `fit.FIT_FIELDS` are never fitted:
+# 1k-8k-token prefill step sends per layer, `fit.allreduce_prior`). Everything else comes from the
+# serving fit: the HBM fraction of CUDA-graph decode (the tables' weight-streaming GEMMs sit 0.10
+# below it on both fitted GPUs), the small-message all-reduce latency (vLLM's custom all-reduce in
+# CUDA graphs, not the tables' NCCL), and the runtime's per-layer, per-step, per-sequence and
+# per-request overheads. Fields outside `fit.FIT_FIELDS` are never fitted:
 # every GPU keeps its kernel value of them (e.g. `fp8_kv_read_bytes_per_element`, from decode attention,
 # and the NVFP4 GEMMs' `fp4_gemm_flops_efficiency` and `fp4_quant_bytes_per_element`).
 KERNEL_FIELDS = (

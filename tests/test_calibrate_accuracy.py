@@ -165,3 +165,73 @@ def test_configurations_are_rows_when_a_gpu_measured_one_layout():
     assert run.configuration_folds(one_layout) == (folds, labels)  # seeded
     result = run.held_out_configurations(one_layout[:1], [True], {"h100_sxm": dict(DEFAULTS)})
     assert result["h100_sxm"]["skipped"].startswith("one measured row")
+
+
+def test_a_clone_without_the_kernel_tables_calibrates_from_the_bundled_priors(tmp_path, monkeypatch):
+    """A user's clone has no ../shared: `jaxplan calibrate` on their own rows starts every GPU from the
+    [prior.<gpu>] tables of the bundled parameter file (the kernel-table priors the shipped fit came
+    from), not from DEFAULTS, so a GPU they did not measure keeps its kernel values (B200 reads an FP8
+    KV cache at 1.17 bytes per element and reaches 0.37 of its BF16 peak in prefill attention, where
+    DEFAULTS say 1.35 and 0.45), and the file it writes records those priors again."""
+    import json
+    import tomllib
+
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate import fit
+    from jaxplan.calibrate.run import KERNEL_FIELDS, PRIOR_SOURCES
+    from jaxplan.cli import app
+    from jaxplan.physics.params import load_priors
+
+    bundled = load_priors()
+    assert {"b200_sxm", "h100_sxm", "h200_sxm"} <= set(bundled)
+    monkeypatch.setenv("JAXPLAN_SHARED_DATA", str(tmp_path / "no-shared-data"))
+    assert not fit.has_kernel_tables("b200_sxm")
+    measured = dict(backend="vllm", dataset="user", measured_ttft_ms_mean=200.0, measured_tpot_ms_mean=30.0, measured_output_tok_s=100.0)
+    rows = [dict(BASE, **measured, osl=64, concurrency=c, num_prompts=2 * c) for c in (1, 4)]
+    path, target, report_path = tmp_path / "measured.csv", tmp_path / "p.toml", tmp_path / "report.json"
+    columns = list(rows[0])
+    path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
+    args = ["calibrate", str(path), "--steps", "2", "--no-replay-check", "-o", str(target), "--report", str(report_path)]  # files as arguments
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(report_path.read_text())["prior_sources"].values()) == {PRIOR_SOURCES[1]}
+    written = tomllib.loads(target.read_text())
+    b200 = written["gpu"]["b200_sxm"]  # not measured: its kernel fields are the bundled priors
+    for field in KERNEL_FIELDS + ("fp8_kv_read_bytes_per_element", "fp4_gemm_flops_efficiency"):
+        assert b200[field] == pytest.approx(bundled["b200_sxm"][field], rel=1e-5), field
+    assert b200["fp8_kv_read_bytes_per_element"] == pytest.approx(1.17, abs=0.01) != DEFAULTS["fp8_kv_read_bytes_per_element"]
+    assert b200["attention_flops_efficiency"] == pytest.approx(0.37, abs=0.01)
+    for gpu, prior in bundled.items():
+        assert written["prior"][gpu] == pytest.approx(prior, rel=1e-5), gpu
+
+
+def test_the_bundled_priors_are_the_kernel_tables_priors():
+    """The [prior.<gpu>] tables shipped in the parameter file are what `fit.kernel_priors` reads off
+    NVIDIA's tables today (to the file's 6 digits): rerun `jaxplan calibrate` when either changes."""
+    from jaxplan.calibrate import _data, fit
+    from jaxplan.physics.params import load_priors
+
+    if not _data.data_root_exists():
+        pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
+    bundled = load_priors()
+    with_tables = [g for g in bundled if fit.has_kernel_tables(g)]
+    assert len(with_tables) >= 5
+    for gpu in with_tables:
+        assert bundled[gpu] == pytest.approx(fit.kernel_priors(gpu), rel=1e-5), gpu
+
+
+def test_parameter_file_round_trip_keeps_gpu_and_prior_tables_apart(tmp_path):
+    """`write_params` writes [gpu.*] (what the physics reads) and [prior.*] (what a later calibration
+    starts from); each loader reads its own tables back to 6 significant digits."""
+    from jaxplan.calibrate.run import write_params
+    from jaxplan.physics.params import load_efficiency, load_priors
+
+    params = {"h100_sxm": {**DEFAULTS, "gemm_flops_efficiency": 0.71234567}}
+    priors = {"h100_sxm": {**DEFAULTS, "gemm_flops_efficiency": 0.65432198}, "b200_sxm": dict(DEFAULTS)}
+    path = write_params(params, tmp_path / "p.toml", {"date": "2026-12-03"}, priors)
+    assert load_efficiency(str(path))["h100_sxm"]["gemm_flops_efficiency"] == pytest.approx(0.712346, rel=1e-9)
+    assert set(load_efficiency(str(path))) == {"h100_sxm"}
+    loaded = load_priors(str(path))
+    assert set(loaded) == {"h100_sxm", "b200_sxm"} and loaded["h100_sxm"]["gemm_flops_efficiency"] == pytest.approx(0.654322, rel=1e-9)
+    assert load_priors(str(tmp_path / "missing.toml")) == {}

@@ -83,6 +83,16 @@ def values_of(z) -> dict[str, float]:
 
 # ---- stage 1: kernels ---------------------------------------------------------------------
 
+def has_kernel_tables(gpu: str, data_root=None) -> bool:
+    """Whether NVIDIA's GEMM table for `gpu` is on disk (without it `kernel_priors` is DEFAULTS)."""
+    from jaxplan.calibrate import kernels
+
+    try:
+        return bool(kernels.kernel_versions(gpu, "gemm", data_root))
+    except Exception:  # noqa: BLE001 - an unknown GPU or no data folder
+        return False
+
+
 def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     """Efficiencies read off NVIDIA's per-kernel measurements of `gpu` (DEFAULTS where absent)."""
     from jaxplan.calibrate import kernels

@@ -31,7 +31,7 @@ from jaxplan.calibrate import fit
 from jaxplan.calibrate.metrics import mape, spearman
 from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
-from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_PATH
+from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_PATH, load_priors
 from jaxplan.physics.shapes import hardware_table, model_shape, take
 from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
@@ -296,8 +296,9 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     held-out-configurations check (`held_out_configurations`; 4 scores every configuration, 3 more fits)."""
     t0 = time.perf_counter()
     gpus = known("gpus")
-    priors = {g: fit.kernel_priors(g, data_root) for g in gpus}
-    log(f"kernel priors for {len(gpus)} GPUs in {time.perf_counter() - t0:.1f} s")
+    priors, prior_sources = calibration_priors(gpus, data_root)
+    by_source = {source: [g for g in gpus if prior_sources[g] == source] for source in PRIOR_SOURCES}
+    log(f"priors for {len(gpus)} GPUs in {time.perf_counter() - t0:.1f} s: " + "; ".join(f"{source}: {', '.join(names)}" for source, names in by_source.items() if names))
     evaluated = evaluated_rows(rows)
     fit_rows = [r for r in evaluated if not fit_excluded(r)]
     trained = trained_mask(fit_rows, priors)
@@ -307,6 +308,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     report: dict = {
         "fit_backend": FIT_BACKEND, "fit_rows": len(fit_rows), "fit_rows_kv_fits": len(train),
         "held_out": {}, "held_out_params": {}, "in_sample": {}, "not_fitted": {}, "other_backends": {},
+        "priors": priors, "prior_sources": prior_sources,
     }  # fmt: skip
     for g in sorted({r["gpu"] for r in fit_rows} - set(fitted_gpus)):
         report.setdefault("gpus_not_fitted", {})[g] = (
@@ -346,6 +348,26 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     return params, report
 
 
+PRIOR_SOURCES = ("kernel tables", "bundled parameter file", "defaults")
+
+
+def calibration_priors(gpus, data_root=None) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """(priors per GPU, where each came from): `fit.kernel_priors` where NVIDIA's kernel tables for the
+    GPU are on disk; else the [prior.<gpu>] table of the bundled parameter file (the kernel priors the
+    shipped fit started from, so a clone without ../shared calibrates its own rows from the same
+    place); else DEFAULTS."""
+    bundled = load_priors()
+    priors, sources = {}, {}
+    for g in gpus:
+        if fit.has_kernel_tables(g, data_root):
+            priors[g], sources[g] = fit.kernel_priors(g, data_root), PRIOR_SOURCES[0]
+        elif g in bundled:
+            priors[g], sources[g] = dict(bundled[g]), PRIOR_SOURCES[1]
+        else:
+            priors[g], sources[g] = dict(DEFAULTS), PRIOR_SOURCES[2]
+    return priors, sources
+
+
 def unseen_gpu_groups(rows: list[dict]) -> dict[str, list[dict]]:
     """The `fit_excluded` campaigns of the fit backend measured on a GPU none of whose rows is fitted,
     keyed "gpu/dataset/model": a check of a GPU no fit sees (priced as `unfitted_gpu_params`)."""
@@ -381,16 +403,18 @@ def _fmt(value: float) -> str:
     return f"{value:.6g}"
 
 
-def write_params(params: dict[str, dict[str, float]], path: Path, record: dict) -> Path:
-    """The calibration TOML: [record] provenance, then one [gpu.<name>] table per GPU."""
+def write_params(params: dict[str, dict[str, float]], path: Path, record: dict, priors: dict[str, dict[str, float]] | None = None) -> Path:
+    """The calibration TOML: [record] provenance, one [gpu.<name>] table per GPU (what the physics
+    reads), then one [prior.<name>] table per GPU of `priors` (what the fit started from; read back by
+    `calibration_priors` where the kernel tables are absent)."""
     lines = ["# Written by `jaxplan calibrate`; efficiencies are fractions of spec-sheet peaks, latencies in seconds.", "[record]"]
     for key, value in record.items():
         lines.append(f"{key} = {_toml_value(value)}")
-    for gpu in sorted(params):
-        lines.append(f"\n[gpu.{gpu}]")
-        for field in BOUNDS:
-            value = params[gpu].get(field, DEFAULTS[field])
-            lines.append(f"{field} = {_fmt(value)}")
+    for section, tables in (("gpu", params), ("prior", priors or {})):
+        for gpu in sorted(tables):
+            lines.append(f"\n[{section}.{gpu}]")
+            for field in BOUNDS:
+                lines.append(f"{field} = {_fmt(tables[gpu].get(field, DEFAULTS[field]))}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -419,6 +443,7 @@ def provenance(rows: list[dict], report: dict, sources: list[str]) -> dict:
         "fit_rows": report["fit_rows"],
         "fit_rows_kv_fits": report["fit_rows_kv_fits"],
         "final_loss": report.get("final_loss", float("nan")),
+        "priors_from": sorted({f"{g}: {source}" for g, source in report.get("prior_sources", {}).items()}),
     }
 
 

@@ -15,6 +15,7 @@ from jaxplan.errors import bad_value
 @app.command()
 @clean_errors
 def calibrate(
+    files: Annotated[Optional[list[Path]], typer.Argument(exists=True, dir_okay=False, show_default=False, help="Your own measurement files, as --measurements takes them (e.g. runs/*.json).")] = None,
     measurements: Annotated[Optional[list[Path]], typer.Option("--measurements", exists=True, dir_okay=False, help="Your own data: predict-format CSV with measured_* columns, or `vllm bench serve --save-result` JSON (repeatable).")] = None,
     shared_data: Annotated[bool, typer.Option(help="Also use the measurements in ../shared/data (or $JAXPLAN_SHARED_DATA) when present.")] = True,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Where to write the parameters (default: the bundled file).")] = None,
@@ -35,14 +36,14 @@ def calibrate(
     if shared_data and data_root_exists():
         rows += load_serving_rows()
         sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp; kernels_aiconfigurator")
-    for path in measurements or []:
+    for path in [*(files or []), *(measurements or [])]:
         found = read_vllm_bench_json(path) if path.suffix == ".json" else read_predict_csv(path)
         if not found:
             raise bad_value("rows", 0, "the file has a header but no measurement rows", where=str(path))
         rows += [r if r.get("dataset") else {**r, "dataset": path.name} for r in found]  # a row without one is its file's
         sources.append(str(path))
     if not rows:
-        raise bad_value("--measurements", None, "no measurements found: pass --measurements FILE or provide ../shared/data")
+        raise bad_value("--measurements", None, "no measurements found: pass measurement files (CSV or vllm bench JSON) or provide ../shared/data")
     with progress_bar() as progress:
         steps_total = fit_step_groups(rows, replay_check)
         task = progress.add_task("calibrating (kernel priors, per-GPU fit, held-out fits)", total=steps_total)
@@ -54,7 +55,7 @@ def calibrate(
         params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds)
         # The parameters are final here (the replay check only reports on them): write them now.
         target = output or default_output()
-        write_params(params, target, provenance(rows, report, sources))
+        write_params(params, target, provenance(rows, report, sources), report.get("priors"))
         if replay_check and report.get("in_sample"):  # some GPU was fitted
             progress.console.print(f"wrote {target} (calibrated in {report['seconds']:.0f} s); replaying rows as a check (--no-replay-check skips it)", highlight=False)
             held_out = run_replay_check(rows, report, params, log=log)

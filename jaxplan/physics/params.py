@@ -89,6 +89,22 @@ def load_efficiency(path: str | None = None) -> dict[str, dict[str, float]]:
     return {name: validate(name, values, str(target)) for name, values in gpus.items()}
 
 
+@functools.cache
+def load_priors(path: str | None = None) -> dict[str, dict[str, float]]:
+    """GPU name -> the kernel-table priors a calibration file was fitted from (its [prior.<name>]
+    tables; {} for a file without them): what `jaxplan calibrate` starts from where NVIDIA's kernel
+    tables are not on disk, e.g. in a clone without ../shared."""
+    from jaxplan.specs.loader import read_toml
+
+    target = Path(path) if path else PARAMS_PATH
+    if not target.exists():
+        return {}
+    priors = read_toml(target).get("prior", {})
+    if not isinstance(priors, dict):
+        raise bad_value("prior", priors, "must be a table of [prior.<name>] sections", where=str(target))
+    return {name: validate(name, values, str(target)) for name, values in priors.items()}
+
+
 def efficiency_for(gpu_names, path: str | None = None) -> dict[str, dict[str, float]]:
     table = load_efficiency(path)
     return {name: table.get(name, DEFAULTS) for name in gpu_names}

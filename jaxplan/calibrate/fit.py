@@ -21,6 +21,7 @@ Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -344,7 +345,13 @@ def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bo
     return np.asarray(jnp.broadcast_to(z, prior.shape)), float(loss)
 
 
-@jax.jit
+# The fit's one program compiles at XLA's -O0: the same HLO and float semantics (the parameters come out
+# the same to the file's 6 digits), ~20 s less compilation with an empty cache for ~9 s more Adam steps
+# with a warm one, on the 2-core VM (bench/README.md, "Calibration").
+FIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+@functools.partial(jax.jit, compiler_options=FIT_COMPILER_OPTIONS)
 def _fit(z0, prior, padded, base: Hardware, steps):
     def loss_fn(z):
         full = jnp.broadcast_to(z, prior.shape)

@@ -308,7 +308,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     report: dict = {
         "fit_backend": FIT_BACKEND, "fit_rows": len(fit_rows), "fit_rows_kv_fits": len(train),
         "held_out": {}, "held_out_params": {}, "in_sample": {}, "not_fitted": {}, "other_backends": {},
-        "priors": priors, "prior_sources": prior_sources,
+        "priors": {g: priors[g] for g in gpus if prior_sources[g] != PRIOR_SOURCES[2]}, "prior_sources": prior_sources,
     }  # fmt: skip
     for g in sorted({r["gpu"] for r in fit_rows} - set(fitted_gpus)):
         report.setdefault("gpus_not_fitted", {})[g] = (

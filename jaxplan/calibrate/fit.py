@@ -214,17 +214,16 @@ def gemm_floor_prior(gpu: str, data_root=None) -> dict[str, float]:
     in the GPU's tables that multiply <= 16 tokens by <= 1 MiB of weights (their bytes would take
     < 0.5 us: what is left is the kernels' own least time); a dtype without such GEMMs keeps its default."""
     from jaxplan.calibrate import kernels
-
-    found = {}
     from jaxplan.specs.space import DTYPE_BYTES
 
-    for dtype, field in (("bf16", "gemm_floor_s"), ("fp8", "fp8_gemm_floor_s"), ("nvfp4", "fp4_gemm_floor_s")):
-        bytes_per_weight = DTYPE_BYTES[dtype]
-        try:
-            gemm = kernels.load_gemm(gpu, dtypes=(dtype,), data_root=data_root)
-        except Exception:  # noqa: BLE001 - no table of this dtype
-            continue
-        tiny = (gemm.m <= GEMM_FLOOR_MAX_TOKENS) & (gemm.n * gemm.k * bytes_per_weight <= GEMM_FLOOR_MAX_WEIGHT_BYTES)
+    floors = {"bf16": "gemm_floor_s", "fp8": "fp8_gemm_floor_s", "nvfp4": "fp4_gemm_floor_s"}
+    try:
+        gemm = kernels.load_gemm(gpu, dtypes=tuple(floors), data_root=data_root)  # one read for the three
+    except Exception:  # noqa: BLE001 - no GEMM table for this GPU
+        return {}
+    found = {}
+    for dtype, field in floors.items():
+        tiny = (gemm.dtype == dtype) & (gemm.m <= GEMM_FLOOR_MAX_TOKENS) & (gemm.n * gemm.k * DTYPE_BYTES[dtype] <= GEMM_FLOOR_MAX_WEIGHT_BYTES)
         if tiny.any():
             found[field] = float(np.median(gemm.latency_s[tiny]))
     return found

@@ -75,18 +75,22 @@ def validate(gpu: str, params: dict[str, float], where: str) -> dict[str, float]
 @functools.cache
 def load_efficiency(path: str | None = None) -> dict[str, dict[str, float]]:
     """GPU name -> efficiency parameters (missing GPUs fall back to DEFAULTS via `for_gpu`)."""
+    target = Path(path) if path else PARAMS_PATH
+    if not target.exists() and path:
+        raise PlanError(f"calibration file {path!r} does not exist; run `jaxplan calibrate` or omit --params")
+    return _gpu_tables(target, "gpu")
+
+
+def _gpu_tables(target: Path, section: str) -> dict[str, dict[str, float]]:
+    """The validated [<section>.<gpu>] tables of a calibration file ({} if the file is absent)."""
     from jaxplan.specs.loader import read_toml
 
-    target = Path(path) if path else PARAMS_PATH
     if not target.exists():
-        if path:
-            raise PlanError(f"calibration file {path!r} does not exist; run `jaxplan calibrate` or omit --params")
         return {}
-    data = read_toml(target)
-    gpus = data.get("gpu", {})
-    if not isinstance(gpus, dict):
-        raise bad_value("gpu", gpus, "must be a table of [gpu.<name>] sections", where=str(target))
-    return {name: validate(name, values, str(target)) for name, values in gpus.items()}
+    tables = read_toml(target).get(section, {})
+    if not isinstance(tables, dict):
+        raise bad_value(section, tables, f"must be a table of [{section}.<name>] sections", where=str(target))
+    return {name: validate(name, values, str(target)) for name, values in tables.items()}
 
 
 @functools.cache
@@ -94,15 +98,7 @@ def load_priors(path: str | None = None) -> dict[str, dict[str, float]]:
     """GPU name -> the kernel-table priors a calibration file was fitted from (its [prior.<name>]
     tables; {} for a file without them): what `jaxplan calibrate` starts from where NVIDIA's kernel
     tables are not on disk, e.g. in a clone without ../shared."""
-    from jaxplan.specs.loader import read_toml
-
-    target = Path(path) if path else PARAMS_PATH
-    if not target.exists():
-        return {}
-    priors = read_toml(target).get("prior", {})
-    if not isinstance(priors, dict):
-        raise bad_value("prior", priors, "must be a table of [prior.<name>] sections", where=str(target))
-    return {name: validate(name, values, str(target)) for name, values in priors.items()}
+    return _gpu_tables(Path(path) if path else PARAMS_PATH, "prior")
 
 
 def efficiency_for(gpu_names, path: str | None = None) -> dict[str, dict[str, float]]:

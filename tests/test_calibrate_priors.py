@@ -157,6 +157,55 @@ def test_nvfp4_priors_from_b200s_gemm_tables():
     assert np.all(np.diff(optimism) > 0) and 1.0 < optimism[0] < 1.2 and 1.3 < optimism[-1] < 1.6, optimism
 
 
+def test_fp4_weight_read_prior_hand_computed():
+    """Planted FP8 and NVFP4 tables. Weight-streaming shapes (<= 16 tokens, >= 64 MB of FP8 weights)
+    timed in both formats: (8, 8192, 8192) at 100 us FP8 (its fastest of two kernels) and 60 us NVFP4,
+    (16, 16384, 8192) at 200 / 150 us, (1, 8192, 16384) at 100 / 70 us: ratios 0.6, 0.75, 0.7, median
+    0.7 B per weight. Not counted: 32 tokens (too many), 4096 x 4096 (16 MB, too small), a shape timed
+    in FP8 only, and the bf16 row of a counted shape."""
+    fp8 = GemmTable(
+        m=np.array([8, 8, 16, 1, 32, 8, 4, 8]),
+        n=np.array([8192, 8192, 16384, 8192, 8192, 4096, 8192, 8192]),
+        k=np.array([8192, 8192, 8192, 16384, 8192, 4096, 65536, 8192]),
+        dtype=np.array(["fp8", "fp8", "fp8", "fp8", "fp8", "fp8", "fp8", "bf16"]),
+        kernel_source=np.array(["a", "b", "a", "a", "a", "a", "a", "torch"]),
+        latency_s=np.array([130e-6, 100e-6, 200e-6, 100e-6, 100e-6, 30e-6, 500e-6, 10e-6]),
+    )
+    nvfp4 = GemmTable(
+        m=np.array([8, 16, 1, 32, 8]),
+        n=np.array([8192, 16384, 8192, 8192, 4096]),
+        k=np.array([8192, 8192, 16384, 8192, 4096]),
+        dtype=np.full(5, "nvfp4"), kernel_source=np.full(5, "cute"),
+        latency_s=np.array([60e-6, 150e-6, 70e-6, 10e-6, 1e-6]),
+    )
+    assert fit.fp4_weight_read_prior(fp8, nvfp4) == pytest.approx(0.7)
+    no_pairs = nvfp4._replace(m=nvfp4.m + 1000)
+    assert fit.fp4_weight_read_prior(fp8, no_pairs) is None
+
+
+def test_fp4_weight_read_prior_from_b200s_gemm_tables():
+    """NVIDIA's B200 tables: over the ~1,400 weight-streaming shapes timed in FP8 and NVFP4, an NVFP4
+    GEMM takes a median 0.67 of the FP8 one's time, i.e. streams 0.67 B per weight where FP8 streams
+    1 (0.5625 are stored). Recomputed here in plain Python from the loaded rows. GPUs without FP4
+    tensor cores keep the stored size."""
+    if not _data.data_root_exists():
+        pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
+    from jaxplan.calibrate import kernels
+
+    table = kernels.load_gemm("b200_sxm", dtypes=("fp8", "nvfp4"))
+    best = {}
+    for m, n, k, dtype, latency in zip(table.m.tolist(), table.n.tolist(), table.k.tolist(), table.dtype.tolist(), table.latency_s.tolist()):
+        if m <= 16 and n * k >= 64e6:
+            best[(dtype, m, n, k)] = min(best.get((dtype, m, n, k), float("inf")), latency)
+    ratios = sorted(best[("nvfp4",) + s[1:]] / t for s, t in best.items() if s[0] == "fp8" and ("nvfp4",) + s[1:] in best)
+    assert len(ratios) > 1000
+    want = float(np.median(ratios))
+    prior = fit.kernel_priors("b200_sxm")["fp4_weight_read_bytes_per_param"]
+    assert prior == pytest.approx(want, rel=1e-12)
+    assert prior == pytest.approx(0.67, abs=0.02)
+    assert fit.kernel_priors("h200_sxm")["fp4_weight_read_bytes_per_param"] == DEFAULTS["fp4_weight_read_bytes_per_param"] == 0.5625
+
+
 def test_gemm_floor_prior_is_the_median_of_the_tiny_gemms(monkeypatch):
     """A planted table: GEMMs of <= 16 tokens over <= 1 MiB of weights take 3, 4 and 5 us (median 4 us);
     larger ones (more tokens, or a 2 MiB BF16 weight) do not count. No FP8 or NVFP4 rows: those fields
@@ -298,3 +347,29 @@ def test_padding_rows_carry_no_weight_in_the_fit_loss():
     expected = np.mean(ttft_err**2) + np.mean(tpot_err**2)
     assert expected > 0.01  # the rows are off the model: a loss that ignored them would show
     assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_fit_prices_each_gpu_with_its_own_values_of_the_fields_it_does_not_fit():
+    """The serving fit replaces FIT_FIELDS only; every other field (FP8 KV reads, NVFP4 GEMMs, GEMM
+    floors) must be the GPU's own value, the one it is evaluated and shipped with. Until 2026-12-03
+    the fit priced them at DEFAULTS (H200 read an FP8 KV cache at 1.35 B per element in the fit and
+    1.76 B everywhere else). Three B200 rows with NVFP4 weights and an FP8 cache, 32-64 clients at
+    1,024 / 8,192 tokens (decode-bound): the fit's loss at the prior, with B200's kernel values held
+    fixed, is the loss stage 4 (`log_errors`) gives with the complete parameters, and differs from the DEFAULTS
+    one by more than rounding."""
+    base = dict(model="llama-3.1-70b", gpu="b200_sxm", tensor_parallel_size=2, weight_dtype="nvfp4", kv_cache_dtype="fp8", isl=1024.0, osl=8192.0)
+    measured = [dict(base, concurrency=32.0 * (k + 1), measured_ttft_ms_mean=150.0 + 50 * k, measured_tpot_ms_mean=12.0 + 2 * k) for k in range(3)]
+    gpus = ["b200_sxm"]
+    data = fit.fit_data(measured, gpus)
+    kernel = dict(DEFAULTS, fp8_kv_read_bytes_per_element=1.1, fp4_weight_read_bytes_per_param=0.7, fp4_gemm_flops_efficiency=0.5, fp4_gemm_floor_s=9e-6)
+    prior = np.stack([fit.free_vector(kernel)])
+    _, loss = fit.fit_serving(data, gpus, prior, fixed={"b200_sxm": kernel}, steps=1)
+    _, loss_defaults = fit.fit_serving(data, gpus, prior, steps=1)
+    complete = hardware_table((load_gpu("b200_sxm"),), {"b200_sxm": {**kernel, **fit.values_of(prior[0])}})
+    ttft_err, tpot_err = (np.asarray(e, np.float64) for e in fit.log_errors(data, complete))
+    assert loss == pytest.approx(np.mean(ttft_err**2) + np.mean(tpot_err**2), rel=1e-5)
+    assert abs(loss - loss_defaults) > 1e-3 * loss
+    # The table the fit starts from carries the fixed values field by field.
+    table = fit.base_table(gpus, {"b200_sxm": kernel})
+    for field in ("fp8_kv_read_bytes_per_element", "fp4_weight_read_bytes_per_param", "fp4_gemm_flops_efficiency", "fp4_gemm_floor_s"):
+        assert float(getattr(table, field)[0]) == pytest.approx(kernel[field], rel=1e-6), field

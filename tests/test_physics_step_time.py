@@ -116,6 +116,9 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     # always at `bw`. A weight GEMM takes at least its dtype's floor (smoothly, like the roofline);
     # the paired ones (QKV + O, in + out projections, gate/up + down, the experts' two) two floors.
     floor = np.select([fp4, fp8], [hw["fp4_gemm_floor_s"], hw["fp8_gemm_floor_s"]], hw["gemm_floor_s"])
+    # The weights a GEMM streams cost their stored bytes, but NVFP4 ones on FP4 tensor cores the GPU's
+    # `fp4_weight_read_bytes_per_param` (its kernels stream them slower than FP8's stream one byte).
+    wb = np.where(fp4, hw["fp4_weight_read_bytes_per_param"], wb)
     ops = []
     kv_ways = np.minimum(tp, m.kv_heads)
     attn_w = (m.attn_params_per_layer - m.kv_proj_params_per_layer) / tp + m.kv_proj_params_per_layer / kv_ways
@@ -298,9 +301,9 @@ def test_more_bandwidth_or_flops_never_slows_a_step(shapes, hardware, model, gpu
         faster = hardware._replace(**{f: getattr(hardware, f) * factor for f in fields})
         t = code_step_time(m, faster, gpu, lay, batch)
         assert np.all(t <= base * (1 + ULPS)), f"{fields} x {factor}: {model} on {GPUS[gpu]}"
-    # A cheaper read of an FP8 KV cache or quantisation of a GEMM's input (fewer HBM bytes per element),
-    # or a lower floor under a GEMM, never slows a step either.
-    for field in ("fp8_kv_read_bytes_per_element", "fp8_quant_bytes_per_element", "fp4_quant_bytes_per_element", "gemm_floor_s", "fp8_gemm_floor_s", "fp4_gemm_floor_s"):
+    # A cheaper read of an FP8 KV cache or of NVFP4 weights, or quantisation of a GEMM's input (fewer
+    # HBM bytes per element), or a lower floor under a GEMM, never slows a step either.
+    for field in ("fp8_kv_read_bytes_per_element", "fp8_quant_bytes_per_element", "fp4_quant_bytes_per_element", "fp4_weight_read_bytes_per_param", "gemm_floor_s", "fp8_gemm_floor_s", "fp4_gemm_floor_s"):
         cheaper = hardware._replace(**{field: getattr(hardware, field) / factor})
         assert np.all(code_step_time(m, cheaper, gpu, lay, batch) <= base * (1 + ULPS)), f"{field} / {factor}: {model} on {GPUS[gpu]}"
 
@@ -493,7 +496,10 @@ def test_small_gemms_take_their_floor(shapes, hardware):
     below two FP8 GEMM floors (~12 us): it costs the floors (within the smooth max's 0.3% where the
     floor dominates 4:1). So at TP8 NVFP4's GEMMs save little over FP8's (NVIDIA's tables: the four
     GEMMs of a TP8 layer at 16 tokens take 43 us in FP8 and 40 us in NVFP4), while at TP1, where every
-    GEMM reads 14-77 MB, NVFP4's take about 0.56 of FP8's (the tables: 112 / 194 us)."""
+    GEMM streams 14-77 MB, NVFP4's take B200's `fp4_weight_read_bytes_per_param` of FP8's time (0.67,
+    the median over all the tables' weight-streaming shapes). At these four shapes the tables say 0.58
+    (112 / 194 us); B200's serving rows side with the median (measured NVFP4 / FP8 TPOT at TP1: 0.79;
+    the model gives 0.78 with 0.67 B per weight, 0.71 with the stored 0.5625, docs/accuracy.md)."""
     m = shapes["llama-3.1-70b"]
     b200 = GPUS.index("b200_sxm")
     hw = take(hardware, jnp.int32(b200))
@@ -513,4 +519,5 @@ def test_small_gemms_take_their_floor(shapes, hardware):
     fp8_tp8, nvfp4_tp8 = per_layer_s(8, 1.0), per_layer_s(8, 0.5625)
     fp8_tp1, nvfp4_tp1 = per_layer_s(1, 1.0), per_layer_s(1, 0.5625)
     assert 0.85 < nvfp4_tp8 / fp8_tp8 < 1.1, (nvfp4_tp8, fp8_tp8)
-    assert nvfp4_tp1 / fp8_tp1 < 0.65, (nvfp4_tp1, fp8_tp1)
+    assert nvfp4_tp1 / fp8_tp1 == pytest.approx(h["fp4_weight_read_bytes_per_param"], rel=0.03), (nvfp4_tp1, fp8_tp1)
+    assert 0.6 < h["fp4_weight_read_bytes_per_param"] < 0.75

@@ -11,7 +11,8 @@ GEMM FLOP efficiency from compute-bound GEMMs (FP8 ones less the quantisation
 of their input, whose bytes per element come from a least-squares split of
 the compute-bound FP8 GEMMs' times; NVFP4 GEMMs, where the GPU has FP4 tensor
 cores, the same way against the FP4 peak), bandwidth efficiency from
-weight-streaming GEMMs (few tokens, big weights), attention efficiency from
+weight-streaming GEMMs (few tokens, big weights) and the bytes an NVFP4 one streams
+per weight from its time over the FP8 one's on the same shape, attention efficiency from
 long-context prefill attention, the cost of reading an FP8 KV cache from decode
 attention timed with FP8 and BF16 caches, all-reduce latency from small messages
 and bandwidth from prefill-sized ones as vLLM runs them (in groups of 8 GPUs, and
@@ -107,7 +108,7 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     fp8 = (gemm.dtype == "fp8") & bool(spec.fp8_flops_per_s)
     peak = np.where(fp8, spec.fp8_flops_per_s or spec.bf16_flops_per_s, spec.bf16_flops_per_s)
     weight_bytes = gemm.n * gemm.k * np.where(gemm.dtype == "fp8", 1.0, 2.0)
-    streaming = (gemm.m <= 16) & (weight_bytes >= 64e6)
+    streaming = weight_streaming(gemm, weight_bytes)
     if streaming.any():
         prior["memory_bandwidth_efficiency"] = float(np.median(weight_bytes[streaming] / gemm.latency_s[streaming] / spec.hbm_bandwidth_bytes_per_s))
     bytes_per_s = spec.hbm_bandwidth_bytes_per_s * prior["memory_bandwidth_efficiency"]
@@ -120,7 +121,7 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     if big.any():
         prior["gemm_flops_efficiency"] = net_gemm_efficiency(gemm, quant_s, peak, big)
     if spec.fp4_flops_per_s:
-        prior.update(nvfp4_gemm_prior(gpu, spec, bytes_per_s, data_root))
+        prior.update(nvfp4_gemm_prior(gpu, spec, bytes_per_s, data_root, fp8_gemm=gemm))
     prior.update(gemm_floor_prior(gpu, data_root))
     try:
         ctx = kernels.load_context_attention(gpu, data_root=data_root)
@@ -176,24 +177,62 @@ def allreduce_prior(gpu: str, spec, data_root=None) -> dict[str, float]:
     return found
 
 
-def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, data_root=None) -> dict[str, float]:
+STREAMING_MAX_TOKENS = 16  # a weight-streaming GEMM: few tokens (decode) ...
+STREAMING_MIN_WEIGHT_BYTES = 64e6  # ... over big weights (bytes stored in bf16 / FP8)
+
+
+def weight_streaming(gemm, weight_bytes) -> np.ndarray:
+    """Rows [N] bool of GEMMs that stream their weights: <= STREAMING_MAX_TOKENS tokens over
+    `weight_bytes` [N] >= STREAMING_MIN_WEIGHT_BYTES."""
+    return (gemm.m <= STREAMING_MAX_TOKENS) & (weight_bytes >= STREAMING_MIN_WEIGHT_BYTES)
+
+
+def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, data_root=None, fp8_gemm=None) -> dict[str, float]:
     """`fp4_gemm_flops_efficiency` and `fp4_quant_bytes_per_element` from the GPU's NVFP4 GEMM
     table, read as the FP8 pair is (the same split of compute-bound GEMMs into FLOPs at the FP4 peak
     and input quantisation at `bytes_per_s`, then the median efficiency net of it over GEMMs with
-    m, n, k >= 4096); {} without such a table."""
+    m, n, k >= 4096); with `fp8_gemm` (the GPU's FP8 GEMM table) also
+    `fp4_weight_read_bytes_per_param` (`fp4_weight_read_prior`). {} without an NVFP4 table."""
     from jaxplan.calibrate import kernels
 
     try:
         gemm = kernels.load_gemm(gpu, dtypes=("nvfp4",), data_root=data_root)
     except Exception:  # noqa: BLE001 - no NVFP4 timings for this GPU: keep the defaults
         return {}
+    found = {}
+    if fp8_gemm is not None:
+        read_bytes = fp4_weight_read_prior(fp8_gemm, gemm)
+        if read_bytes is not None:
+            found["fp4_weight_read_bytes_per_param"] = read_bytes
     peak = np.full(gemm.m.shape, float(spec.fp4_flops_per_s))
     compute = (gemm.m >= 1024) & (gemm.n >= 1024) & (gemm.k >= 1024)
     big = (gemm.m >= 4096) & (gemm.n >= 4096) & (gemm.k >= 4096)
     if compute.sum() < 2 or not big.any():
-        return {}
+        return found
     quant_bytes, quant_s = fp8_quant_prior(gemm, compute, peak, bytes_per_s)
-    return {"fp4_gemm_flops_efficiency": net_gemm_efficiency(gemm, quant_s, peak, big), "fp4_quant_bytes_per_element": quant_bytes}
+    return {**found, "fp4_gemm_flops_efficiency": net_gemm_efficiency(gemm, quant_s, peak, big), "fp4_quant_bytes_per_element": quant_bytes}
+
+
+def fp4_weight_read_prior(fp8_gemm, nvfp4_gemm) -> float | None:
+    """HBM bytes per weight an NVFP4 GEMM streams, in units of the FP8 GEMM's 1 byte: the median over
+    the weight-streaming shapes (`weight_streaming`, FP8 bytes) timed in both formats of
+    1 B x t(NVFP4) / t(FP8), each shape at its fastest kernel. None without such pairs."""
+    def fastest(table, dtype):
+        """(shape codes [S] sorted, least latency [S]) of `dtype`'s weight-streaming rows."""
+        rows = (table.dtype == dtype) & weight_streaming(table, table.n * table.k * 1.0)
+        code = (table.m[rows] << 40) | (table.n[rows] << 20) | table.k[rows]  # m, n, k < 2^20
+        order = np.argsort(code, kind="stable")
+        code, latency = code[order], table.latency_s[rows][order]
+        if not code.size:
+            return code, latency
+        starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
+        return code[starts], np.minimum.reduceat(latency, starts)
+
+    fp8_code, fp8_s = fastest(fp8_gemm, "fp8")
+    nvfp4_code, nvfp4_s = fastest(nvfp4_gemm, "nvfp4")
+    _, at_fp8, at_nvfp4 = np.intersect1d(fp8_code, nvfp4_code, assume_unique=True, return_indices=True)
+    ratios = nvfp4_s[at_nvfp4] / fp8_s[at_fp8]
+    return float(np.median(ratios)) if ratios.size else None
 
 
 def net_gemm_efficiency(gemm, quant_s, peak, rows) -> float:
@@ -288,9 +327,12 @@ def hardware_from_free(base: Hardware, z) -> Hardware:
     return base._replace(**{f: from_free(f, z[:, i]) for i, f in enumerate(FIT_FIELDS)})
 
 
-def base_table(gpus: list[str]) -> Hardware:
-    """[G] Hardware of `gpus` (spec peaks, fields at DEFAULTS) that the fit's parameters replace."""
-    return hardware_table(tuple(load_gpu(g) for g in gpus), {g: DEFAULTS for g in gpus})
+def base_table(gpus: list[str], fixed: dict[str, dict[str, float]] | None = None) -> Hardware:
+    """[G] Hardware of `gpus` that the fit's parameters replace: spec peaks, and the fields it does not
+    fit at each GPU's `fixed` values (its kernel priors: the values it is evaluated and shipped with),
+    DEFAULTS where none are given."""
+    fixed = fixed or {}
+    return hardware_table(tuple(load_gpu(g) for g in gpus), {g: {**DEFAULTS, **fixed.get(g, {})} for g in gpus})
 
 
 def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple):
@@ -332,15 +374,17 @@ def _weighted_loss(padded: tuple, hw_table: Hardware):
     return mean(ttft_err) + mean(tpot_err)
 
 
-def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, shared: bool = False, steps: int = STEPS):
+def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, fixed: dict[str, dict[str, float]] | None = None,
+                shared: bool = False, steps: int = STEPS):
     """Adam on the log errors; prior [G, P] (free space). shared=True fits one vector for all GPUs.
+    `fixed` gives each GPU's values of the fields outside FIT_FIELDS (`base_table`; DEFAULTS without).
 
     Compiled once per (number of GPUs, shared, number of models, `buckets.bucket_size` of each): a fit of
     other rows, models, GPUs or steps in the same buckets reuses the program (held-out folds, tests,
     a user's measurements). Returns (z [G, P], final loss)."""
     padded = jax.tree.map(jnp.asarray, _padded(data))
     z0 = prior.mean(axis=0, keepdims=True) if shared else prior
-    z, loss = _fit(jnp.asarray(z0), jnp.asarray(prior), padded, base_table(gpus), jnp.int32(steps))
+    z, loss = _fit(jnp.asarray(z0), jnp.asarray(prior), padded, base_table(gpus, fixed), jnp.int32(steps))
     return np.asarray(jnp.broadcast_to(z, prior.shape)), float(loss)
 
 

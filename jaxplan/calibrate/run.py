@@ -52,7 +52,8 @@ KV_BLOCK_TOKENS = 16  # vLLM's default block size
 # CUDA graphs, not the tables' NCCL), and the runtime's per-layer, per-step, per-sequence and
 # per-request overheads. Fields outside `fit.FIT_FIELDS` are never fitted:
 # every GPU keeps its kernel value of them (e.g. `fp8_kv_read_bytes_per_element`, from decode attention,
-# and the NVFP4 GEMMs' `fp4_gemm_flops_efficiency` and `fp4_quant_bytes_per_element`).
+# and the NVFP4 GEMMs' `fp4_gemm_flops_efficiency`, `fp4_quant_bytes_per_element` and
+# `fp4_weight_read_bytes_per_param`).
 KERNEL_FIELDS = (
     "gemm_flops_efficiency", "fp8_quant_bytes_per_element", "attention_flops_efficiency",
     "allreduce_bandwidth_efficiency", "allreduce_two_gpu_ratio",
@@ -121,10 +122,13 @@ def trained_mask(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[
 
 
 def serving_fit(rows: list[dict], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, shared: bool = False) -> tuple[list[str], np.ndarray, float]:
-    """The serving fit on `rows`, each GPU's kernel priors as its prior: (the rows' GPUs, sorted;
-    fitted free vectors [G, P]; final loss). shared=True fits one vector for all of them."""
+    """The serving fit on `rows`, each GPU's kernel priors as its prior and as its values of the fields
+    the fit leaves alone (FP8 KV reads, NVFP4 GEMMs, GEMM floors: what it is evaluated and shipped
+    with): (the rows' GPUs, sorted; fitted free vectors [G, P]; final loss). shared=True fits one
+    vector for all of them."""
     gpus = sorted({r["gpu"] for r in rows})
-    z, loss = fit.fit_serving(fit.fit_data(rows, gpus), gpus, np.stack([fit.free_vector(priors[g]) for g in gpus]), shared=shared, steps=steps)
+    z, loss = fit.fit_serving(fit.fit_data(rows, gpus), gpus, np.stack([fit.free_vector(priors[g]) for g in gpus]),
+                              fixed={g: priors[g] for g in gpus}, shared=shared, steps=steps)
     return gpus, z, loss
 
 

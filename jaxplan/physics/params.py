@@ -33,6 +33,12 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     # tables: 0.54 and 4.4 (FP8 GEMMs there: 0.70 and 15). Read off the tables, never fitted.
     "fp4_gemm_flops_efficiency": (0.55, 0.05, 1.0),
     "fp4_quant_bytes_per_element": (5.0, 0.0, 40.0),
+    # HBM bytes an NVFP4 GEMM costs per weight it streams, where an FP8 GEMM costs the 1 byte it
+    # stores (at the same achievable bandwidth). 0.5625 are stored (4 bits and an FP8 scale per 16),
+    # but the kernels stream them slower than FP8's: NVIDIA's B200 tables time GEMMs of <= 16 tokens
+    # over >= 64 MB of FP8 weights at a median 0.67 of the FP8 time in NVFP4. The default is the
+    # stored size. Read off the tables, never fitted; capacity is unaffected.
+    "fp4_weight_read_bytes_per_param": (0.5625, 0.1, 2.0),
     # The least time one weight GEMM takes however few bytes it reads (a tiny GEMM is launch- and
     # tail-bound): BF16, FP8 and NVFP4 (the last two with their input quantisation, a second kernel).
     # NVIDIA's tables, GEMMs of <= 16 tokens over <= 1 MiB of weights: H100/H200 3.0 / 5.4 us, B200 2.2 /

@@ -140,6 +140,7 @@ class Hardware(NamedTuple):
     fp8_kv_read_bytes_per_element: jnp.ndarray  # decode attention's HBM bytes per FP8 KV element read
     fp4_gemm_flops_efficiency: jnp.ndarray  # NVFP4 GEMMs, of the FP4 peak
     fp4_quant_bytes_per_element: jnp.ndarray
+    fp4_weight_read_bytes_per_param: jnp.ndarray  # HBM bytes per NVFP4 weight a GEMM streams (FP8: 1)
     gemm_floor_s: jnp.ndarray  # least seconds of one weight GEMM: BF16, FP8, NVFP4
     fp8_gemm_floor_s: jnp.ndarray
     fp4_gemm_floor_s: jnp.ndarray

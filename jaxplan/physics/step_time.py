@@ -122,6 +122,13 @@ def input_quant_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens):
     return tokens * input_quant_s_per_token(model, hw, layout)
 
 
+def weight_read_bytes_per_param(hw: Hardware, layout: Layout):
+    """HBM bytes a weight GEMM streams per parameter: the stored 2 (bf16) or 1 (FP8); for NVFP4
+    GEMMs on FP4 tensor cores the GPU's `fp4_weight_read_bytes_per_param` (its kernels stream the
+    0.5625 stored bytes slower than FP8's stream one)."""
+    return jnp.where(uses_fp4_gemms(hw, layout), hw.fp4_weight_read_bytes_per_param, layout.weight_bytes_per_param)
+
+
 def gemm_floor_s(hw: Hardware, layout: Layout):
     """The least seconds one weight GEMM of the layout takes: the GPU's `gemm_floor_s`, or for FP8 and
     NVFP4 GEMMs (on their tensor cores) `fp8_gemm_floor_s` / `fp4_gemm_floor_s`, which include the
@@ -142,7 +149,7 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     tp = layout.tensor_parallel_size
     flops_per_s = gemm_flops_per_s(hw, layout)
     bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
-    wb = layout.weight_bytes_per_param
+    wb = weight_read_bytes_per_param(hw, layout)
     h = model.hidden_size
     kv_share = jnp.minimum(tp, model.kv_heads)
     attn_params = (model.attn_params_per_layer - model.kv_proj_params_per_layer) / tp + model.kv_proj_params_per_layer / kv_share

@@ -121,7 +121,7 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     if big.any():
         prior["gemm_flops_efficiency"] = net_gemm_efficiency(gemm, quant_s, peak, big)
     if spec.fp4_flops_per_s:
-        prior.update(nvfp4_gemm_prior(gpu, spec, bytes_per_s, data_root, fp8_gemm=gemm))
+        prior.update(nvfp4_gemm_prior(gpu, spec, bytes_per_s, gemm, data_root))
     prior.update(gemm_floor_prior(gpu, data_root))
     try:
         ctx = kernels.load_context_attention(gpu, data_root=data_root)
@@ -187,23 +187,20 @@ def weight_streaming(gemm, weight_bytes) -> np.ndarray:
     return (gemm.m <= STREAMING_MAX_TOKENS) & (weight_bytes >= STREAMING_MIN_WEIGHT_BYTES)
 
 
-def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, data_root=None, fp8_gemm=None) -> dict[str, float]:
+def nvfp4_gemm_prior(gpu: str, spec, bytes_per_s: float, fp8_gemm, data_root=None) -> dict[str, float]:
     """`fp4_gemm_flops_efficiency` and `fp4_quant_bytes_per_element` from the GPU's NVFP4 GEMM
     table, read as the FP8 pair is (the same split of compute-bound GEMMs into FLOPs at the FP4 peak
     and input quantisation at `bytes_per_s`, then the median efficiency net of it over GEMMs with
-    m, n, k >= 4096); with `fp8_gemm` (the GPU's FP8 GEMM table) also
-    `fp4_weight_read_bytes_per_param` (`fp4_weight_read_prior`). {} without an NVFP4 table."""
+    m, n, k >= 4096); and `fp4_weight_read_bytes_per_param` against `fp8_gemm`, the GPU's FP8 GEMM
+    table (`fp4_weight_read_prior`). {} without an NVFP4 table."""
     from jaxplan.calibrate import kernels
 
     try:
         gemm = kernels.load_gemm(gpu, dtypes=("nvfp4",), data_root=data_root)
     except Exception:  # noqa: BLE001 - no NVFP4 timings for this GPU: keep the defaults
         return {}
-    found = {}
-    if fp8_gemm is not None:
-        read_bytes = fp4_weight_read_prior(fp8_gemm, gemm)
-        if read_bytes is not None:
-            found["fp4_weight_read_bytes_per_param"] = read_bytes
+    read_bytes = fp4_weight_read_prior(fp8_gemm, gemm)
+    found = {} if read_bytes is None else {"fp4_weight_read_bytes_per_param": read_bytes}
     peak = np.full(gemm.m.shape, float(spec.fp4_flops_per_s))
     compute = (gemm.m >= 1024) & (gemm.n >= 1024) & (gemm.k >= 1024)
     big = (gemm.m >= 4096) & (gemm.n >= 4096) & (gemm.k >= 4096)

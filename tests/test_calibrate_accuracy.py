@@ -237,3 +237,48 @@ def test_parameter_file_round_trip_keeps_gpu_and_prior_tables_apart(tmp_path):
     loaded = load_priors(str(path))
     assert set(loaded) == {"h100_sxm", "b200_sxm"} and loaded["h100_sxm"]["gemm_flops_efficiency"] == pytest.approx(0.654322, rel=1e-9)
     assert load_priors(str(tmp_path / "missing.toml")) == {}
+
+
+def test_engine_settings_of_json_runs_benchmarked_without_metadata(tmp_path, monkeypatch):
+    """`vllm bench serve` JSON files record no GPU or TP unless run with --metadata: `jaxplan calibrate
+    --gpu ... --tensor-parallel-size ...` names them (for the files that do not), and such a flag with
+    no JSON file to apply to is a one-line error naming it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate import run
+    from jaxplan.cli import app
+
+    record = {
+        "backend": "vllm", "model_id": "/models/served-from-disk", "num_prompts": 40, "request_rate": "inf", "max_concurrency": 4,
+        "completed": 40, "failed": 0, "total_input_tokens": 40 * 512, "total_output_tokens": 40 * 128,
+        "output_throughput": 300.0, "mean_ttft_ms": 80.0, "mean_tpot_ms": 12.0,
+    }  # fmt: skip
+    bare, tagged = tmp_path / "bare.json", tmp_path / "tagged.jsonl"  # .jsonl: an --append-result file
+    bare.write_text(json.dumps(record))
+    tagged.write_text(json.dumps({**record, "gpu": "h100_sxm", "tensor_parallel_size": "1"}))
+    seen = []
+
+    def fake(rows, **kwargs):
+        seen.extend(rows)
+        return {}, {"seconds": 0.0, "fit_backend": "vllm", "fit_rows": len(rows), "fit_rows_kv_fits": len(rows)}
+
+    monkeypatch.setattr(run, "calibrate", fake)
+    monkeypatch.setattr(run, "write_params", lambda *a, **k: None)
+    args = ["calibrate", str(bare), str(tagged), "--no-shared-data", "--no-replay-check", "-o", str(tmp_path / "p.toml")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "bare.json: gpu missing" in result.output and "jaxplan calibrate --gpu" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, args + ["--gpu", "h200_sxm", "--tensor-parallel-size", "2"])
+    assert result.exit_code == 1 and "/models/served-from-disk" in result.output and "jaxplan calibrate --model" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, args + ["--model", "llama-3.1-8b", "--gpu", "h200_sxm", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"])
+    assert result.exit_code == 0, result.output
+    by_file = {r["source_id"].split("#")[0]: r for r in seen}
+    assert (by_file["bare.json"]["gpu"], by_file["bare.json"]["tensor_parallel_size"], by_file["bare.json"]["model"]) == ("h200_sxm", 2, "llama-3.1-8b")
+    assert (by_file["tagged.jsonl"]["gpu"], by_file["tagged.jsonl"]["tensor_parallel_size"]) == ("h100_sxm", 1)  # its --metadata wins
+    assert by_file["bare.json"]["kv_cache_dtype"] == by_file["tagged.jsonl"]["kv_cache_dtype"] == "fp8"
+    csv_path = tmp_path / "rows.csv"
+    csv_path.write_text("model\n")
+    result = CliRunner().invoke(app, ["calibrate", str(csv_path), "--gpu", "h100_sxm", "--no-shared-data"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "--gpu" in result.output and "h100_sxm" in result.output and ".json" in result.output

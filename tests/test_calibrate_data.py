@@ -404,6 +404,28 @@ def test_vllm_bench_json_detailed_lengths_are_replayed_from_the_file(tmp_path):
     assert override["gpu"] == "h200_sxm" and override["tensor_parallel_size"] == 4
 
 
+def test_vllm_bench_json_defaults_fill_what_the_file_does_not_record(tmp_path):
+    # a run benchmarked without --metadata, served from a local path: `jaxplan calibrate --model ... --gpu ...`
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(bench_record(model_id="/models/llama-8b")))
+    defaults = {"model": "llama-3.1-8b", "gpu": "h200_sxm", "tensor_parallel_size": 2, "kv_cache_dtype": "fp8", "max_num_batched_tokens": 4096}
+    (row,) = serving.read_vllm_bench_json(path, defaults=defaults)
+    assert (row["model"], row["gpu"], row["tensor_parallel_size"], row["kv_cache_dtype"]) == ("llama-3.1-8b", "h200_sxm", 2, "fp8")
+    assert row["max_num_batched_tokens"] == 4096 and row["pipeline_parallel_size"] == 1  # not given anywhere: vLLM's default
+    # the file's own --metadata wins over a default; a keyword argument wins over both
+    path.write_text(json.dumps(bench_record(gpu="h100_sxm", tp="4", kv_cache_dtype="auto")))
+    (row,) = serving.read_vllm_bench_json(path, defaults=defaults)
+    assert (row["gpu"], row["tensor_parallel_size"], row["kv_cache_dtype"], row["model"]) == ("h100_sxm", 4, "auto", "llama-3.1-8b")
+    (row,) = serving.read_vllm_bench_json(path, gpu="b200_sxm", defaults=defaults)
+    assert row["gpu"] == "b200_sxm"
+    path.write_text(json.dumps(bench_record(gpu="h100_sxm", tp=1, model="llama-3.1-70b")))  # --metadata model=... beats --model too
+    (row,) = serving.read_vllm_bench_json(path, defaults=defaults)
+    assert row["model"] == "llama-3.1-70b"
+    with pytest.raises(PlanError) as excinfo:
+        serving.read_vllm_bench_json(path, defaults={"gpus": "h100_sxm"})
+    one_line_plan_error(excinfo, "gpus", "known: model, gpu")
+
+
 def test_vllm_bench_json_gpu_variant_from_metadata(tmp_path):
     # vllm bench serve --metadata gpu=a100_sxm gpu_hbm_bytes_override=42949672960 ... (an A100-SXM4-40GB)
     path = tmp_path / "run.json"
@@ -431,9 +453,9 @@ def test_vllm_bench_json_open_loop_and_append_file(tmp_path):
 @pytest.mark.parametrize(
     ("changes", "kwargs", "fragments"),
     [
-        ({}, {"tensor_parallel_size": 1}, ("gpu missing", "--metadata gpu=")),
-        ({"gpu": "h100_sxm"}, {}, ("tensor_parallel_size missing", "tensor_parallel_size=N")),
-        ({"model_id": "/models/my-finetune"}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("/models/my-finetune", "model=")),
+        ({}, {"tensor_parallel_size": 1}, ("gpu missing", "--metadata gpu=", "jaxplan calibrate --gpu")),
+        ({"gpu": "h100_sxm"}, {}, ("tensor_parallel_size missing", "tensor_parallel_size=N", "--tensor-parallel-size N")),
+        ({"model_id": "/models/my-finetune"}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("/models/my-finetune", "model=", "jaxplan calibrate --model")),
         ({"completed": 0}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("completed", "rerun")),
         ({"total_output_tokens": None}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("total_output_tokens missing",)),
         ({"gpu": "h100_sxm", "tp": "two"}, {}, ("tensor_parallel_size", "'two'")),

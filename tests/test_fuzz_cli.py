@@ -60,6 +60,7 @@ OPTIONS = (
     "--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price",
     "--chunk-size", "--params", "--replay-requests", "--seed", "--json", "--requests", "--method", "--output", "-o",
     "--measurements", "--report", "--steps", "--max-seconds", "--max-memory-gib", "--held-out-folds", "INPUT_CSV",
+    "--gpu", "--tensor-parallel-size", "--kv-cache-dtype",
 )
 JSON_KEYS = (
     "model", "model_id", "gpu", "tensor_parallel_size", "tp", "num_prompts", "request_rate", "max_concurrency", "completed",
@@ -92,7 +93,7 @@ def invoke(args: list[str], label: str):
         if empty:
             assert "stage " in empty[0] and "To relax:" in empty[0], f"{label}: {empty[0]!r}"
         else:
-            named = any(o in err for o in OPTIONS) or any(s in err for s in ("input_csv", "No such option", "Got unexpected extra argument", "No such command"))
+            named = any(o in err for o in OPTIONS) or any(s in err for s in ("input_csv", "'files'", "No such option", "Got unexpected extra argument", "No such command"))
             assert named, f"{label}: usage error names no option: {err[-600:]!r}"
     return result
 
@@ -547,6 +548,8 @@ def test_calibrate_real_fit_on_valid_inputs(tmp_path):
 VALUES = ["-1", "0", "nan", "NaN", "inf", "-inf", "1e30", "1" + "0" * 30, "", " ", "abc", "1.5", "0x10", "-0", "1e-30", "99999999999999999999", "true", "x" * 3000, "\u00e9", ","]
 NAMES = {
     "--model": ["llama", "llama-3.1-7b", "gpt-5", "meta-llama/Llama-3.1-8B", "/nonexistent/config.json", "/tmp", "x.toml", str(REPO / "README.md")],
+    "--gpu": ["h100_sxm", "h100", "H100_SXM", "z100", "h100_sxm,h200_sxm"],
+    "--kv-cache-dtype": ["auto", "fp8", "fp8_e4m3", "FP8", "bf16"],
     "--gpus": ["h100", "h100_sxm,", ",", "h100_sxm,h100_sxm", "H100_SXM", "h100_sxm;h200_sxm", "tpu", "h100_sxm, h200_sxm"],
     "--workload": ["chat", "coding", "reasoning", "rl-rollout", "codin", "/nonexistent.toml", str(REPO / "README.md")],
     "--space": ["smal", "tiny", "/nonexistent.toml", str(REPO / "README.md")],
@@ -576,7 +579,7 @@ OPTIONS_OF = {
     "sensitivity": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--json", "--max-seconds", "--max-memory-gib"],
     "predict": ["--method", "--requests", "--params", "-o", "--max-seconds"],
     "simulate": ["--requests", "--seed", "--params", "-o", "--max-seconds"],
-    "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds"],  # never -o: the default is the bundled file
+    "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds", "--gpu", "--tensor-parallel-size", "--kv-cache-dtype"],  # never -o: the default is the bundled file
     "list": [],
 }
 # A sweep or sensitivity run that gets past validation compiles per (model, GPU count, space): keep

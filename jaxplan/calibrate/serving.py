@@ -19,6 +19,7 @@ import functools
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -425,10 +426,15 @@ _JSON_KEYS = {
 }
 _FLOAT_KEYS = ("prefix_hit_rate", "isl_spread", "osl_spread", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override")
 _FIX = {
-    "model": "pass model='llama-3.1-8b' (or an HF id) to read_vllm_bench_json",
-    "gpu": "pass gpu='h100_sxm' to read_vllm_bench_json, or rerun vllm bench serve with --metadata gpu=h100_sxm",
-    "tensor_parallel_size": "pass tensor_parallel_size=N to read_vllm_bench_json, or rerun with --metadata tensor_parallel_size=N",
+    "model": "name it: `jaxplan calibrate --model llama-3.1-8b` (a bundled name, HF id or config.json; read_vllm_bench_json(model=...))",
+    "gpu": "rerun vllm bench serve with --metadata gpu=h100_sxm, or name it: `jaxplan calibrate --gpu h100_sxm` (read_vllm_bench_json(gpu=...))",
+    "tensor_parallel_size": "rerun with --metadata tensor_parallel_size=N, or name it: `jaxplan calibrate --tensor-parallel-size N` (read_vllm_bench_json(tensor_parallel_size=N))",
 }
+# Engine settings `jaxplan calibrate` can give for JSON files that do not record them (vLLM's argument names).
+JSON_DEFAULT_FIELDS = (
+    "model", "gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "weight_dtype", "kv_cache_dtype",
+    "max_num_seqs", "max_num_batched_tokens",
+)
 
 
 def _load_json_records(path: Path) -> list[dict]:
@@ -480,6 +486,7 @@ def read_vllm_bench_json(
     gpu_hbm_bandwidth_bytes_per_s_override: float | None = None,
     backend: str = "vllm",
     dataset: str = "vllm_bench_serve",
+    defaults: Mapping[str, object] | None = None,
 ) -> list[dict]:
     """Rows from a `vllm bench serve --save-result` JSON file (one row per JSON object; --append-result files hold several).
 
@@ -492,9 +499,10 @@ def read_vllm_bench_json(
     (gpu, tensor_parallel_size/tp, pipeline_parallel_size/pp, data_parallel_size/dp,
     weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens, prefix_hit_rate, and for a GPU that
     differs from the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
-    Keyword arguments override the file. The engine config (GPU, TP, ...) is not
-    in the file unless passed as metadata: a missing one is a one-line PlanError
-    naming the field and the fix.
+    Keyword arguments override the file; `defaults` (field -> value, JSON_DEFAULT_FIELDS) fill what
+    it does not record (its --metadata keys win; a `defaults` model wins over the served model_id,
+    which is often a local path). The engine config (GPU, TP, ...) is not in the file unless passed
+    as metadata: a missing one is a one-line PlanError naming the field and the fix.
     Closed loop (max_concurrency set, request_rate inf) -> concurrency; open loop -> request_rate
     (+ concurrency when both were set: arrivals at request_rate capped at max_concurrency).
     """
@@ -506,6 +514,9 @@ def read_vllm_bench_json(
         "gpu_hbm_bytes_override": gpu_hbm_bytes_override, "gpu_hbm_bandwidth_bytes_per_s_override": gpu_hbm_bandwidth_bytes_per_s_override,
         "isl_distribution": isl_distribution, "isl_spread": isl_spread, "osl_distribution": osl_distribution, "osl_spread": osl_spread,
     }
+    unknown = sorted(set(defaults or {}) - set(JSON_DEFAULT_FIELDS))
+    if unknown:
+        raise PlanError(f"defaults: unknown field {unknown[0]!r}; known: {', '.join(JSON_DEFAULT_FIELDS)}")
     records = _load_json_records(path)
     rows = []
     for index, record in enumerate(records):
@@ -514,7 +525,11 @@ def read_vllm_bench_json(
         for field, keys in _JSON_KEYS.items():
             value = given[field]
             if value is None:
-                value = next((record[k] for k in keys if record.get(k) not in (None, "")), None)
+                value = next((record[k] for k in keys if k != "model_id" and record.get(k) not in (None, "")), None)
+            if value is None:
+                value = (defaults or {}).get(field)
+            if value is None and field == "model" and record.get("model_id") not in (None, ""):
+                value = record["model_id"]
             config[field] = value
         for field in ("model", "gpu", "tensor_parallel_size"):
             if config[field] is None:

@@ -287,16 +287,23 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
 
 
 def _initial_slots(workload, layout) -> int | None:
-    """Slot rows for a row's replay to start with: a burst's requests or a closed loop's clients per
-    replica (the replay never runs more), at least the replay's default; None (the default) for
-    Poisson arrivals. Results do not depend on it; a burst of 200 then compiles one width (256),
-    not two (32, then 256)."""
+    """Slot rows for a row's replay to start with: a closed loop's clients or a burst's requests
+    per replica (the replay never runs more), at least the replay's default; for Poisson arrivals
+    its requests per replica where they fit in the smallest request bucket (a short replay, whose
+    cost is compiling: each width the rows grow through is one more loop program, ~4 s on 2 cores,
+    where wider steps cost milliseconds), else None (the default: start small and grow, because a
+    long replay's cost is its steps, on rows mostly empty at low load). The replay caps them at
+    max_num_seqs; results do not depend on them. A burst or Poisson row of 200 requests compiles
+    one width (256), not four (32 to 256)."""
     from jaxplan.replay.driver import INITIAL_SLOTS
+    from jaxplan.replay.traffic import MIN_REQUEST_BUCKET
 
-    in_flight = {Arrival.BURST: workload.num_requests, Arrival.CLOSED: workload.concurrency}.get(workload.arrival)
-    if in_flight is None:
-        return None
-    return max(INITIAL_SLOTS, -(-int(in_flight) // int(layout.data_parallel_size[0])))
+    per_replica = lambda n: -(-int(n) // int(layout.data_parallel_size[0]))  # noqa: E731
+    if workload.arrival == Arrival.CLOSED:
+        return max(INITIAL_SLOTS, per_replica(workload.concurrency))
+    if workload.arrival == Arrival.BURST or per_replica(workload.num_requests) <= MIN_REQUEST_BUCKET:
+        return max(INITIAL_SLOTS, per_replica(workload.num_requests))
+    return None
 
 
 def replay_predict_rows(

@@ -149,6 +149,38 @@ def test_predict_replay_of_a_burst_starts_with_enough_slot_rows(monkeypatch):
         assert wide[column] == grown[column], column
 
 
+def test_predict_replay_of_a_short_poisson_row_starts_with_a_slot_row_per_request(monkeypatch):
+    """Poisson arrivals that outpace the GPU: 200 requests (the smallest request bucket) start with
+    256 slot rows, where growing from 32 compiled a loop program at 64, 128 and 256; the answer is the
+    same. A longer Poisson row (more requests than that bucket per replica) still starts small:
+    its replay's cost is its steps, not compiling."""
+    from jaxplan import predict
+    from jaxplan.replay import driver
+    from jaxplan.replay.traffic import MIN_REQUEST_BUCKET
+
+    row = dict(rows(1000.0, 2.0, "h100_sxm")[0], request_rate=50.0, num_prompts=200)
+    grows = []
+    real_grow = driver._grow
+    monkeypatch.setattr(driver, "_grow", lambda *a, **k: grows.append(k["num_slots"]) or real_grow(*a, **k))
+    wide = predict.replay_predict_rows([row])[0]
+    assert grows == []
+    real_initial = predict._initial_slots
+    monkeypatch.setattr(predict, "_initial_slots", lambda workload, layout: None)
+    grown = predict.replay_predict_rows([row])[0]
+    assert grows[-1] == 256 and len(grows) >= 2, grows  # it did need the rows, through more than one width
+    for column in predict.OUTPUT_COLUMNS:
+        assert wide[column] == grown[column], column
+    batch = next(iter(predict.row_batches([row], "input")))
+    workload = predict._row_workload(batch, 0, None, row)
+    assert real_initial(workload, batch.layout) == 200
+    longer = dict(row, num_prompts=MIN_REQUEST_BUCKET + 1)
+    batch = next(iter(predict.row_batches([longer], "input")))
+    assert real_initial(predict._row_workload(batch, 0, None, longer), batch.layout) is None
+    two_replicas = dict(longer, data_parallel_size=2)  # 129 per replica
+    batch = next(iter(predict.row_batches([two_replicas], "input")))
+    assert real_initial(predict._row_workload(batch, 0, None, two_replicas), batch.layout) == 129
+
+
 # ---- calibration ------------------------------------------------------------------------------------------
 
 

@@ -373,3 +373,22 @@ def test_the_fit_prices_each_gpu_with_its_own_values_of_the_fields_it_does_not_f
     table = fit.base_table(gpus, {"b200_sxm": kernel})
     for field in ("fp8_kv_read_bytes_per_element", "fp4_weight_read_bytes_per_param", "fp4_gemm_flops_efficiency", "fp4_gemm_floor_s"):
         assert float(getattr(table, field)[0]) == pytest.approx(kernel[field], rel=1e-6), field
+
+
+def test_a_gpu_listed_without_rows_has_no_say_in_the_fit():
+    """The held-out-GPU fit lists the held-out GPU (so that it runs the complete fit's program) and
+    pads the rows to the complete fit's bucket: its vector must be the one fitted on the other GPU's
+    rows alone, unpadded, and in an unshared fit the listed GPU keeps its prior."""
+    base = dict(model="llama-3.1-8b", gpu="h200_sxm", tensor_parallel_size=1, weight_dtype="fp8", kv_cache_dtype="auto", osl=200.0)
+    measured = [dict(base, isl=500.0 * (k + 1), concurrency=4 * (k + 1), measured_ttft_ms_mean=80.0 + 40 * k, measured_tpot_ms_mean=9.0 + k) for k in range(3)]
+    priors = {g: np.asarray(fit.free_vector(fit.kernel_priors(g))) for g in ("h100_sxm", "h200_sxm")}
+    alone, loss_alone = fit.fit_serving(fit.fit_data(measured, ["h200_sxm"]), ["h200_sxm"], np.stack([priors["h200_sxm"]]), shared=True, steps=50)
+    both = ["h100_sxm", "h200_sxm"]
+    listed, loss_listed = fit.fit_serving(fit.fit_data(measured, both), both, np.stack([priors[g] for g in both]), shared=True, steps=50, min_rows=20)
+    assert np.abs(alone[0] - priors["h200_sxm"]).max() > 1e-3  # the fit moved
+    np.testing.assert_allclose(listed[0], alone[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(listed[1], alone[0], rtol=1e-5, atol=1e-6)  # shared: one vector
+    assert loss_listed == pytest.approx(loss_alone, rel=1e-5)
+    unshared, _ = fit.fit_serving(fit.fit_data(measured, both), both, np.stack([priors[g] for g in both]), steps=50)
+    np.testing.assert_array_equal(unshared[0], priors["h100_sxm"].astype(np.float32))
+    np.testing.assert_allclose(unshared[1], alone[0], rtol=1e-5, atol=1e-6)

@@ -204,3 +204,28 @@ def test_calibration_fit_does_not_recompile():
     a, b = assert_no_recompilation(lambda: fit.fit_serving(first_data, ["h100_sxm"], prior("h100_sxm"), steps=3),
                                    lambda: fit.fit_serving(second_data, ["a100_sxm"], prior("a100_sxm"), steps=5), "fit_serving")
     assert not np.allclose(a[0], b[0])
+
+
+def test_held_out_gpu_fits_reuse_the_complete_fits_program():
+    """`jaxplan calibrate` fits every GPU, then each GPU held out (one vector, shared, on the others'
+    rows), then a quarter of the layouts held out: with the held-out GPU listed (no say in the fit)
+    and the rows padded to the complete fit's bucket, all of them run one compiled program (each
+    compilation costs ~10 s on 2 cores)."""
+    from jaxplan.calibrate import fit, run
+    from jaxplan.physics.params import DEFAULTS
+
+    def measured(gpu: str, n: int):
+        return [dict(r, measured_ttft_ms_mean=100.0 * (i + 1), measured_tpot_ms_mean=10.0 + i, concurrency=16 + i, request_rate=None)
+                for i, r in enumerate(rows(1000.0, 2.0, gpu) * n)]
+
+    train = measured("h100_sxm", 10) + measured("h200_sxm", 2)  # 20 and 4 rows: buckets 32 and 8 on their own
+    priors = {g: {**DEFAULTS, **fit.kernel_priors(g)} for g in ("h100_sxm", "h200_sxm")}
+    gpus, _, _ = run.serving_fit(train, priors, steps=3, like=train)
+    programs = fit._fit._cache_size()
+    held = run.held_out_params(train, "h100_sxm", priors, steps=4)  # a shared fit on 4 H200 rows
+    assert fit._fit._cache_size() == programs, "the held-out fit compiled its own program"
+    assert gpus == ["h100_sxm", "h200_sxm"] and all(np.isfinite(v) for v in held.values())
+    run.serving_fit(train, priors, steps=3)  # without `like`: H100's 20 rows and H200's 4 in one bucket of 32 (one model)
+    assert fit._fit._cache_size() == programs
+    run.held_out_params(train[:4] + train[-4:], "h100_sxm", priors, steps=4)  # another bucket (8): another program
+    assert fit._fit._cache_size() == programs + 1

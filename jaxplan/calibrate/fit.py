@@ -349,12 +349,14 @@ def log_errors(data: FitData, hw_table: Hardware):
     return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
 
 
-def _padded(data: FitData) -> tuple:
-    """Per batch: its traced model shape, its arrays padded to `buckets.bucket_size` rows and a weight
-    per row (1 real, 0 padding). Everything is an array, so the fit's program depends on row buckets only."""
+def _padded(data: FitData, min_rows: int = 0) -> tuple:
+    """Per batch: its traced model shape, its arrays padded to `buckets.bucket_size` rows (of at least
+    `min_rows`) and a weight per row (1 real, 0 padding). Everything is an array, so the fit's program
+    depends on row buckets only."""
     out = []
     for b, ttft, tpot, peaks in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks):
-        num, size = len(ttft), bucket_size(len(ttft))
+        num = len(ttft)
+        size = bucket_size(max(num, min_rows))
         weight = (np.arange(size) < num).astype(np.float32)
         out.append((traced(b.model), pad_rows((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks), num, size), weight))
     return tuple(out)
@@ -372,17 +374,25 @@ def _weighted_loss(padded: tuple, hw_table: Hardware):
 
 
 def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, fixed: dict[str, dict[str, float]] | None = None,
-                shared: bool = False, steps: int = STEPS):
+                shared: bool = False, steps: int = STEPS, min_rows: int = 0):
     """Adam on the log errors; prior [G, P] (free space). shared=True fits one vector for all GPUs.
     `fixed` gives each GPU's values of the fields outside FIT_FIELDS (`base_table`; DEFAULTS without).
+    A GPU of `gpus` with no row in `data` has no say in the fit, its prior included (a held-out GPU
+    listed so that the fit shares the program of the fit on every GPU); unshared, it keeps its prior.
+    min_rows: pad each model's rows to the bucket of at least this many (`_padded`), e.g. to that of
+    the complete fit, whose program a fit on fewer rows then reuses.
 
-    Compiled once per (number of GPUs, shared, number of models, `buckets.bucket_size` of each): a fit of
-    other rows, models, GPUs or steps in the same buckets reuses the program (held-out folds, tests,
-    a user's measurements). Returns (z [G, P], final loss)."""
-    padded = jax.tree.map(jnp.asarray, _padded(data))
-    z0 = prior.mean(axis=0, keepdims=True) if shared else prior
-    z, loss = _fit(jnp.asarray(z0), jnp.asarray(prior), padded, base_table(gpus, fixed), jnp.int32(steps))
-    return np.asarray(jnp.broadcast_to(z, prior.shape)), float(loss)
+    Compiled once per (number of GPUs, number of models, `buckets.bucket_size` of each): a fit of
+    other rows, models, GPUs or steps in the same buckets, shared or not, reuses the program (held-out
+    GPUs and folds, tests, a user's measurements). Returns (z [G, P], final loss)."""
+    padded = jax.tree.map(jnp.asarray, _padded(data, min_rows))
+    seen = np.zeros(len(gpus), np.float32)
+    for batch in data.batches:
+        seen[np.asarray(batch.gpu_index)] = 1.0
+    z0 = np.broadcast_to((seen @ prior) / max(seen.sum(), 1.0), prior.shape) if shared else prior
+    weight = seen if seen.any() else np.ones_like(seen)
+    z, loss = _fit(jnp.asarray(z0, jnp.float32), jnp.asarray(prior), jnp.asarray(weight), jnp.bool_(shared), padded, base_table(gpus, fixed), jnp.int32(steps))
+    return np.asarray(z), float(loss)
 
 
 # The fit's one program compiles at XLA's -O0: the same HLO and float semantics (the parameters come out
@@ -392,10 +402,14 @@ FIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 @functools.partial(jax.jit, compiler_options=FIT_COMPILER_OPTIONS)
-def _fit(z0, prior, padded, base: Hardware, steps):
+def _fit(z0, prior, prior_weight, shared, padded, base: Hardware, steps):
+    """z0, prior [G, P]; prior_weight [G] (0: a GPU with no rows, left out of the prior term); shared:
+    one vector for all GPUs (z0's rows equal, and every row takes the summed gradient, i.e. the gradient
+    of one vector broadcast to all, so they stay equal)."""
+
     def loss_fn(z):
-        full = jnp.broadcast_to(z, prior.shape)
-        return _weighted_loss(padded, hardware_from_free(base, full)) + PRIOR_WEIGHT * jnp.mean((full - prior) ** 2)
+        prior_term = jnp.sum(prior_weight[:, None] * (z - prior) ** 2) / (jnp.sum(prior_weight) * prior.shape[1])
+        return _weighted_loss(padded, hardware_from_free(base, z)) + PRIOR_WEIGHT * prior_term
 
     optimizer = optax.adam(LEARNING_RATE)
 
@@ -403,6 +417,7 @@ def _fit(z0, prior, padded, base: Hardware, steps):
         z, opt_state, _ = carry
         loss, grad = jax.value_and_grad(loss_fn)(z)
         grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
+        grad = jnp.where(shared, jnp.broadcast_to(jnp.sum(grad, axis=0, keepdims=True), grad.shape), grad)
         updates, opt_state = optimizer.update(grad, opt_state, z)
         return optax.apply_updates(z, updates), opt_state, loss
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import math
 import time
+from collections import Counter
 from pathlib import Path
 
 import jax
@@ -121,22 +122,28 @@ def trained_mask(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[
     return kv_holds_concurrency(rows, complete)
 
 
-def serving_fit(rows: list[dict], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, shared: bool = False) -> tuple[list[str], np.ndarray, float]:
+def serving_fit(rows: list[dict], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, shared: bool = False,
+                gpus: list[str] | None = None, like: list[dict] | None = None) -> tuple[list[str], np.ndarray, float]:
     """The serving fit on `rows`, each GPU's kernel priors as its prior and as its values of the fields
     the fit leaves alone (FP8 KV reads, NVFP4 GEMMs, GEMM floors: what it is evaluated and shipped
-    with): (the rows' GPUs, sorted; fitted free vectors [G, P]; final loss). shared=True fits one
-    vector for all of them."""
-    gpus = sorted({r["gpu"] for r in rows})
+    with): (its GPUs, sorted: `gpus`, default those of the rows; fitted free vectors [G, P]; final loss).
+    shared=True fits one vector for all of them. `like`: the rows of the complete fit (and `gpus` its
+    GPUs), whose compiled program a fit on part of them reuses (`fit.fit_serving`'s min_rows): the
+    held-out fits then cost no compilation."""
+    gpus = sorted(gpus or {r["gpu"] for r in rows})
+    min_rows = max(Counter(r["model"] for r in like).values()) if like else 0
     z, loss = fit.fit_serving(fit.fit_data(rows, gpus), gpus, np.stack([fit.free_vector(priors[g]) for g in gpus]),
-                              fixed={g: priors[g] for g in gpus}, shared=shared, steps=steps)
+                              fixed={g: priors[g] for g in gpus}, shared=shared, steps=steps, min_rows=min_rows)
     return gpus, z, loss
 
 
 def held_out_params(train_rows: list[dict], held: str, priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS) -> dict[str, float]:
     """Parameters for GPU `held` from one shared fit on the other GPUs' rows among `train_rows` (the
     rows the fit may see, `trained_rows`; their kernel priors as the prior), applied as to a GPU
-    without rows (`unfitted_gpu_params`): no row of `held` is seen."""
-    _, z, _ = serving_fit([r for r in train_rows if r["gpu"] != held], priors, steps=steps, shared=True)
+    without rows (`unfitted_gpu_params`): no row of `held` is seen (it is listed in the fit, with no
+    say in it, so that the fit reuses the complete fit's program)."""
+    gpus = sorted({r["gpu"] for r in train_rows})
+    _, z, _ = serving_fit([r for r in train_rows if r["gpu"] != held], priors, steps=steps, shared=True, gpus=gpus, like=train_rows)
     return {**DEFAULTS, **unfitted_gpu_params(priors[held], fit.values_of(z[0]))}
 
 
@@ -194,7 +201,7 @@ def held_out_configurations(fit_rows: list[dict], trained: list[bool], priors: d
         rest = [r for r, seen, k in zip(fit_rows, trained, fold) if seen and k != f]
         params = {g: dict(priors[g]) for g in gpus}
         if rest:
-            fitted, z, _ = serving_fit(rest, priors, steps=steps)
+            fitted, z, _ = serving_fit(rest, priors, steps=steps, gpus=gpus, like=[r for r, seen in zip(fit_rows, trained) if seen])
             for g, vector in zip(fitted, z):
                 params[g].update(fit.values_of(vector))
         for g in labels:
@@ -322,7 +329,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             "runtime values). Measure at a concurrency the KV cache holds (lower concurrency, more TP or PP, FP8 KV)"
         )
     if fitted_gpus:
-        _, z, loss = serving_fit(train, priors, steps=steps)
+        _, z, loss = serving_fit(train, priors, steps=steps, like=train)
         for g, vector in zip(fitted_gpus, z):
             params[g].update(fit.values_of(vector))
         shared = fit.values_of(z.mean(axis=0))

@@ -80,7 +80,7 @@ def test_the_parameters_are_written_before_the_replay_check(tmp_path, monkeypatc
     path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
     seen = []
 
-    def check(rows, report, params, log=print):
+    def check(rows, report, params, log=print, replayed=None):
         seen.append(target.exists() and "[gpu.h200_sxm]" in target.read_text())
         return {}
 
@@ -282,3 +282,43 @@ def test_engine_settings_of_json_runs_benchmarked_without_metadata(tmp_path, mon
     result = CliRunner().invoke(app, ["calibrate", str(csv_path), "--gpu", "h100_sxm", "--no-shared-data"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert "--gpu" in result.output and "h100_sxm" in result.output and ".json" in result.output
+
+
+def test_rows_csv_holds_the_predictions_behind_the_report(tmp_path):
+    """`jaxplan calibrate --rows rows.csv`: every measured row next to its predictions, from which the
+    report's numbers follow (in sample, held out, replayed)."""
+    import csv
+    import json
+
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate.metrics import mape
+    from jaxplan.cli import app
+
+    measured = dict(backend="vllm", dataset="user", measured_output_tok_s=100.0)
+    rows = [
+        dict(BASE, **measured, gpu=g, osl=64, concurrency=c, num_prompts=2 * c, measured_ttft_ms_mean=ttft, measured_tpot_ms_mean=tpot)
+        for g, scale in (("h100_sxm", 1.0), ("h200_sxm", 0.8)) for c, ttft, tpot in ((1, 150.0 * scale, 25.0 * scale), (4, 260.0 * scale, 31.0 * scale))
+    ]  # fmt: skip
+    path, report_path, table_path = tmp_path / "measured.csv", tmp_path / "report.json", tmp_path / "rows.csv"
+    columns = list(rows[0])
+    path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
+    args = ["calibrate", str(path), "--no-shared-data", "--steps", "20", "-o", str(tmp_path / "p.toml"), "--report", str(report_path), "--rows", str(table_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    table = list(csv.DictReader(table_path.open()))
+    assert [float(r["measured_ttft_ms_mean"]) for r in table] == [r["measured_ttft_ms_mean"] for r in rows]
+    assert all(r["fitted"] == "true" and r["kv_fits"] == "true" and r["status"] == "ok" for r in table)
+    for gpu in ("h100_sxm", "h200_sxm"):
+        mine = [r for r in table if r["gpu"] == gpu]
+        for column, measured_column, section, metric in (
+            ("ttft_ms_mean", "measured_ttft_ms_mean", "in_sample", "ttft_mape"), ("tpot_ms_mean", "measured_tpot_ms_mean", "in_sample", "tpot_mape"),
+            ("held_out_ttft_ms_mean", "measured_ttft_ms_mean", "held_out", "ttft_mape"), ("held_out_tpot_ms_mean", "measured_tpot_ms_mean", "held_out", "tpot_mape"),
+            ("replay_ttft_ms_mean", "measured_ttft_ms_mean", "in_sample_replay", "ttft_mape"),
+        ):  # fmt: skip
+            found = mape([float(r[column]) for r in mine], [float(r[measured_column]) for r in mine])
+            assert found == pytest.approx(report[section][gpu][metric], rel=1e-4), (gpu, column)
+    result = CliRunner().invoke(app, args + ["--no-replay-check"])
+    assert result.exit_code == 0, result.output
+    assert {r["replay_ttft_ms_mean"] for r in csv.DictReader(table_path.open())} == {""}  # no replay: blank, not stale

@@ -60,7 +60,7 @@ OPTIONS = (
     "--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price",
     "--chunk-size", "--params", "--replay-requests", "--seed", "--json", "--requests", "--method", "--output", "-o",
     "--measurements", "--report", "--steps", "--max-seconds", "--max-memory-gib", "--held-out-folds", "INPUT_CSV",
-    "--gpu", "--tensor-parallel-size", "--kv-cache-dtype",
+    "--gpu", "--tensor-parallel-size", "--kv-cache-dtype", "--rows",
 )
 JSON_KEYS = (
     "model", "model_id", "gpu", "tensor_parallel_size", "tp", "num_prompts", "request_rate", "max_concurrency", "completed",
@@ -579,7 +579,7 @@ OPTIONS_OF = {
     "sensitivity": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--json", "--max-seconds", "--max-memory-gib"],
     "predict": ["--method", "--requests", "--params", "-o", "--max-seconds"],
     "simulate": ["--requests", "--seed", "--params", "-o", "--max-seconds"],
-    "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds", "--gpu", "--tensor-parallel-size", "--kv-cache-dtype"],  # never -o: the default is the bundled file
+    "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds", "--gpu", "--tensor-parallel-size", "--kv-cache-dtype", "--rows"],  # never -o: the default is the bundled file
     "list": [],
 }
 # A sweep or sensitivity run that gets past validation compiles per (model, GPU count, space): keep
@@ -630,7 +630,7 @@ def mutated_args(bases: dict[str, list[str]], rng: random.Random, tmp: Path, lig
             break
         option = rng.choice(OPTIONS_OF[command])
         pool = (SAME_SHAPE if command in ("sweep", "sensitivity") else NAMES).get(option, NAMES.get(option, []))
-        if option in ("--json", "--report", "-o"):
+        if option in ("--json", "--report", "--rows", "-o"):
             pool = [str(tmp), str(tmp / "missing" / "x.json"), "", str(tmp / "ok.json")]
         choices = pool + VALUES if rng.random() < 0.5 or not pool else pool
         if light and option == "--method":

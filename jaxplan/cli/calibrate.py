@@ -27,6 +27,7 @@ def calibrate(
     steps: Annotated[int, typer.Option(min=1, max=100000, help="Adam steps per fit.")] = 400,
     replay_check: Annotated[bool, typer.Option(help="Also replay the rows step by step (predict's default method): each fitted GPU's and those of GPUs no fit sees with the final fit, and where several GPUs are fitted each held-out GPU's with the parameters fitted without it; adds `in_sample_replay`, `not_fitted_replay` and `held_out_replay` to the report (~30 s, ~50 s the first time, on the shared data); the parameters are written before it.")] = True,
     held_out_folds: Annotated[int, typer.Option(min=1, max=4, help="Held-out configurations: fit without a quarter of each GPU's layouts and score them (`held_out_configurations` in the report); 4 scores every layout once, by 4 fits (~15 s each).")] = 1,
+    rows_path: Annotated[Optional[Path], typer.Option("--rows", dir_okay=False, help="Write every measured row next to its predictions as CSV (the predict format, then stage 4 with the fit, with the fit that held its GPU out, and replayed): which rows the report's errors come from.")] = None,
     model: Annotated[Optional[str], typer.Option(help="The model (bundled name, HF id or config.json), in place of the served model_id (often a local path).", show_default=False, rich_help_panel=_PANEL)] = None,
     gpu: Annotated[Optional[str], typer.Option(help="GPU type, e.g. h100_sxm.", show_default=False, rich_help_panel=_PANEL)] = None,
     tensor_parallel_size: Annotated[Optional[int], typer.Option(min=1, help="vLLM's --tensor-parallel-size.", show_default=False, rich_help_panel=_PANEL)] = None,
@@ -55,6 +56,7 @@ def calibrate(
         raise bad_value(flag, next(iter(settings.values())), "names the engine settings of vllm bench serve JSON files, and none was given; pass the runs' .json files (a CSV states them in its columns)")
     check_writable(output, "-o")
     check_writable(report_path, "--report")
+    check_writable(rows_path, "--rows")
     rows, sources = [], []
     if shared_data and data_root_exists():
         rows += load_serving_rows()
@@ -76,12 +78,13 @@ def calibrate(
             progress.advance(task)
 
         params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds)
+        replayed: dict = {}
         # The parameters are final here (the replay check only reports on them): write them now.
         target = output or default_output()
         write_params(params, target, provenance(rows, report, sources), report.get("priors"))
         if replay_check and report.get("in_sample"):  # some GPU was fitted
             progress.console.print(f"wrote {target} (calibrated in {report['seconds']:.0f} s); replaying rows as a check (--no-replay-check skips it)", highlight=False)
-            held_out = run_replay_check(rows, report, params, log=log)
+            held_out = run_replay_check(rows, report, params, log=log, replayed=replayed)
             if report.get("held_out_params"):
                 report["held_out_replay"] = held_out
         progress.update(task, completed=steps_total)  # a GPU with no fittable row skips its steps
@@ -90,6 +93,11 @@ def calibrate(
     out.print(json.dumps(report, indent=2, default=str))
     if report_path:
         report_path.write_text(json.dumps(report, indent=2, default=str))
+    if rows_path:
+        from jaxplan.calibrate.residuals import row_table, write_row_table
+
+        write_row_table(row_table(rows, params, report, replayed), rows_path)
+        out.print(f"wrote {rows_path}")
     out.print(f"wrote {target}")
 
 

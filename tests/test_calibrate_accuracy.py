@@ -293,6 +293,7 @@ def test_rows_csv_holds_the_predictions_behind_the_report(tmp_path):
     from typer.testing import CliRunner
 
     from jaxplan.calibrate.metrics import mape
+    from jaxplan.calibrate.rows import read_predict_csv
     from jaxplan.cli import app
 
     measured = dict(backend="vllm", dataset="user", measured_output_tok_s=100.0)
@@ -309,6 +310,7 @@ def test_rows_csv_holds_the_predictions_behind_the_report(tmp_path):
     report = json.loads(report_path.read_text())
     table = list(csv.DictReader(table_path.open()))
     assert [float(r["measured_ttft_ms_mean"]) for r in table] == [r["measured_ttft_ms_mean"] for r in rows]
+    assert [r["concurrency"] for r in read_predict_csv(table_path)] == [1, 4, 1, 4]  # it reads back as input
     assert all(r["fitted"] == "true" and r["kv_fits"] == "true" and r["status"] == "ok" for r in table)
     for gpu in ("h100_sxm", "h200_sxm"):
         mine = [r for r in table if r["gpu"] == gpu]

@@ -499,6 +499,26 @@ def test_fixture_serving_rows_round_trip(tmp_path):
     assert (tmp_path / "again.csv").read_text() == (FIXTURES / "serving_rows.csv").read_text()
 
 
+def test_a_file_jaxplan_wrote_reads_back_without_its_predictions(tmp_path):
+    """`predict`'s output and `calibrate --rows` add prediction columns after the predict format: they
+    read back as input (their predictions dropped, to be recomputed), while an unknown column is
+    still an error that suggests the closest name."""
+    from jaxplan.calibrate.residuals import PREDICTION_COLUMNS
+    from jaxplan.predict import OUTPUT_COLUMNS
+
+    assert set(OUTPUT_COLUMNS) | set(PREDICTION_COLUMNS) == set(R.WRITTEN_COLUMNS)
+    assert not set(R.WRITTEN_COLUMNS) & set(R.COLUMNS)
+    rows = [R.check_row(dict(model="llama-3.1-70b", gpu="h200_sxm", tensor_parallel_size=4, isl=1024, osl=128, concurrency=8, measured_ttft_ms_mean=150.0), where="t")]
+    written = [dict(r, ttft_ms_mean=140.5, status="ok; a note, with a comma", fitted=True, replay_tpot_ms_mean=None) for r in rows]
+    R.write_predict_csv(written, tmp_path / "out.csv", ("ttft_ms_mean", "status", "fitted", "replay_tpot_ms_mean"), drop_blank=True)
+    assert R.read_predict_csv(tmp_path / "out.csv") == rows
+    text = (tmp_path / "out.csv").read_text().replace("ttft_ms_mean,status", "ttft_ms_men,status", 1)
+    (tmp_path / "typo.csv").write_text(text)
+    with pytest.raises(PlanError) as excinfo:
+        R.read_predict_csv(tmp_path / "typo.csv")
+    one_line_plan_error(excinfo, "unknown column 'ttft_ms_men'", "did you mean")
+
+
 def test_drop_blank_keeps_the_used_columns_and_reads_back(tmp_path):
     """A prediction's CSV keeps the columns its input used (and the required ones), not every column the
     format knows, and reads back to the same rows; output floats carry 6 significant digits."""

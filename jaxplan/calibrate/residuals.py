@@ -1,8 +1,8 @@
 """Per-row residuals of a calibration: each measured row next to what jaxplan predicts for it.
 
 `jaxplan calibrate --rows rows.csv` writes them: the rows in the `predict` CSV format (their
-measured_* and provenance columns included), then one column per prediction, in milliseconds and
-tokens/s like `predict`'s output:
+measured_* and provenance columns included; the file reads back as input, `rows.WRITTEN_COLUMNS`),
+then one column per prediction, in milliseconds and tokens/s like `predict`'s output:
 
 - ttft_ms_mean, tpot_ms_mean, output_tok_s, status: stage 4 with the final (shipped) fit;
 - held_out_ttft_ms_mean, held_out_tpot_ms_mean: stage 4 with the fit that did not see the row's

@@ -83,6 +83,15 @@ MEASURED_COLUMNS = (
 )
 PROVENANCE_COLUMNS = ("dataset", "backend", "source_id", "notes")
 COLUMNS = INPUT_COLUMNS + MEASURED_COLUMNS + PROVENANCE_COLUMNS
+# Columns jaxplan writes after the predict format: `predict`'s output (predict.OUTPUT_COLUMNS) and
+# `calibrate --rows` (residuals.PREDICTION_COLUMNS). A file jaxplan wrote reads back as input (e.g. to
+# predict it again with other parameters): these are recognised and their cells dropped, since they
+# are what is about to be recomputed.
+WRITTEN_COLUMNS = (
+    "ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "status",
+    "fitted", "kv_fits", "held_out_ttft_ms_mean", "held_out_tpot_ms_mean", "replay_ttft_ms_mean", "replay_tpot_ms_mean",
+    "replay_output_tok_s",
+)  # fmt: skip
 REQUIRED_COLUMNS = ("model", "gpu", "tensor_parallel_size", "isl", "osl")
 BACKENDS = ("vllm", "sglang", "trtllm")
 
@@ -302,7 +311,7 @@ def read_predict_csv(path: str | Path) -> list[dict]:
         if column in seen:
             raise PlanError(f"{path}: line 1: column {short_repr(column)} appears twice; keep one")
         seen.add(column)
-        if column not in COLUMNS:
+        if column not in COLUMNS and column not in WRITTEN_COLUMNS:
             close = difflib.get_close_matches(column, COLUMNS, n=1)
             raise PlanError(f"{path}: line 1: unknown column {short_repr(column)}" + (f"; did you mean {close[0]!r}?" if close else f"; known columns: {', '.join(COLUMNS)}"))
     missing = [c for c in REQUIRED_COLUMNS if c not in seen]
@@ -315,7 +324,7 @@ def read_predict_csv(path: str | Path) -> list[dict]:
         where = f"{path}: line {number}"
         if len(cells) != len(header):
             raise PlanError(f"{where}: has {len(cells)} cells but the header has {len(header)}; check for a stray or missing comma")
-        row = {column: _parse_cell(column, cell, where) for column, cell in zip(header, cells)}
+        row = {column: _parse_cell(column, cell, where) for column, cell in zip(header, cells) if column not in WRITTEN_COLUMNS}
         if row.get("lengths_file"):  # relative to the CSV's folder, as a workload TOML's is to its own
             row["lengths_file"] = resolve_against(row["lengths_file"], path.parent)
         rows.append(check_row(row, where))
@@ -374,6 +383,7 @@ def serving_arrays(rows) -> ServingArrays:
 __all__ = [
     "COLUMNS",
     "INPUT_COLUMNS",
+    "WRITTEN_COLUMNS",
     "MEASURED_COLUMNS",
     "PROVENANCE_COLUMNS",
     "REQUIRED_COLUMNS",

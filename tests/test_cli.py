@@ -166,3 +166,31 @@ def test_max_seconds_stops_a_long_replay_with_one_line(runner, tmp_path, monkeyp
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code == 1 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
     assert not (tmp_path / "r.html").exists()
+
+
+def test_predict_measured_vllm_bench_runs(runner, tmp_path):
+    """`jaxplan predict runs.json`: a `vllm bench serve --save-result` file's run predicted next to its
+    measured columns, its missing engine settings named on the command line (vLLM's argument names),
+    and those options refused for a CSV, which states them in its columns."""
+    import csv
+
+    record = {
+        "backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": 64, "request_rate": "inf", "max_concurrency": 8,
+        "completed": 64, "failed": 0, "total_input_tokens": 64 * 1000, "total_output_tokens": 64 * 200,
+        "output_throughput": 900.0, "mean_ttft_ms": 60.0, "mean_tpot_ms": 8.5,
+    }  # fmt: skip
+    path, out_path = tmp_path / "run.json", tmp_path / "out.csv"
+    path.write_text(json.dumps(record))
+    result = runner.invoke(app, ["predict", str(path), "-o", str(out_path), "--method", "analytical"])
+    assert result.exit_code == 1 and "gpu missing" in result.output and "--gpu" in result.output
+    args = ["predict", str(path), "-o", str(out_path), "--method", "analytical", "--gpu", "h100_sxm", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (row,) = list(csv.DictReader(out_path.open()))
+    assert (row["model"], row["gpu"], row["tensor_parallel_size"], row["kv_cache_dtype"], row["concurrency"]) == ("llama-3.1-8b", "h100_sxm", "2", "fp8", "8")
+    assert float(row["measured_ttft_ms_mean"]) == 60.0 and float(row["measured_tpot_ms_mean"]) == 8.5
+    assert 0 < float(row["tpot_ms_mean"]) < 100 and row["status"].startswith("ok")
+    rows_csv = tmp_path / "rows.csv"
+    rows_csv.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,1000,200,8\n")
+    result = runner.invoke(app, ["predict", str(rows_csv), "-o", str(out_path), "--gpu", "h100_sxm"])
+    assert result.exit_code == 1 and "--gpu" in result.output and ".json" in result.output

@@ -577,7 +577,7 @@ def command_bases(tmp: Path) -> dict[str, list[str]]:
 OPTIONS_OF = {
     "sweep": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--chunk-size", "--params", "--replay-requests", "--seed", "--json"],
     "sensitivity": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--json", "--max-seconds", "--max-memory-gib"],
-    "predict": ["--method", "--requests", "--params", "-o", "--max-seconds"],
+    "predict": ["--method", "--requests", "--params", "-o", "--max-seconds", "--gpu"],
     "simulate": ["--requests", "--seed", "--params", "-o", "--max-seconds"],
     "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds", "--gpu", "--tensor-parallel-size", "--kv-cache-dtype", "--rows"],  # never -o: the default is the bundled file
     "list": [],

@@ -426,11 +426,11 @@ _JSON_KEYS = {
 }
 _FLOAT_KEYS = ("prefix_hit_rate", "isl_spread", "osl_spread", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override")
 _FIX = {
-    "model": "name it: `jaxplan calibrate --model llama-3.1-8b` (a bundled name, HF id or config.json; read_vllm_bench_json(model=...))",
-    "gpu": "rerun vllm bench serve with --metadata gpu=h100_sxm, or name it: `jaxplan calibrate --gpu h100_sxm` (read_vllm_bench_json(gpu=...))",
-    "tensor_parallel_size": "rerun with --metadata tensor_parallel_size=N, or name it: `jaxplan calibrate --tensor-parallel-size N` (read_vllm_bench_json(tensor_parallel_size=N))",
+    "model": "name it with --model llama-3.1-8b (jaxplan calibrate or predict; a bundled name, HF id or config.json; in Python read_vllm_bench_json(model=...))",
+    "gpu": "rerun vllm bench serve with --metadata gpu=h100_sxm, or name it with --gpu h100_sxm (jaxplan calibrate or predict; in Python read_vllm_bench_json(gpu=...))",
+    "tensor_parallel_size": "rerun with --metadata tensor_parallel_size=N, or name it with --tensor-parallel-size N (jaxplan calibrate or predict; in Python read_vllm_bench_json(tensor_parallel_size=N))",
 }
-# Engine settings `jaxplan calibrate` can give for JSON files that do not record them (vLLM's argument names).
+# Engine settings `jaxplan calibrate` and `predict` can give for JSON files that do not record them (`cli.engine_settings`).
 JSON_DEFAULT_FIELDS = (
     "model", "gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "weight_dtype", "kv_cache_dtype",
     "max_num_seqs", "max_num_batched_tokens",

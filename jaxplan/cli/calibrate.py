@@ -8,12 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
+from jaxplan.cli import engine_settings
 from jaxplan.cli.common import app, check_writable, clean_errors, out, progress_bar
+from jaxplan.cli.engine_settings import (
+    DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
+    PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
+)  # fmt: skip
 from jaxplan.errors import bad_value
-
-
-JSON_SUFFIXES = (".json", ".jsonl")  # vllm bench serve --save-result (--append-result: one object per line)
-_PANEL = "Engine settings of vllm bench serve JSON files that do not record them (a file's --metadata wins)"
 
 
 @app.command()
@@ -28,32 +29,27 @@ def calibrate(
     replay_check: Annotated[bool, typer.Option(help="Also replay the rows step by step (predict's default method): each fitted GPU's and those of GPUs no fit sees with the final fit, and where several GPUs are fitted each held-out GPU's with the parameters fitted without it; adds `in_sample_replay`, `not_fitted_replay` and `held_out_replay` to the report (~30 s, ~50 s the first time, on the shared data); the parameters are written before it.")] = True,
     held_out_folds: Annotated[int, typer.Option(min=1, max=4, help="Held-out configurations: fit without a quarter of each GPU's layouts and score them (`held_out_configurations` in the report); 4 scores every layout once, by 4 fits (~15 s each).")] = 1,
     rows_path: Annotated[Optional[Path], typer.Option("--rows", dir_okay=False, help="Write every measured row next to its predictions as CSV (the predict format, then stage 4 with the fit, with the fit that held its GPU out, and replayed): which rows the report's errors come from.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="The model (bundled name, HF id or config.json), in place of the served model_id (often a local path).", show_default=False, rich_help_panel=_PANEL)] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="GPU type, e.g. h100_sxm.", show_default=False, rich_help_panel=_PANEL)] = None,
-    tensor_parallel_size: Annotated[Optional[int], typer.Option(min=1, help="vLLM's --tensor-parallel-size.", show_default=False, rich_help_panel=_PANEL)] = None,
-    pipeline_parallel_size: Annotated[Optional[int], typer.Option(min=1, help="vLLM's --pipeline-parallel-size (default 1).", show_default=False, rich_help_panel=_PANEL)] = None,
-    data_parallel_size: Annotated[Optional[int], typer.Option(min=1, help="vLLM's --data-parallel-size (default 1).", show_default=False, rich_help_panel=_PANEL)] = None,
-    weight_dtype: Annotated[Optional[str], typer.Option(help="Weight precision: bf16, fp8 or nvfp4 (default bf16).", show_default=False, rich_help_panel=_PANEL)] = None,
-    kv_cache_dtype: Annotated[Optional[str], typer.Option(help="vLLM's --kv-cache-dtype: auto or fp8 (default auto).", show_default=False, rich_help_panel=_PANEL)] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="vLLM's --max-num-seqs.", show_default=False, rich_help_panel=_PANEL)] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(min=1, help="vLLM's --max-num-batched-tokens.", show_default=False, rich_help_panel=_PANEL)] = None,
+    model: ModelSetting = None,
+    gpu: GpuSetting = None,
+    tensor_parallel_size: TensorParallelSetting = None,
+    pipeline_parallel_size: PipelineParallelSetting = None,
+    data_parallel_size: DataParallelSetting = None,
+    weight_dtype: WeightDtypeSetting = None,
+    kv_cache_dtype: KvCacheDtypeSetting = None,
+    max_num_seqs: MaxNumSeqsSetting = None,
+    max_num_batched_tokens: MaxNumBatchedTokensSetting = None,
 ) -> None:
     """Fit the efficiency parameters: kernel tables first, then end-to-end serving rows (optax)."""
     from jaxplan.calibrate._data import data_root_exists
-    from jaxplan.calibrate.rows import read_predict_csv
     from jaxplan.calibrate.run import calibrate as run_calibration, default_output, provenance, replay_check as run_replay_check, write_params
-    from jaxplan.calibrate.serving import load_serving_rows, read_vllm_bench_json
+    from jaxplan.calibrate.serving import load_serving_rows
 
-    settings = {
-        "model": model, "gpu": gpu, "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
-        "data_parallel_size": data_parallel_size, "weight_dtype": weight_dtype, "kv_cache_dtype": kv_cache_dtype,
-        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-    }  # fmt: skip
-    settings = {field: value for field, value in settings.items() if value is not None}
     paths = [*(files or []), *(measurements or [])]
-    if settings and not any(p.suffix in JSON_SUFFIXES for p in paths):
-        flag = "--" + next(iter(settings)).replace("_", "-")
-        raise bad_value(flag, next(iter(settings.values())), "names the engine settings of vllm bench serve JSON files, and none was given; pass the runs' .json files (a CSV states them in its columns)")
+    settings = engine_settings.given(
+        paths, model=model, gpu=gpu, tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+        data_parallel_size=data_parallel_size, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+    )  # fmt: skip
     check_writable(output, "-o")
     check_writable(report_path, "--report")
     check_writable(rows_path, "--rows")
@@ -62,7 +58,7 @@ def calibrate(
         rows += load_serving_rows()
         sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp; kernels_aiconfigurator")
     for path in paths:
-        found = read_vllm_bench_json(path, defaults=settings) if path.suffix in JSON_SUFFIXES else read_predict_csv(path)
+        found = engine_settings.read_rows(path, settings)
         if not found:
             raise bad_value("rows", 0, "the file has a header but no measurement rows", where=str(path))
         rows += [r if r.get("dataset") else {**r, "dataset": path.name} for r in found]  # a row without one is its file's

@@ -8,7 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from jaxplan.cli import engine_settings
 from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar
+from jaxplan.cli.engine_settings import (
+    DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
+    PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
+)  # fmt: skip
 from jaxplan.deadline import check_limit
 from jaxplan.errors import bad_value
 
@@ -21,21 +26,35 @@ class Method(str, enum.Enum):
 @app.command()
 @clean_errors
 def predict(
-    input_csv: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="One row per configuration (see README for columns).")],
+    input_csv: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="One row per configuration (see README for columns), or a `vllm bench serve --save-result` JSON file: its runs are predicted next to their measured columns.")],
     output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False, help="Where to write the rows with predictions.")],
     method: Annotated[Method, typer.Option(help="replay: step-by-step scheduler replay per row; analytical: stage 4's steady-state model (instant).")] = Method.REPLAY,
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,
     params: ParamsOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     max_seconds: ReplayMaxSecondsOption = None,
+    model: ModelSetting = None,
+    gpu: GpuSetting = None,
+    tensor_parallel_size: TensorParallelSetting = None,
+    pipeline_parallel_size: PipelineParallelSetting = None,
+    data_parallel_size: DataParallelSetting = None,
+    weight_dtype: WeightDtypeSetting = None,
+    kv_cache_dtype: KvCacheDtypeSetting = None,
+    max_num_seqs: MaxNumSeqsSetting = None,
+    max_num_batched_tokens: MaxNumBatchedTokensSetting = None,
 ) -> None:
-    """Predict TTFT, TPOT and throughput for explicit configurations in a CSV."""
-    from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
+    """Predict TTFT, TPOT and throughput for explicit configurations in a CSV (or measured vllm bench runs)."""
+    from jaxplan.calibrate.rows import write_predict_csv
     from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
 
+    settings = engine_settings.given(
+        [input_csv], model=model, gpu=gpu, tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+        data_parallel_size=data_parallel_size, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+    )  # fmt: skip
     check_limit(max_seconds)
     check_writable(output, "-o")
-    rows = read_predict_csv(input_csv)
+    rows = engine_settings.read_rows(input_csv, settings)
     if not rows:
         raise bad_value("rows", 0, "the CSV has a header but no rows", where=str(input_csv))
     params_path = str(params) if params else None

@@ -45,11 +45,7 @@ def calibrate(
     from jaxplan.calibrate.serving import load_serving_rows
 
     paths = [*(files or []), *(measurements or [])]
-    settings = engine_settings.given(
-        paths, model=model, gpu=gpu, tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-        data_parallel_size=data_parallel_size, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-    )  # fmt: skip
+    settings = engine_settings.given(paths, locals())
     check_writable(output, "-o")
     check_writable(report_path, "--report")
     check_writable(rows_path, "--rows")

@@ -29,10 +29,13 @@ MaxNumSeqsSetting = Annotated[Optional[int], typer.Option("--max-num-seqs", min=
 MaxNumBatchedTokensSetting = Annotated[Optional[int], typer.Option("--max-num-batched-tokens", min=1, help="vLLM's --max-num-batched-tokens.", show_default=False, rich_help_panel=PANEL)]
 
 
-def given(paths: list[Path], **settings) -> dict:
-    """The settings that were given (field -> value; fields as in `serving.JSON_DEFAULT_FIELDS`).
+def given(paths: list[Path], options: dict) -> dict:
+    """The settings given among a command's `options` (its parameters by name, e.g. its `locals()`;
+    fields as in `serving.JSON_DEFAULT_FIELDS`, each command's parameter of that name): field -> value.
     One given with no JSON file among `paths` to apply to is a one-line error naming the option."""
-    chosen = {field: value for field, value in settings.items() if value is not None}
+    from jaxplan.calibrate.serving import JSON_DEFAULT_FIELDS
+
+    chosen = {field: options[field] for field in JSON_DEFAULT_FIELDS if options.get(field) is not None}
     if chosen and not any(p.suffix in JSON_SUFFIXES for p in paths):
         field, value = next(iter(chosen.items()))
         raise bad_value("--" + field.replace("_", "-"), value, "names the engine settings of vllm bench serve JSON files, and none was given; pass the runs' .json files (a CSV states them in its columns)")

@@ -47,11 +47,7 @@ def predict(
     from jaxplan.calibrate.rows import write_predict_csv
     from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
 
-    settings = engine_settings.given(
-        [input_csv], model=model, gpu=gpu, tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-        data_parallel_size=data_parallel_size, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-    )  # fmt: skip
+    settings = engine_settings.given([input_csv], locals())
     check_limit(max_seconds)
     check_writable(output, "-o")
     rows = engine_settings.read_rows(input_csv, settings)

@@ -29,7 +29,7 @@ PREDICTION_COLUMNS = (
 )  # fmt: skip
 
 
-def row_table(rows: list[dict], params: dict[str, dict[str, float]], report: dict, replayed: dict[int, dict[str, dict]] | None = None) -> list[dict]:
+def row_table(rows: list[dict], params: dict[str, dict[str, float]], report: dict, replayed: dict[int, dict] | None = None) -> list[dict]:
     """Every row with TTFT and TPOT measured (any backend), in input order, with PREDICTION_COLUMNS.
 
     rows: the normalized serving rows `calibrate` was given. params: the final fit (GPU -> fields).
@@ -40,18 +40,19 @@ def row_table(rows: list[dict], params: dict[str, dict[str, float]], report: dic
     complete = {g: {**DEFAULTS, **values} for g, values in params.items()}
     final = predict_rows(usable, source="measurements", efficiency=complete)
     fits = run.kv_holds_concurrency(usable, complete)
-    seen = {id(r) for r in run.trained_rows([r for r in run.evaluated_rows(rows) if not run.fit_excluded(r)], complete)}
+    evaluated = run.evaluated_rows(rows)
+    fit_rows = {id(r) for r in evaluated if not run.fit_excluded(r)}  # the fit sees those of them whose KV holds the clients
     held_out: dict[int, dict] = {}
     for gpu, values in report.get("held_out_params", {}).items():
-        group = [r for r in run.evaluated_rows(rows) if r["gpu"] == gpu]
+        group = [r for r in evaluated if r["gpu"] == gpu]
         for row, prediction in zip(group, predict_rows(group, source="measurements", efficiency={gpu: {**DEFAULTS, **values}})):
             held_out[id(row)] = prediction
     table = []
     for row, prediction, kv_fits in zip(usable, final, fits):
-        replay = (replayed or {}).get(id(row), {}).get("final", {})
+        replay = (replayed or {}).get(id(row), {})
         held = held_out.get(id(row), {})
         table.append({
-            **row, "fitted": id(row) in seen, "kv_fits": bool(kv_fits),
+            **row, "fitted": bool(kv_fits) and id(row) in fit_rows, "kv_fits": bool(kv_fits),
             **{c: prediction.get(c) for c in ("ttft_ms_mean", "tpot_ms_mean", "output_tok_s", "status")},
             "held_out_ttft_ms_mean": held.get("ttft_ms_mean"), "held_out_tpot_ms_mean": held.get("tpot_ms_mean"),
             "replay_ttft_ms_mean": replay.get("ttft_ms_mean"), "replay_tpot_ms_mean": replay.get("tpot_ms_mean"),

@@ -388,34 +388,33 @@ def unseen_gpu_groups(rows: list[dict]) -> dict[str, list[dict]]:
 
 
 def replay_check(rows: list[dict], report: dict, params: dict[str, dict[str, float]] | None = None, log=print,
-                 replayed: dict[int, dict[str, dict]] | None = None) -> dict:
+                 replayed: dict[int, dict] | None = None) -> dict:
     """Held-out accuracy of `jaxplan predict`'s default method: each held-out GPU's fitted-campaign
     rows replayed step by step with the parameters fitted without that GPU
     (`report["held_out_params"]`, from `calibrate`; none where a single GPU was fitted). GPU -> accuracy
     (see `accuracy`).
     With `params` (the final fit) it also replays each fitted GPU's rows into report["in_sample_replay"]
     and `unseen_gpu_groups` into report["not_fitted_replay"]. `replayed`, when given, collects each
-    replayed row's prediction: id(row) -> {"held_out": predicted row, "final": predicted row}."""
+    row's prediction replayed with the final fit: id(row) -> predicted row."""
     t0 = time.perf_counter()
     fit_rows = [r for r in evaluated_rows(rows) if not fit_excluded(r)]
 
-    def scored(group: list[dict], chosen: dict[str, dict[str, float]], kind: str) -> dict:
+    def scored(group: list[dict], chosen: dict[str, dict[str, float]], final: bool) -> dict:
         predicted, fits = _predicted(group, chosen, replay=True)
-        if replayed is not None:
-            for row, prediction in zip(group, predicted):
-                replayed.setdefault(id(row), {})[kind] = prediction
+        if replayed is not None and final:
+            replayed.update((id(row), prediction) for row, prediction in zip(group, predicted))
         return _summary(predicted, fits)
 
     out = {}
     for held, values in report.get("held_out_params", {}).items():
-        out[held] = scored([r for r in fit_rows if r["gpu"] == held], {held: values}, "held_out")
+        out[held] = scored([r for r in fit_rows if r["gpu"] == held], {held: values}, final=False)
         log(f"held out {held}, replay: {out[held]} ({time.perf_counter() - t0:.0f} s)")
     if params is not None:
         for gpu in sorted({r["gpu"] for r in fit_rows}):
-            report.setdefault("in_sample_replay", {})[gpu] = scored([r for r in fit_rows if r["gpu"] == gpu], {gpu: params[gpu]}, "final")
+            report.setdefault("in_sample_replay", {})[gpu] = scored([r for r in fit_rows if r["gpu"] == gpu], {gpu: params[gpu]}, final=True)
             log(f"in sample {gpu}, replay: {report['in_sample_replay'][gpu]} ({time.perf_counter() - t0:.0f} s)")
         for key, group in unseen_gpu_groups(rows).items():
-            report.setdefault("not_fitted_replay", {})[key] = scored(group, params, "final")
+            report.setdefault("not_fitted_replay", {})[key] = scored(group, params, final=True)
             log(f"not fitted {key}, replay: {report['not_fitted_replay'][key]} ({time.perf_counter() - t0:.0f} s)")
     return out
 

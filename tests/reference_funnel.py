@@ -118,19 +118,22 @@ def weight_bytes_per_gpu(m, tp: int, pp: int, weight_bytes: float) -> float:
 
 
 def activation_bytes_per_gpu(m, tp: int, max_num_seqs: int, max_num_batched_tokens: int) -> float:
+    """vLLM's profile peak: the forward at the token budget or the sampler's dummy run, whichever is
+    larger (38.4 B per full-vocabulary logit row element, plus the last hidden states)."""
     dense_ffn = m.intermediate_size if layer_counts(m)["dense"] else 0
     moe_ffn = (m.experts_per_token + m.num_shared_experts) * m.moe_intermediate_size
     widest = max(dense_ffn, moe_ffn)
-    per_token = (6.0 * m.hidden_size + 3.0 * widest / tp) * 2.0
-    return max_num_batched_tokens * per_token + max_num_seqs * m.vocab_size / tp * 4.0
+    forward = max_num_batched_tokens * (6.0 * m.hidden_size + 3.0 * widest / tp) * 2.0
+    sampler = min(max_num_seqs, max_num_batched_tokens) * m.vocab_size * 38.4 + max_num_batched_tokens * m.hidden_size * 2.0
+    return max(forward, sampler)
 
 
 def reserve_bytes(tp: int, pp: int) -> float:
-    return GIB + (0.4 * GIB if tp * pp > 1 else 0.0)
+    return 0.15 * GIB + (0.4 * GIB if tp * pp > 1 else 0.0)
 
 
 def free_kv_bytes_per_gpu(m, gpu, space, tp, pp, weight_bytes, max_num_seqs, max_num_batched_tokens) -> float:
-    usable = space.gpu_memory_utilization * gpu.hbm_bytes
+    usable = space.gpu_memory_utilization * 0.99 * gpu.hbm_bytes
     return usable - weight_bytes_per_gpu(m, tp, pp, weight_bytes) - activation_bytes_per_gpu(m, tp, max_num_seqs, max_num_batched_tokens) - reserve_bytes(tp, pp)
 
 

@@ -6,9 +6,10 @@ from jaxplan.calibrate.run import kv_holds_concurrency
 from jaxplan.errors import PlanError
 from jaxplan.physics.params import DEFAULTS
 
-# Llama-3.1-70B BF16 at TP=2 on H100-80GB holds 8.98 requests of 2,500 tokens (test_funnel_sieves).
+# Llama-3.1-70B BF16 at TP=2 on H100-80GB with max_num_seqs 256 holds 1,481 blocks of 16 tokens
+# (test_physics_memory): 8.78 requests of 2,700 tokens.
 BASE = dict(model="llama-3.1-70b", gpu="h100_sxm", tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=1,
-            weight_dtype="bf16", kv_cache_dtype="auto", isl=1500, osl=1000)
+            weight_dtype="bf16", kv_cache_dtype="auto", isl=1700, osl=1000, max_num_seqs=256)
 
 
 def test_closed_loop_rows_fit_up_to_the_hand_computed_capacity():

@@ -11,14 +11,25 @@ import jax.numpy as jnp
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
 GIB_BYTES = 1024.0**3
-# CUDA graphs, NCCL buffers, allocator slack and the CUDA context that vLLM's
-# gpu_memory_utilization must also cover (aiconfigurator budgets 342-392 MiB of
-# NCCL memory for TP > 1; vLLM logs ~0.5-1 GiB of graph memory).
-RUNTIME_RESERVE_BYTES = 1.0 * GIB_BYTES
+# vLLM sizes its KV cache as gpu_memory_utilization x the memory CUDA reports, minus the weights, the
+# profile run's peak activations and the non-torch memory (NCCL, custom all-reduce buffers). Measured
+# in vLLM's start-up logs (H100, vLLM 0.10-0.11: github.com/llm-d/llm-d-benchmark
+# config_explorer/empirical-vllm-memory-results.md; the same identity holds to 0.01 GiB on each run
+# there): non-torch memory 0.13-0.14 GiB on one GPU, 0.55 GiB at TP=2. CUDA graphs are captured after
+# the KV cache is allocated, out of the (1 - gpu_memory_utilization) headroom, so they are not reserved.
+RUNTIME_RESERVE_BYTES = 0.15 * GIB_BYTES
 MULTI_GPU_RESERVE_BYTES = 0.4 * GIB_BYTES
+# CUDA reports slightly less than the nominal HBM (PyTorch "total capacity"): H100 80 GiB -> 79.15-79.18,
+# H200 141 -> 139.72-139.83, B200 180 -> 178.35-178.36 GiB; 0.99 of the nominal is within 0.2 GiB of each.
+CUDA_VISIBLE_HBM_FRACTION = 0.99
 EMBEDDING_BYTES_PER_PARAM = 2.0  # embeddings and LM head stay BF16 under FP8 quantisation
 ACTIVATION_BYTES = 2.0
-LOGIT_BYTES = 4.0  # sampler works on fp32 logits
+# The profile run's peak is the sampler's dummy run on min(max_num_seqs, token budget) rows of
+# full-vocabulary fp32 logits (gathered on every TP rank) with its softmax, sort and index copies,
+# plus the forward's last hidden states: 4.76-7.38 GiB at 1,024 rows on six models with vocabularies
+# of 128,256-201,088 (the source above, and an H200 log of Qwen3-Next at TP=2: 5.58 GiB), i.e.
+# 38.3-38.6 bytes per logit once the hidden states are taken off, at TP 1 and 2 alike.
+SAMPLER_BYTES_PER_LOGIT = 38.4
 ACTIVATION_BUFFERS_PER_TOKEN = 6.0  # residual, normed input, attention output, q/k/v, ... (hidden-sized)
 
 
@@ -78,13 +89,16 @@ def smooth_request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_t
 
 
 def activation_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
-    """Peak activation workspace of a forward pass at the token budget (vLLM profiles this at start-up)."""
+    """Peak activation memory of vLLM's start-up profile run (bytes): the larger of the forward pass
+    at the token budget and the sampler's dummy run over min(max_num_seqs, token budget) requests."""
     tp = layout.tensor_parallel_size
     tokens = layout.max_num_batched_tokens
     hidden_buffers = ACTIVATION_BUFFERS_PER_TOKEN * model.hidden_size
     ffn_buffers = 3.0 * model.ffn_intermediate_per_token / tp  # gate, up and their product
-    logits = layout.max_num_seqs * model.vocab_size / tp * LOGIT_BYTES
-    return tokens * (hidden_buffers + ffn_buffers) * ACTIVATION_BYTES + logits
+    forward = tokens * (hidden_buffers + ffn_buffers) * ACTIVATION_BYTES
+    sampled_rows = jnp.minimum(layout.max_num_seqs, tokens)
+    sampler = sampled_rows * model.vocab_size * SAMPLER_BYTES_PER_LOGIT + tokens * model.hidden_size * ACTIVATION_BYTES
+    return jnp.maximum(forward, sampler)
 
 
 def runtime_reserve_bytes(layout: Layout) -> jnp.ndarray:
@@ -93,7 +107,7 @@ def runtime_reserve_bytes(layout: Layout) -> jnp.ndarray:
 
 def kv_budget_bytes_per_gpu(model: ModelShape, hw: Hardware, layout: Layout, gpu_memory_utilization) -> jnp.ndarray:
     """Bytes left for the KV cache on one GPU (negative: the model does not fit)."""
-    usable = gpu_memory_utilization * hw.hbm_bytes
+    usable = gpu_memory_utilization * CUDA_VISIBLE_HBM_FRACTION * hw.hbm_bytes
     return usable - weight_bytes_per_gpu(model, layout) - activation_bytes_per_gpu(model, layout) - runtime_reserve_bytes(layout)
 
 

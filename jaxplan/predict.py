@@ -32,6 +32,13 @@ from jaxplan.specs.workload import Arrival, Workload, length_fields
 # vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
 DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# A row without room: its status names what holds the memory and what frees it.
+_WORKSPACE_AND_FIX = (
+    "next to the weights and vLLM's start-up workspace (its sampler profile holds max_num_seqs x vocabulary "
+    "logits, ~5 GB at the default 1024 for a 128k vocabulary); raise TP/PP, use FP8, or lower max_num_seqs"
+)
+DOES_NOT_FIT = f"does not fit: not even one request's KV cache fits {_WORKSPACE_AND_FIX}"
+NO_KV_CACHE = f"does not fit: no KV cache is left {_WORKSPACE_AND_FIX}"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_NUM_PROMPTS = 1000
 OUTPUT_COLUMNS = ("ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "status")
@@ -247,7 +254,7 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
         est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION))
         for k, i in enumerate(batch.row_ids):
             if est.max_concurrency_per_replica[k] < 1.0:
-                results[i].update({c: None for c in OUTPUT_COLUMNS}, status="does not fit: not even one request's KV cache fits next to the weights; raise TP/PP or use FP8")
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, status=DOES_NOT_FIT)
                 continue
             overloaded = batch.workload.arrival_code[k] == 0 and est.utilization[k] >= 1.0
             results[i].update(
@@ -332,7 +339,7 @@ def replay_predict_rows(
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION))
         for k, i in enumerate(batch.row_ids):
             if blocks[k] < 1:
-                results[i].update({c: None for c in OUTPUT_COLUMNS}, status="does not fit: no KV cache left next to the weights; raise TP/PP or use FP8")
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, status=NO_KV_CACHE)
                 continue
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731

@@ -199,3 +199,19 @@ def test_kv_budget_matches_vllm_start_up_logs(name, tp, dtype, weights_gib, kv_g
     assert f(weight_bytes_per_gpu(shape, layout)) / GIB == pytest.approx(weights_gib, rel=0.01)
     kv = f(kv_budget_bytes_per_gpu(shape, hw_of("h100_sxm"), layout, 0.9)) / GIB
     assert kv == pytest.approx(kv_gib, abs=max(0.3, 0.02 * abs(kv_gib)))
+
+
+@pytest.mark.parametrize("method", ["analytical", "replay"])
+def test_a_row_vllm_refuses_at_its_defaults_fits_with_fewer_seqs(method):
+    """Llama-3.1-70B FP8 on one H100: vLLM refuses to start at max_num_seqs 1024 (the last log above);
+    at 64 its sampler profile shrinks from ~4.8 GiB to ~0.4 GiB and the KV cache has ~3 GiB. The
+    status says what holds the memory and names max_num_seqs as a fix."""
+    from jaxplan.predict import predict_rows, replay_predict_rows
+
+    run = predict_rows if method == "analytical" else replay_predict_rows
+    row = dict(model="llama-3.1-70b", gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+               weight_dtype="fp8", kv_cache_dtype="fp8", isl=1000, osl=200, concurrency=4)
+    default, fewer = run([row, dict(row, max_num_seqs=64)])
+    assert default["status"].startswith("does not fit") and "lower max_num_seqs" in default["status"]
+    assert default["tpot_ms_mean"] is None
+    assert fewer["status"] == "ok" and fewer["tpot_ms_mean"] > 0

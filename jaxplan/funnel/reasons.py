@@ -44,7 +44,7 @@ DESCRIPTION = {
     Reason.FP8_UNSUPPORTED: "FP8 weights on a GPU without FP8 tensor cores",
     Reason.FP4_UNSUPPORTED: "NVFP4 weights on a GPU without FP4 tensor cores (before Blackwell)",
     Reason.BUDGET_BELOW_SEQS: "max_num_batched_tokens < max_num_seqs (vLLM refuses it)",
-    Reason.WEIGHTS_DONT_FIT: "weights + activations + runtime reserve exceed gpu_memory_utilization x HBM",
+    Reason.WEIGHTS_DONT_FIT: "weights + start-up profile peak (forward or sampler) + runtime reserve exceed gpu_memory_utilization x the HBM CUDA reports",
     Reason.NO_KV_FOR_LONGEST_REQUEST: "no room for the KV cache of one longest (p99) request",
     Reason.NO_CONCURRENCY: "fewer than one request fits at the mean context",
     Reason.OVERLOADED: "cannot keep up with the arrival rate",

@@ -52,10 +52,10 @@ def test_measured_vllm_rows_where_the_kv_cache_holds_the_clients():
     up to a third, TTFT is 38% off)."""
     if not _data.data_root_exists():
         pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
-    from jaxplan.calibrate.run import _usable
+    from jaxplan.calibrate.run import measured_rows
     from jaxplan.calibrate.serving import load_serving_rows
 
-    rows = [r for r in _usable(load_serving_rows()) if r["backend"] == "vllm" and r["gpu"] == "h200_sxm" and r["model"] == "llama-3.1-70b"
+    rows = [r for r in measured_rows(load_serving_rows()) if r["backend"] == "vllm" and r["gpu"] == "h200_sxm" and r["model"] == "llama-3.1-70b"
             and r["tensor_parallel_size"] >= 4 and r["osl"] == 1024]
     assert len(rows) >= 12
     assert all(r["num_prompts"] == 10 * r["concurrency"] for r in rows)
@@ -74,10 +74,10 @@ def test_the_silicon_rows_ran_an_fp8_kv_cache():
     (`serving.silicon_kv_cache_dtype`)."""
     if not _data.data_root_exists():
         pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
-    from jaxplan.calibrate.run import _usable
+    from jaxplan.calibrate.run import measured_rows
     from jaxplan.calibrate.serving import load_serving_rows
 
-    rows = [r for r in _usable(load_serving_rows()) if r["backend"] == "vllm" and r["gpu"] == "h200_sxm" and r["model"] == "llama-3.1-70b"
+    rows = [r for r in measured_rows(load_serving_rows()) if r["backend"] == "vllm" and r["gpu"] == "h200_sxm" and r["model"] == "llama-3.1-70b"
             and r["tensor_parallel_size"] == 1 and r["isl"] == 8192 and r["concurrency"] == 32]
     assert len(rows) == 1 and rows[0]["kv_cache_dtype"] == "fp8"
     row = rows[0]

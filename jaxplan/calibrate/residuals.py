@@ -36,7 +36,7 @@ def row_table(rows: list[dict], params: dict[str, dict[str, float]], report: dic
     report: `calibrate`'s (its held_out_params). replayed: what `run.replay_check` collected."""
     from jaxplan.calibrate import run
 
-    usable = run._usable(rows)
+    usable = run.measured_rows(rows)
     complete = {g: {**DEFAULTS, **values} for g, values in params.items()}
     final = predict_rows(usable, source="measurements", efficiency=complete)
     fits = run.kv_holds_concurrency(usable, complete)

@@ -80,7 +80,7 @@ FIT_EXCLUDED = {
 }
 
 
-def _usable(rows: list[dict]) -> list[dict]:
+def measured_rows(rows: list[dict]) -> list[dict]:
     """Rows with TTFT and TPOT measured (a row measured on a variant of a GPU carries its own HBM figures,
     `predict.GPU_OVERRIDES`)."""
     return [r for r in rows if r.get("measured_ttft_ms_mean") and r.get("measured_tpot_ms_mean")]
@@ -88,7 +88,7 @@ def _usable(rows: list[dict]) -> list[dict]:
 
 def evaluated_rows(rows: list[dict]) -> list[dict]:
     """The fit backend's rows with TTFT and TPOT measured: those the report scores as vLLM rows."""
-    return _usable([r for r in rows if r.get("backend") == FIT_BACKEND])
+    return measured_rows([r for r in rows if r.get("backend") == FIT_BACKEND])
 
 
 def not_fitted_groups(evaluated: list[dict]) -> dict[str, list[dict]]:
@@ -353,7 +353,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
         report["held_out_configurations"] = held_out_configurations(fit_rows, trained, priors, steps=steps, folds=folds)
         log(f"held-out configurations: {report['held_out_configurations']}")
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):
-        other = [r for r in _usable(rows) if r.get("backend") == backend]
+        other = [r for r in measured_rows(rows) if r.get("backend") == backend]
         report["other_backends"][backend] = accuracy(other, params)
     report["seconds"] = time.perf_counter() - t0
     return params, report

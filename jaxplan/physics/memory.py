@@ -28,7 +28,10 @@ ACTIVATION_BYTES = 2.0
 # full-vocabulary fp32 logits (gathered on every TP rank) with its softmax, sort and index copies,
 # plus the forward's last hidden states: 4.76-7.38 GiB at 1,024 rows on six models with vocabularies
 # of 128,256-201,088 (the source above, and an H200 log of Qwen3-Next at TP=2: 5.58 GiB), i.e.
-# 38.3-38.6 bytes per logit once the hidden states are taken off, at TP 1 and 2 alike.
+# 38.3-38.6 bytes per logit once the hidden states are taken off, at TP 1 and 2 alike. Where the
+# vocabulary is small the forward sets the peak: a vLLM 0.10.2 log of LLaVA-1.6-Mistral-7B (32k
+# vocabulary, 16,384-token budget, H100) peaks at 1.97 GiB, against 2.06 for the forward here (the
+# sampler would be 1.3).
 SAMPLER_BYTES_PER_LOGIT = 38.4
 ACTIVATION_BUFFERS_PER_TOKEN = 6.0  # residual, normed input, attention output, q/k/v, ... (hidden-sized)
 

@@ -33,10 +33,10 @@ def needs_data():
 
 
 def vllm_rows():
-    from jaxplan.calibrate.run import FIT_BACKEND, _usable
+    from jaxplan.calibrate.run import FIT_BACKEND, measured_rows
     from jaxplan.calibrate.serving import load_serving_rows
 
-    return _usable([r for r in load_serving_rows() if r.get("backend") == FIT_BACKEND])
+    return measured_rows([r for r in load_serving_rows() if r.get("backend") == FIT_BACKEND])
 
 
 def test_unfitted_gpu_takes_kernel_fields_from_its_priors_and_the_rest_from_the_fit():

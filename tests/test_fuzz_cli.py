@@ -403,7 +403,7 @@ def install_stub_fit(monkeypatch):
     from jaxplan.specs import known
 
     def fake(rows, *, data_root=None, steps=None, log=print, folds=1):
-        usable = run._usable([r for r in rows if r.get("backend") == run.FIT_BACKEND])
+        usable = run.measured_rows([r for r in rows if r.get("backend") == run.FIT_BACKEND])
         gpus = sorted({r["gpu"] for r in usable})
         if usable:
             data = fit_data(usable, gpus)

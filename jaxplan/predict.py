@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
 from jaxplan.errors import bad_value
+from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
@@ -41,7 +42,10 @@ DOES_NOT_FIT = f"does not fit: not even one request's KV cache fits {_WORKSPACE_
 NO_KV_CACHE = f"does not fit: no KV cache is left {_WORKSPACE_AND_FIX}"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_NUM_PROMPTS = 1000
-OUTPUT_COLUMNS = ("ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "status")
+KV_BLOCK_TOKENS = 16  # vLLM's default block size
+# kv_cache_tokens: what one replica's KV cache holds, vLLM's "GPU KV cache size: N tokens" at start-up
+# (for a model whose every attention layer is full; sliding-window and linear layers are not in it).
+OUTPUT_COLUMNS = ("ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "kv_cache_tokens", "status")
 
 
 class RowBatch(NamedTuple):
@@ -252,9 +256,10 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
         table = hardware_table(batch.gpus, chosen)
         hw = take(table, jnp.asarray(batch.gpu_index))
         est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION))
+        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
         for k, i in enumerate(batch.row_ids):
             if est.max_concurrency_per_replica[k] < 1.0:
-                results[i].update({c: None for c in OUTPUT_COLUMNS}, status=DOES_NOT_FIT)
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS, status=DOES_NOT_FIT)
                 continue
             overloaded = batch.workload.arrival_code[k] == 0 and est.utilization[k] >= 1.0
             results[i].update(
@@ -264,6 +269,7 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
                 tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3,
                 output_tok_s=float(est.output_tokens_per_s[k]),
                 request_s=float(est.requests_per_s[k]),
+                kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS,
                 status=("overloaded: the arrival rate exceeds what this deployment serves; TTFT grows without bound" if overloaded else "ok") + _row_note(batch, k, rows[i]),
             )
     return results
@@ -327,7 +333,6 @@ def replay_predict_rows(
 
     from jaxplan.deadline import Deadline
     from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
-    from jaxplan.physics.memory import kv_blocks_per_replica
     from jaxplan.replay import sample_requests, simulate
 
     results = [dict(row) for row in rows]
@@ -336,10 +341,10 @@ def replay_predict_rows(
         names = [g.name for g in batch.gpus]
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
         hw_all = take(hardware_table(batch.gpus, chosen), jnp.asarray(batch.gpu_index))
-        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION))
+        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
         for k, i in enumerate(batch.row_ids):
             if blocks[k] < 1:
-                results[i].update({c: None for c in OUTPUT_COLUMNS}, status=NO_KV_CACHE)
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=0, status=NO_KV_CACHE)
                 continue
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
@@ -359,6 +364,7 @@ def replay_predict_rows(
                 tpot_ms_p99=float(m.tpot.p99_s[0]) * 1e3,
                 output_tok_s=float(m.output_tokens_per_s[0]),
                 request_s=float(m.request_throughput_per_s[0]),
+                kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS,
                 status=("ok" if int(m.unfinished[0]) == 0 else f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)") + _row_note(batch, k, rows[i]),
             )
             for column in OUTPUT_COLUMNS[:-1]:  # no NaN in an output: TPOT is undefined when every request has 1 output token

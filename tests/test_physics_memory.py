@@ -203,9 +203,10 @@ def test_kv_budget_matches_vllm_start_up_logs(name, tp, dtype, weights_gib, kv_g
 
 @pytest.mark.parametrize("method", ["analytical", "replay"])
 def test_a_row_vllm_refuses_at_its_defaults_fits_with_fewer_seqs(method):
-    """Llama-3.1-70B FP8 on one H100: vLLM refuses to start at max_num_seqs 1024 (the last log above);
-    at 64 its sampler profile shrinks from ~4.8 GiB to ~0.4 GiB and the KV cache has ~3 GiB. The
-    status says what holds the memory and names max_num_seqs as a fix."""
+    """Llama-3.1-70B FP8 on one H100: vLLM refuses to start at max_num_seqs 1024 (the last log above).
+    At 64 the sampler profile shrinks from 4.8 GiB to 0.4 GiB, the forward's 2.06 GiB becomes the peak,
+    and 0.9 x 0.99 x 80 - 67.66 - 2.06 - 0.15 = 1.41 GiB hold 9,200 tokens of FP8 KV (163,840 B each).
+    The status says what holds the memory and names max_num_seqs as a fix."""
     from jaxplan.predict import predict_rows, replay_predict_rows
 
     run = predict_rows if method == "analytical" else replay_predict_rows
@@ -213,5 +214,20 @@ def test_a_row_vllm_refuses_at_its_defaults_fits_with_fewer_seqs(method):
                weight_dtype="fp8", kv_cache_dtype="fp8", isl=1000, osl=200, concurrency=4)
     default, fewer = run([row, dict(row, max_num_seqs=64)])
     assert default["status"].startswith("does not fit") and "lower max_num_seqs" in default["status"]
-    assert default["tpot_ms_mean"] is None
+    assert default["tpot_ms_mean"] is None and default["kv_cache_tokens"] == 0
     assert fewer["status"] == "ok" and fewer["tpot_ms_mean"] > 0
+    assert fewer["kv_cache_tokens"] == pytest.approx(1.41 * GIB / 163_840, rel=0.02) and fewer["kv_cache_tokens"] % 16 == 0
+
+
+@pytest.mark.parametrize("method", ["analytical", "replay"])
+def test_predict_reports_the_kv_cache_vllm_would_log(method):
+    """`kv_cache_tokens` is vLLM's "GPU KV cache size": Llama-3.1-8B BF16 on one H100 logged 51.38 GiB
+    of KV cache (VLLM_H100_LOGS), i.e. 51.38 GiB / 131,072 B per token (32 layers x 2 x 8 heads x 128 x
+    2 B) = 420,905 tokens; the same 2% as above."""
+    from jaxplan.predict import predict_rows, replay_predict_rows
+
+    run = predict_rows if method == "analytical" else replay_predict_rows
+    row = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+               weight_dtype="bf16", kv_cache_dtype="auto", isl=1000, osl=100, concurrency=2, num_prompts=20)
+    (out,) = run([row])
+    assert out["kv_cache_tokens"] == pytest.approx(51.38 * GIB / 131_072, rel=0.02)

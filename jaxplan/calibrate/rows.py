@@ -88,7 +88,7 @@ COLUMNS = INPUT_COLUMNS + MEASURED_COLUMNS + PROVENANCE_COLUMNS
 # predict it again with other parameters): these are recognised and their cells dropped, since they
 # are what is about to be recomputed.
 WRITTEN_COLUMNS = (
-    "ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "status",
+    "ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "kv_cache_tokens", "status",
     "fitted", "kv_fits", "held_out_ttft_ms_mean", "held_out_tpot_ms_mean", "replay_ttft_ms_mean", "replay_tpot_ms_mean",
     "replay_output_tok_s",
 )  # fmt: skip

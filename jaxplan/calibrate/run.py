@@ -34,14 +34,13 @@ from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_PATH, load_priors
 from jaxplan.physics.shapes import hardware_table, model_shape, take
-from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, predict_rows, replay_predict_rows, row_batches
+from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
 
 FIT_BACKEND = "vllm"
 HELD_OUT_FOLDS = 4  # each fitted GPU's configurations are dealt into this many folds (a quarter each)
 HELD_OUT_SEED = 0
 LAYOUT_COLUMNS = ("model", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "weight_dtype", "kv_cache_dtype")
-KV_BLOCK_TOKENS = 16  # vLLM's default block size
 
 # A GPU whose serving rows were not fitted (one without rows, or the held-out GPU of the accuracy
 # report) takes these from its own kernel tables (`fit.kernel_priors`): they time the operations that

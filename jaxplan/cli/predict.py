@@ -92,13 +92,13 @@ def simulate(
         plot_dir(plot)  # a bad --plot fails before the replay
     replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed, routing=routing.value, max_seconds=max_seconds)
     table = Table(title=f"Replayed {len(rows)} configurations")
-    for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "status"):
-        table.add_column(name, justify="right" if name.endswith(("ms", "tok/s")) else "left")
+    for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "KV tokens", "status"):
+        table.add_column(name, justify="right" if name.endswith(("ms", "tok/s", "tokens")) else "left")
     fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
     for r in replayed:
         table.add_row(
             str(r["model"]), str(r["gpu"]), f"{r['tensor_parallel_size']}x{r.get('pipeline_parallel_size') or 1}x{r.get('data_parallel_size') or 1}",
-            f"{r['isl']:g}/{r['osl']:g}", fmt(r["ttft_ms_mean"]), fmt(r["ttft_ms_p99"]), fmt(r["tpot_ms_mean"]), fmt(r["tpot_ms_p99"]), fmt(r["output_tok_s"]), r["status"],
+            f"{r['isl']:g}/{r['osl']:g}", fmt(r["ttft_ms_mean"]), fmt(r["ttft_ms_p99"]), fmt(r["tpot_ms_mean"]), fmt(r["tpot_ms_p99"]), fmt(r["output_tok_s"]), f"{r['kv_cache_tokens']:,}", r["status"],
         )
     out.print(table)
     if output:

@@ -38,6 +38,7 @@ def test_sweep_prints_funnel_top_rows_and_vllm_command(small_sweep):
     winner = [line for line in out.splitlines() if line.startswith("Winner:")]
     assert len(winner) == 1
     assert "vllm serve meta-llama/Llama-3.1-70B" in winner[0] and "--tensor-parallel-size" in winner[0]
+    assert "GPU KV cache size: ~" in out  # the check line under the winner
     assert "Traceback" not in result.output
 
 
@@ -52,6 +53,9 @@ def test_sweep_json_is_complete(small_sweep):
     assert report["winner"]["digits"] == report["shortlist"][0]["digits"]
     serve = report["winner"]["vllm_serve"]
     assert serve.startswith("vllm serve ") and f"--tensor-parallel-size {report['winner']['tensor_parallel_size']}" in serve
+    # What to check in the started server's log: the winner's KV blocks x the space's block size.
+    tokens = report["winner"]["kv_blocks_per_replica"] * report["space"]["block_size_tokens"]
+    assert f"GPU KV cache size: ~{tokens:,} tokens" in report["winner"]["kv_cache_check"]
     # Funnel counts add up: every candidate is admitted or rejected by exactly one of stages 1-4.
     stages = {s["stage"]: s for s in report["funnel"]}
     assert sum(stages[k]["rejected"] for k in (1, 2, 3, 4)) + stages[4]["admitted"] == report["grid_size"]

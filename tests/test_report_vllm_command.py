@@ -49,3 +49,19 @@ def test_weight_only_rows_say_so():
     assert "h200_sxm has no FP4 tensor cores" in weight_only_note(load_gpu("h200_sxm"), "nvfp4")
     assert weight_only_note(load_gpu("b200_sxm"), "nvfp4") == weight_only_note(load_gpu("h200_sxm"), "fp8") == ""
     assert weight_only_note(load_gpu("a100_sxm"), "bf16") == ""
+
+
+def test_a_block_size_other_than_vllms_default_is_passed_on():
+    """The plan's KV capacity is counted in blocks of the space's block_size_tokens; a server started
+    at vLLM's default 16 with a plan made at 32 would hold a different cache, so the line says it."""
+    model = load_model("llama-3.1-70b")
+    assert "--block-size" not in shlex.split(vllm_serve_command(model, ROW, 0.9, 16))
+    assert option(shlex.split(vllm_serve_command(model, ROW, 0.9, 32)), "--block-size") == "32"
+
+
+def test_the_kv_cache_check_names_the_tokens_vllm_logs():
+    from jaxplan.report.vllm_command import kv_cache_check
+
+    line = kv_cache_check(dict(ROW, kv_blocks_per_replica=30_040), 16)
+    assert '"GPU KV cache size: ~480,640 tokens"' in line and "per replica" in line
+    assert "~961,280 tokens" in kv_cache_check(dict(ROW, kv_blocks_per_replica=30_040), 32)

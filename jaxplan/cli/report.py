@@ -147,6 +147,7 @@ def report(
         summary = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
         write_report(output, result, summary, figures, sens, space_name=space)
     out.print("[bold]Winner:[/] " + summary["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
+    out.print(summary["winner"]["kv_cache_check"], style="dim", highlight=False, soft_wrap=True)
     out.print(f"wrote {output}")
     if plot:
         write_figures(figures, plot)

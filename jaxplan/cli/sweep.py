@@ -102,6 +102,7 @@ def sweep(
         title = "re-ranked by the replay" if replayed else "ranked by stage 4"
         out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}", width=out.width))
         out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
+        out.print(report["winner"]["kv_cache_check"], style="dim", highlight=False, soft_wrap=True)
     else:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
     if target_throughput is not None and result.shortlist:  # sizing: per GPU type, the fewest GPUs and the cheapest per token
@@ -123,10 +124,12 @@ def sweep(
 
 def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:
     from jaxplan.funnel.replay_stage import rank_agreement
+    from jaxplan.report.vllm_command import kv_cache_check
 
     clean = lambda row: {k: finite(v) for k, v in row.items()}  # noqa: E731
     best = replayed[0] if replayed else result.winner
-    winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization)) if best else None
+    block = result.grid.space.block_size_tokens
+    winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization, block), kv_cache_check=kv_cache_check(best, block)) if best else None
     return {
         "model": dataclasses.asdict(result.model),
         "workload": dataclasses.asdict(result.workload),

@@ -130,6 +130,7 @@ def _winner(summary: dict) -> str:
         ["layout", f"{w['num_gpus']} x {w['gpu']}: TP{w['tensor_parallel_size']} x PP{w['pipeline_parallel_size']} x DP{w['data_parallel_size']}"],
         ["batching", f"max_num_seqs {w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}"],
         ["dtypes", f"weights {w['weight_dtype']}, KV cache {w['kv_cache_dtype']}"],
+        ["KV cache", w["kv_cache_check"].removeprefix("Check: ")],
         ["stage-4 estimate", f"{w['output_tokens_per_s']:,.0f} output tokens/s, p99 TTFT {_ms(w['ttft_p99_s'])}, p99 TPOT {_ms(w['tpot_p99_s'])}"],
         ["cost", f"${w['hourly_usd']:,.2f}/hour, ${w['cost_per_million_output_tokens_usd']:,.2f} per million output tokens"],
     ]

@@ -22,10 +22,14 @@ def model_argument(model: ModelSpec) -> str:
     return model.name
 
 
-def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9) -> str:
+VLLM_DEFAULT_BLOCK_SIZE_TOKENS = 16
+
+
+def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9, block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS) -> str:
     """A `vllm serve` command line with vLLM's own argument names. NVFP4 weights need a checkpoint
     quantised ahead of time (NVIDIA ModelOpt); vLLM cannot quantise to NVFP4 as it loads, so the model
-    argument is a placeholder naming the one to quantise."""
+    argument is a placeholder naming the one to quantise. A KV block size other than vLLM's default is
+    passed on (`--block-size`): the capacity the plan counted depends on it."""
     served = model_argument(model)
     if row["weight_dtype"] == "nvfp4":
         served = f"<NVFP4 checkpoint of {served}>"
@@ -38,6 +42,8 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
         "--max-num-batched-tokens", str(row["max_num_batched_tokens"]),
         "--gpu-memory-utilization", f"{gpu_memory_utilization:g}",
     ]
+    if block_size_tokens != VLLM_DEFAULT_BLOCK_SIZE_TOKENS:
+        args += ["--block-size", str(block_size_tokens)]
     if row["kv_cache_dtype"] == "fp8":
         args += ["--kv-cache-dtype", "fp8"]
     if row["weight_dtype"] == "fp8":
@@ -45,3 +51,11 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
     if row["weight_dtype"] == "nvfp4":
         args += ["--quantization", "modelopt_fp4"]
     return shlex.join(args)
+
+
+def kv_cache_check(row: dict, block_size_tokens: int) -> str:
+    """What to look for in the started server's log: the KV cache one replica was planned with, which
+    vLLM reports at start-up as "GPU KV cache size: N tokens" (each data-parallel replica its own)."""
+    tokens = int(row["kv_blocks_per_replica"]) * block_size_tokens
+    return f'Check: vLLM should log "GPU KV cache size: ~{tokens:,} tokens" per replica (the plan\'s KV cache); much less means less concurrency than planned.'
+

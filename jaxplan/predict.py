@@ -27,7 +27,7 @@ from jaxplan.physics.traffic import WorkloadParams, length_shape
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
-from jaxplan.specs.space import DTYPE_BYTES, WEIGHT_DTYPES
+from jaxplan.specs.space import DTYPE_BYTES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
 from jaxplan.specs.workload import Arrival, Workload, length_fields
 
 # vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
@@ -42,7 +42,7 @@ DOES_NOT_FIT = f"does not fit: not even one request's KV cache fits {_WORKSPACE_
 NO_KV_CACHE = f"does not fit: no KV cache is left {_WORKSPACE_AND_FIX}"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_NUM_PROMPTS = 1000
-KV_BLOCK_TOKENS = 16  # vLLM's default block size
+KV_BLOCK_TOKENS = VLLM_DEFAULT_BLOCK_SIZE_TOKENS  # rows are predicted at vLLM's default block size
 # kv_cache_tokens: what one replica's KV cache holds, vLLM's "GPU KV cache size: N tokens" at start-up
 # (for a model whose every attention layer is full; sliding-window and linear layers are not in it).
 OUTPUT_COLUMNS = ("ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "kv_cache_tokens", "status")

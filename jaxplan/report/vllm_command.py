@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 from jaxplan.specs.model import ModelSpec
+from jaxplan.specs.space import VLLM_DEFAULT_BLOCK_SIZE_TOKENS
 
 
 def model_argument(model: ModelSpec) -> str:
@@ -20,9 +21,6 @@ def model_argument(model: ModelSpec) -> str:
     if source is not None and source.suffix == ".json":
         return f"<Hugging Face id or weights folder of {source.name}>"
     return model.name
-
-
-VLLM_DEFAULT_BLOCK_SIZE_TOKENS = 16
 
 
 def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9, block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS) -> str:

@@ -15,6 +15,7 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 NVFP4_BYTES_PER_PARAM = 0.5 + 1.0 / 16.0
 DTYPE_BYTES = {"bf16": 2, "fp8": 1, "nvfp4": NVFP4_BYTES_PER_PARAM, "auto": 2}
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV-cache block sizes (tokens) vLLM accepts
+VLLM_DEFAULT_BLOCK_SIZE_TOKENS = 16  # what vLLM uses without --block-size
 
 INT_AXES = (
     "tensor_parallel_size",
@@ -43,7 +44,7 @@ class SearchSpace:
     kv_cache_dtype: tuple[str, ...] = KV_CACHE_DTYPES
     gpu_budget: int = 64
     gpu_memory_utilization: float = 0.9
-    block_size_tokens: int = 16
+    block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS
     allow_multi_node: bool = True
     description: str = ""
 

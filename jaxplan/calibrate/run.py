@@ -243,7 +243,7 @@ def kv_holds_concurrency(rows: list[dict], efficiency: dict[str, dict[str, float
     fits = [True] * len(rows)
     for batch in row_batches(rows, source="measurements"):
         hw = take(hardware_table(batch.gpus, {g.name: efficiency[g.name] for g in batch.gpus}), jnp.asarray(batch.gpu_index))
-        tokens = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION)) * KV_BLOCK_TOKENS
+        tokens = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS)) * KV_BLOCK_TOKENS
         w = batch.workload
         demand = np.asarray(w.concurrency) / np.asarray(batch.layout.data_parallel_size) * (np.asarray(w.isl_tokens) + np.asarray(w.osl_tokens))
         closed = np.asarray(w.arrival_code) == 2

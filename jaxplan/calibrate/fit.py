@@ -152,9 +152,13 @@ def allreduce_prior(gpu: str, spec, data_root=None) -> dict[str, float]:
     `allreduce_latency_s`, the median time of all-reduces <= ALLREDUCE_LATENCY_MAX_BYTES (NCCL and vLLM's
     custom all-reduce in CUDA graphs, as decode runs it); `allreduce_bandwidth_efficiency`, the median
     ring-equivalent fraction of the link reached by 8 GPUs over prefill-sized messages
-    (PREFILL_ALLREDUCE_MIN_BYTES..MAX), as vLLM runs them without CUDA graphs (a prefill step is larger
-    than the captured sizes; vLLM's custom kernel up to 8 MiB, NCCL above); `allreduce_two_gpu_ratio`,
-    2 GPUs' median fraction over the 8-GPU one. A field whose rows are missing keeps its default."""
+    (PREFILL_ALLREDUCE_MIN_BYTES..MAX) in NCCL's table. A prefill step is larger than any captured CUDA
+    graph, and vLLM sends an all-reduce that size to NCCL unless torch's symmetric-memory all-reduce
+    takes it (vLLM's default flipped in 2025: on from 2025-09-17, PR #25070, off on main from 2025-10-15,
+    PR #26925). NVIDIA's `vLLM_custom_eager` table times vLLM 0.19's dispatch, up to 1.4x faster than
+    NCCL at these sizes on B200; the fitted campaign (2025-10-29) names no version, and both serving
+    fits land nearer NCCL's fractions (docs/accuracy.md). `allreduce_two_gpu_ratio`, 2 GPUs' median
+    fraction over the 8-GPU one. A field whose rows are missing keeps its default."""
     from jaxplan.calibrate import kernels
 
     found = {}
@@ -165,7 +169,7 @@ def allreduce_prior(gpu: str, spec, data_root=None) -> dict[str, float]:
     small = comm.message_bytes <= ALLREDUCE_LATENCY_MAX_BYTES
     if small.any():
         found["allreduce_latency_s"] = float(np.median(comm.latency_s[small]))
-    comm = kernels.load_custom_allreduce(gpu, modes=("eager",), data_root=data_root)  # read above with the graph rows
+    comm = kernels.load_nccl(gpu, ops=("all_reduce",), dtypes=("fp16",), data_root=data_root)  # read above too
     n = comm.num_gpus.astype(np.float64)
     fraction = 2.0 * (n - 1.0) / n * comm.message_bytes / comm.latency_s / spec.intra_node_bandwidth_bytes_per_s
     prefill = (comm.message_bytes >= PREFILL_ALLREDUCE_MIN_BYTES) & (comm.message_bytes <= PREFILL_ALLREDUCE_MAX_BYTES)

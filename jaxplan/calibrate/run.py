@@ -45,8 +45,8 @@ LAYOUT_COLUMNS = ("model", "tensor_parallel_size", "pipeline_parallel_size", "da
 # A GPU whose serving rows were not fitted (one without rows, or the held-out GPU of the accuracy
 # report) takes these from its own kernel tables (`fit.kernel_priors`): they time the operations that
 # dominate prefill under serving conditions (compute-bound GEMMs and, for FP8, the quantisation of their
-# input; long-context attention; vLLM's all-reduces without CUDA graphs at 16-128 MiB, what a
-# 1k-8k-token prefill step sends per layer, `fit.allreduce_prior`). Everything else comes from the
+# input; long-context attention; NCCL's all-reduces at 16-128 MiB, what a 1k-8k-token prefill step
+# sends per layer outside CUDA graphs, `fit.allreduce_prior`). Everything else comes from the
 # serving fit: the HBM fraction of CUDA-graph decode (the tables' weight-streaming GEMMs sit 0.10
 # below it on both fitted GPUs), the small-message all-reduce latency (vLLM's custom all-reduce in
 # CUDA graphs, not the tables' NCCL), and the runtime's per-layer, per-step, per-sequence and

@@ -52,7 +52,8 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "allreduce_latency_s": (12e-6, 0.0, 1e-3),
     "allreduce_bandwidth_efficiency": (0.6, 0.02, 1.0),  # ring-equivalent, in a group of 8 GPUs (or more)
     # Efficiency in a pair of GPUs over that in 8; 4 GPUs get its square root (NCCL's algorithms differ by
-    # group size: NVLink-switch nodes reach more of the link with 8 GPUs than with 2, PCIe far less).
+    # group size: at prefill sizes H100/H200 pairs reach 0.76-0.77 of what 8 GPUs reach, B200 pairs 1.1x,
+    # PCIe pairs far more).
     "allreduce_two_gpu_ratio": (1.0, 0.1, 20.0),
     "step_overhead_s": (2.5e-3, 0.0, 0.1),
     "per_seq_overhead_s": (4e-6, 0.0, 1e-3),

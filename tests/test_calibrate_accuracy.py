@@ -285,6 +285,43 @@ def test_engine_settings_of_json_runs_benchmarked_without_metadata(tmp_path, mon
     assert "--gpu" in result.output and "h100_sxm" in result.output and ".json" in result.output
 
 
+def test_a_users_csv_without_a_backend_is_fitted_as_vllm(tmp_path, monkeypatch):
+    """Found by an audit: a measured CSV without a `backend` column went to "other backends" and the fit
+    saw none of it (exit 0, fit_rows = 0). An empty backend is vLLM's; a file without measured TTFT and
+    TPOT, or with no vLLM row at all, is refused with one line that says what to give."""
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate import run
+    from jaxplan.cli import app
+
+    seen = []
+
+    def fake(rows, **kwargs):
+        seen.extend(rows)
+        fitted = [r for r in run.evaluated_rows(rows) if not run.fit_excluded(r)]
+        return {}, {"seconds": 0.0, "fit_backend": "vllm", "fit_rows": len(fitted), "fit_rows_kv_fits": len(fitted)}
+
+    monkeypatch.setattr(run, "calibrate", fake)
+    monkeypatch.setattr(run, "write_params", lambda *a, **k: None)
+    header = "model,gpu,tensor_parallel_size,isl,osl,concurrency"
+    mine = tmp_path / "mine.csv"
+    mine.write_text(f"{header},measured_ttft_ms_mean,measured_tpot_ms_mean\nllama-3.1-8b,h100_sxm,1,1024,256,16,80,11\nllama-3.1-8b,h100_sxm,2,1024,256,16,60,7\n")
+    args = ["--no-shared-data", "--no-replay-check", "-o", str(tmp_path / "p.toml")]
+    result = CliRunner().invoke(app, ["calibrate", str(mine), *args])
+    assert result.exit_code == 0, result.output
+    assert [r["backend"] for r in seen] == ["vllm", "vllm"] and '"fit_rows": 2' in result.output
+    bare = tmp_path / "bare.csv"
+    bare.write_text(f"{header}\nllama-3.1-8b,h100_sxm,1,1024,256,16\n")
+    result = CliRunner().invoke(app, ["calibrate", str(bare), *args])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "bare.csv: no row has both measured_ttft_ms_mean and measured_tpot_ms_mean" in result.output
+    sglang = tmp_path / "sglang.csv"
+    sglang.write_text(f"{header},measured_ttft_ms_mean,measured_tpot_ms_mean,backend\nllama-3.1-8b,h100_sxm,1,1024,256,16,80,11,sglang\n")
+    result = CliRunner().invoke(app, ["calibrate", str(sglang), *args])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "backend = 'sglang': no measured vllm row to fit" in " ".join(result.output.split())
+
+
 def test_rows_csv_holds_the_predictions_behind_the_report(tmp_path):
     """`jaxplan calibrate --rows rows.csv`: every measured row next to its predictions, from which the
     report's numbers follow (in sample, held out, replayed)."""

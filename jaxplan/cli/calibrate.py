@@ -14,7 +14,7 @@ from jaxplan.cli.engine_settings import (
     DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
     PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
 )  # fmt: skip
-from jaxplan.errors import bad_value
+from jaxplan.errors import PlanError, bad_value
 
 
 @app.command()
@@ -41,7 +41,7 @@ def calibrate(
 ) -> None:
     """Fit the efficiency parameters: kernel tables first, then end-to-end serving rows (optax)."""
     from jaxplan.calibrate._data import data_root_exists
-    from jaxplan.calibrate.run import calibrate as run_calibration, default_output, provenance, replay_check as run_replay_check, write_params
+    from jaxplan.calibrate.run import FIT_BACKEND, calibrate as run_calibration, default_output, evaluated_rows, fit_excluded, measured_rows, provenance, replay_check as run_replay_check, write_params
     from jaxplan.calibrate.serving import load_serving_rows
 
     paths = [*(files or []), *(measurements or [])]
@@ -57,10 +57,16 @@ def calibrate(
         found = engine_settings.read_rows(path, settings)
         if not found:
             raise bad_value("rows", 0, "the file has a header but no measurement rows", where=str(path))
-        rows += [r if r.get("dataset") else {**r, "dataset": path.name} for r in found]  # a row without one is its file's
+        if not measured_rows(found):
+            raise PlanError(f"{path}: no row has both measured_ttft_ms_mean and measured_tpot_ms_mean; calibrate fits measurements (to predict the rows instead, use jaxplan predict)")
+        # A row without a dataset is its file's; without a backend, vLLM's (what jaxplan models and fits).
+        rows += [{**r, "dataset": r.get("dataset") or path.name, "backend": r.get("backend") or FIT_BACKEND} for r in found]
         sources.append(str(path))
     if not rows:
         raise bad_value("--measurements", None, "no measurements found: pass measurement files (CSV or vllm bench JSON) or provide ../shared/data")
+    if not [r for r in evaluated_rows(rows) if not fit_excluded(r)]:
+        backends = sorted({str(r.get("backend")) for r in measured_rows(rows)})
+        raise bad_value("backend", ",".join(backends), f"no measured {FIT_BACKEND} row to fit: jaxplan fits vLLM's serving; give {FIT_BACKEND} rows (an empty backend counts as {FIT_BACKEND})")
     with progress_bar() as progress:
         steps_total = fit_step_groups(rows, replay_check)
         task = progress.add_task("calibrating (kernel priors, per-GPU fit, held-out fits)", total=steps_total)

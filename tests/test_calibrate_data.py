@@ -499,6 +499,24 @@ def test_fixture_serving_rows_round_trip(tmp_path):
     assert (tmp_path / "again.csv").read_text() == (FIXTURES / "serving_rows.csv").read_text()
 
 
+def test_a_csv_named_by_a_relative_path_writes_rows_that_read_back_from_any_folder(tmp_path, monkeypatch):
+    """Found by an audit: `predict lf/in.csv -o sub/out.csv` wrote lengths_file as lf/lens.csv (relative
+    to the working folder), which sub/out.csv then resolved against sub/. A spreadsheet's UTF-8 BOM
+    before the header reads as no BOM does (it was an unknown column '\\ufeffmodel')."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lf").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "lf" / "lens.csv").write_text("input_tokens,output_tokens\n100,20\n200,30\n")
+    text = "model,gpu,tensor_parallel_size,isl,osl,concurrency,lengths_file\nllama-3.1-8b,h100_sxm,1,,,4,lens.csv\n"
+    (tmp_path / "lf" / "in.csv").write_text(text)
+    rows = R.read_predict_csv("lf/in.csv")
+    assert Path(rows[0]["lengths_file"]) == tmp_path / "lf" / "lens.csv"
+    R.write_predict_csv(rows, Path("sub/out.csv"))
+    assert R.read_predict_csv("sub/out.csv") == rows
+    (tmp_path / "lf" / "bom.csv").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert R.read_predict_csv("lf/bom.csv") == rows
+
+
 def test_a_file_jaxplan_wrote_reads_back_without_its_predictions(tmp_path):
     """`predict`'s output and `calibrate --rows` add prediction columns after the predict format: they
     read back as input (their predictions dropped, to be recomputed), while an unknown column is

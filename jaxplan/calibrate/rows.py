@@ -294,7 +294,7 @@ def read_predict_csv(path: str | Path) -> list[dict]:
     """Read and validate a predict CSV; every problem is a one-line PlanError naming file, line, column, value, fix."""
     path = Path(path)
     try:
-        with open(path, newline="") as handle:
+        with open(path, newline="", encoding="utf-8-sig") as handle:  # utf-8-sig: a spreadsheet's BOM
             lines = list(csv.reader(handle))
     except OSError as err:
         raise PlanError(f"{path}: cannot read ({err.strerror}); give an existing CSV file") from None

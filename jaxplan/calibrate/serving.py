@@ -439,7 +439,7 @@ JSON_DEFAULT_FIELDS = (
 
 def _load_json_records(path: Path) -> list[dict]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as err:
         raise PlanError(f"{path}: cannot read ({err.strerror}); give the JSON file vllm bench serve --save-result wrote") from None
     except UnicodeDecodeError as err:

@@ -179,7 +179,7 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
 def model_from_hf_file(path: Path) -> ModelSpec:
     """Load a Hugging Face config.json; the model is named after its folder (or file stem)."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as err:
         raise PlanError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
     except UnicodeDecodeError as err:

@@ -84,7 +84,7 @@ def resolve_against(spec: str, base: Path) -> str:
     path, record = split_record(spec.strip())
     resolved = _user_path(path)
     if not resolved.is_absolute():
-        resolved = Path(base) / resolved
+        resolved = (Path(base) / resolved).absolute()  # absolute: a row written to another folder still finds it
     return str(resolved) + (f"#{record}" if record is not None else "")
 
 
@@ -120,7 +120,7 @@ def read_lengths(spec: str) -> RequestLengths:
 def _read_cached(path_text: str, record: int | None, _mtime_ns: int, _size: int) -> RequestLengths:
     path = Path(path_text)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as err:
         raise PlanError(f"lengths_file {path}: cannot read ({err.strerror}); {_FIX}") from None
     except UnicodeDecodeError as err:

@@ -65,3 +65,15 @@ def test_the_kv_cache_check_names_the_tokens_vllm_logs():
     line = kv_cache_check(dict(ROW, kv_blocks_per_replica=30_040), 16)
     assert '"GPU KV cache size: ~480,640 tokens"' in line and "per replica" in line
     assert "~961,280 tokens" in kv_cache_check(dict(ROW, kv_blocks_per_replica=30_040), 32)
+
+
+def test_a_kv_cache_shorter_than_the_context_sets_max_model_len():
+    """Found by an audit: a plan whose replica holds 22,288 tokens of KV printed no --max-model-len, and
+    vLLM refuses to start when the cache cannot hold one request of its default length (Llama-3.1's
+    131,072 tokens). The line caps it at what the cache holds; a cache that holds the context needs nothing."""
+    model = load_model("llama-3.1-70b")
+    small = shlex.split(vllm_serve_command(model, dict(ROW, kv_blocks_per_replica=1_393), 0.9, 16))
+    assert option(small, "--max-model-len") == "22288"
+    assert option(shlex.split(vllm_serve_command(model, dict(ROW, kv_blocks_per_replica=1_393), 0.9, 32)), "--max-model-len") == "44576"
+    roomy = shlex.split(vllm_serve_command(model, dict(ROW, kv_blocks_per_replica=30_040), 0.9, 16))
+    assert model.max_position_embeddings == 131_072 and "--max-model-len" not in roomy

@@ -27,7 +27,10 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
     """A `vllm serve` command line with vLLM's own argument names. NVFP4 weights need a checkpoint
     quantised ahead of time (NVIDIA ModelOpt); vLLM cannot quantise to NVFP4 as it loads, so the model
     argument is a placeholder naming the one to quantise. A KV block size other than vLLM's default is
-    passed on (`--block-size`): the capacity the plan counted depends on it."""
+    passed on (`--block-size`): the capacity the plan counted depends on it. Where one replica's KV
+    cache (`kv_blocks_per_replica`) holds fewer tokens than the model's context length, vLLM refuses to
+    start at its default `--max-model-len` (the context length), so the line sets it to what the cache
+    holds: the plan made room for its workload's longest request, and longer ones vLLM turns away."""
     served = model_argument(model)
     if row["weight_dtype"] == "nvfp4":
         served = f"<NVFP4 checkpoint of {served}>"
@@ -42,6 +45,10 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
     ]
     if block_size_tokens != VLLM_DEFAULT_BLOCK_SIZE_TOKENS:
         args += ["--block-size", str(block_size_tokens)]
+    if row.get("kv_blocks_per_replica") is not None:
+        kv_tokens = int(row["kv_blocks_per_replica"]) * block_size_tokens
+        if kv_tokens < model.max_position_embeddings:
+            args += ["--max-model-len", str(kv_tokens)]
     if row["kv_cache_dtype"] == "fp8":
         args += ["--kv-cache-dtype", "fp8"]
     if row["weight_dtype"] == "fp8":

@@ -42,10 +42,32 @@ def test_sweep_prints_funnel_top_rows_and_vllm_command(small_sweep):
     assert "Traceback" not in result.output
 
 
+def strict_json(text: str):
+    """JSON as parsers other than Python's read it: no Infinity or NaN."""
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_files_write_null_for_infinity():
+    """Found by an audit: a burst workload's request rate and unbounded SLOs were written as `Infinity`,
+    which jq and JavaScript reject. Every --json file goes through `json_text`."""
+    from jaxplan.cli.common import json_text
+    from jaxplan.specs import load_workload
+
+    workload = load_workload("rl-rollout")
+    assert workload.request_rate_per_s == float("inf")  # the bundled burst
+    parsed = strict_json(json_text({"workload": workload, "values": [1.5, float("nan"), float("-inf")], "nested": {"x": float("inf")}}))
+    assert parsed["workload"]["request_rate_per_s"] is None and parsed["workload"]["name"] == "rl-rollout"
+    assert parsed["values"] == [1.5, None, None] and parsed["nested"] == {"x": None}
+
+
 def test_sweep_json_is_complete(small_sweep):
     result, path = small_sweep
     assert result.exit_code == 0
-    report = json.loads(path.read_text())
+    report = strict_json(path.read_text())
     assert report["grid_size"] == 1536
     assert [s["stage"] for s in report["funnel"]] == [1, 2, 3, 4, 5, 6]
     assert report["shortlist"] and report["winner"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import math
 import os
 import sys
@@ -217,3 +218,23 @@ def finite(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def json_text(payload) -> str:
+    """`payload` as strict JSON (indent 2): dataclasses and enums as `json_default` writes them, and
+    every non-finite float (an unbounded SLO, a burst's request rate) as null, never `Infinity`,
+    which JSON parsers other than Python's reject."""
+
+    def plain(value):
+        if isinstance(value, dict):
+            return {key: plain(v) for key, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, float):
+            return finite(value)
+        if value is None or isinstance(value, (str, int, bool)):
+            return value
+        converted = json_default(value)
+        return plain(converted) if converted is not value else str(value)
+
+    return json.dumps(plain(payload), indent=2, allow_nan=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,7 +22,7 @@ from jaxplan.cli.common import (
     app,
     clean_errors,
     err,
-    json_default,
+    json_text,
     out,
     run_sweep,
     sweep_options,
@@ -95,7 +94,7 @@ def sensitivity(
             "finalists": [{k: v for k, v in r.items() if k != "digits"} for r in result.shortlist],
             "values": sens.values.tolist(), "derivative": sens.derivative.tolist(), "elasticity": sens.elasticity.tolist(),
         }
-        json_path.write_text(json.dumps(payload, indent=2, default=json_default))
+        json_path.write_text(json_text(payload))
         out.print(f"wrote {json_path}")
     if plot:
         from jaxplan.cli.report import write_plots
@@ -125,7 +124,7 @@ def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes:
     for line in summary_lines(wmap):
         out.print(line, highlight=False, soft_wrap=True)
     if json_path:
-        json_path.write_text(json.dumps(wmap.to_json(), indent=2, default=json_default))
+        json_path.write_text(json_text(wmap.to_json()))
         out.print(f"wrote {json_path}")
     return wmap
 

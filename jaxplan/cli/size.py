@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,7 +23,7 @@ from jaxplan.cli.common import (
     app,
     clean_errors,
     err,
-    json_default,
+    json_text,
     out,
     run_sweep,
     sweep_options,
@@ -64,7 +63,7 @@ def size(
     sizing = size_deployments(result, rollout_prompts=rollout_prompts)
     out.print(sizing_table(sizing))
     if json_path:
-        json_path.write_text(json.dumps(sizing.to_json(), indent=2, default=json_default))
+        json_path.write_text(json_text(sizing.to_json()))
         out.print(f"wrote {json_path}")
     if not sizing.per_gpu:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -28,7 +28,7 @@ from jaxplan.cli.common import (
     clean_errors,
     err,
     finite,
-    json_default,
+    json_text,
     out,
     run_sweep,
     stage7_deadline,
@@ -91,7 +91,8 @@ def sweep(
         agreement = rank_agreement(replayed)
         out.print(
             f"7 replay: {len(replayed)} finalists x {replayed[0]['replay_requests']:,} requests in {_time.perf_counter() - t0:.1f} s; "
-            f"re-ranked by replayed metrics (Spearman rank correlation with stage 4: {agreement:.2f})",
+            f"re-ranked by replayed metrics (Spearman rank correlation with stage 4: {agreement:.2f})"
+            if math.isfinite(agreement) else "re-ranked by replayed metrics (rank correlation with stage 4: n/a, under 3 finalists or tied scores)",
             highlight=False,
         )
     elif not replay:
@@ -112,7 +113,7 @@ def sweep(
         out.print(sizing_table(sizing))
         report["sizing"] = sizing.to_json()
     if json_path:
-        json_path.write_text(json.dumps(report, indent=2, default=json_default))
+        json_path.write_text(json_text(report))
         out.print(f"wrote {json_path}")
     if plot:
         from jaxplan.cli.report import plot_sweep

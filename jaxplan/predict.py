@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
 from jaxplan.errors import bad_value
-from jaxplan.physics.memory import kv_blocks_per_replica
+from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
@@ -342,6 +342,8 @@ def replay_predict_rows(
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
         hw_all = take(hardware_table(batch.gpus, chosen), jnp.asarray(batch.gpu_index))
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
+        context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens
+        scheduler_blocks = np.asarray(replay_kv_blocks(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, context))
         for k, i in enumerate(batch.row_ids):
             if blocks[k] < 1:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=0, status=NO_KV_CACHE)
@@ -349,7 +351,7 @@ def replay_predict_rows(
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
-            config = replay_config(layout, blocks[k : k + 1], routing=routing)
+            config = replay_config(layout, scheduler_blocks[k : k + 1], routing=routing)
             requests = sample_requests(workload, None, seed)
             deadline = None if max_seconds is None else Deadline(
                 max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",

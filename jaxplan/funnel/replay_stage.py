@@ -16,7 +16,7 @@ import numpy as np
 from jaxplan.funnel.chunk import layout_of
 from jaxplan.funnel.estimate import objective
 from jaxplan.grid import candidates_from_digits
-from jaxplan.physics.memory import kv_blocks_per_replica
+from jaxplan.physics.memory import replay_kv_blocks
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.replay import ReplayConfig, sample_requests, simulate
@@ -54,7 +54,8 @@ def _finalist_arrays(ctx, digits):
     (the model shape in `ctx` traced: one program serves every model)."""
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     hw, layout = take(ctx.hardware, c.gpu_index), layout_of(c)
-    return hw, layout, kv_blocks_per_replica(ctx.model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens)
+    context = ctx.workload.isl_tokens + 0.5 * ctx.workload.osl_tokens
+    return hw, layout, replay_kv_blocks(ctx.model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens, context)
 
 
 def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin") -> ReplayConfig:

@@ -118,3 +118,17 @@ def kv_blocks_per_replica(model: ModelShape, hw: Hardware, layout: Layout, gpu_m
     """KV blocks a replica can hold (every GPU of a replica holds the same tokens' slice)."""
     free = jnp.maximum(kv_budget_bytes_per_gpu(model, hw, layout, gpu_memory_utilization), 0.0)
     return jnp.floor(free / (block_size_tokens * kv_bytes_per_token_per_gpu(model, layout)))
+
+
+def replay_kv_blocks(model: ModelShape, hw: Hardware, layout: Layout, gpu_memory_utilization, block_size_tokens, mean_context_tokens) -> jnp.ndarray:
+    """KV blocks for the replay's scheduler, which gives a request of context c ceil(c / block) blocks
+    of `kv_bytes_per_token_per_gpu` (every softmax layer's KV). A model with sliding-window layers
+    holds less per request (vLLM frees their blocks outside the window) and one with linear-attention
+    layers more (a constant state): the cache counts as `kv_blocks_per_replica` x what a request of
+    `mean_context_tokens` (ISL + OSL / 2) would hold at the full per-token cost over what it holds,
+    the capacity stage 4 (`steady_state.max_concurrency`) prices. Full-attention models: unchanged."""
+    blocks = kv_blocks_per_replica(model, hw, layout, gpu_memory_utilization, block_size_tokens)
+    full = kv_bytes_per_token_per_gpu(model, layout) * mean_context_tokens
+    held = smooth_request_kv_bytes_per_gpu(model, layout, mean_context_tokens)
+    uniform = (model.sliding_layers == 0) & (model.linear_layers == 0)
+    return jnp.where(uniform, blocks, jnp.floor(blocks * full / jnp.maximum(held, 1e-30)))

@@ -78,3 +78,22 @@ def test_pipeline_stages_carry_a_budget_each_in_replay_and_stage_four():
     assert replayed["output_tok_s"] > 0.8 * analytical["output_tok_s"]  # 400 requests: ramp-up and drain included
     assert replayed["ttft_ms_mean"] < 3000  # no runaway queue
     np.testing.assert_allclose(replayed["tpot_ms_mean"], analytical["tpot_ms_mean"], rtol=0.25)
+
+
+def test_replay_shortfalls_name_what_the_workload_misses():
+    """Found by an audit: a winner whose replay delivered 2,745 of the 5,000 output tok/s the workload
+    asks was recommended without a word. `replay_shortfalls` says what a replayed row misses (and
+    `replay_score` ranks such rows below every passing one); the sweep prints it under the winner."""
+    from types import SimpleNamespace
+
+    from jaxplan.cli.sweep import replay_warning
+    from jaxplan.funnel.replay_stage import replay_score, replay_shortfalls
+
+    workload = SimpleNamespace(slo_percentile=99.0, ttft_slo_s=2.0, tpot_slo_s=0.05, target_output_tokens_per_s=5000.0)
+    row = dict(replay_unfinished=0, replay_ttft_p99_s=1.5, replay_tpot_p99_s=0.04, replay_output_tokens_per_s=6000.0, hourly_usd=10.0)
+    assert replay_shortfalls(row, workload) == []
+    short = dict(row, replay_output_tokens_per_s=2745.0, replay_ttft_p99_s=3.0)
+    assert replay_shortfalls(short, workload) == ["p99 TTFT 3,000 ms > SLO 2,000 ms", "2,745 output tok/s < target 5,000"]
+    assert replay_shortfalls(dict(row, replay_unfinished=7), workload) == ["7 requests did not finish"]
+    assert replay_score(short, workload) < replay_score(row, workload) - 500
+    assert "no finalist meets the workload" in replay_warning(replay_shortfalls(short, workload)) and "2,745 output tok/s" in replay_warning(replay_shortfalls(short, workload))

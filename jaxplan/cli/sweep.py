@@ -104,6 +104,8 @@ def sweep(
         out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}", width=out.width))
         out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
         out.print(report["winner"]["kv_cache_check"], style="dim", highlight=False, soft_wrap=True)
+        if report["winner"].get("replay_shortfalls"):
+            out.print(replay_warning(report["winner"]["replay_shortfalls"]), style="bold yellow", highlight=False, soft_wrap=True)
     else:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
     if target_throughput is not None and result.shortlist:  # sizing: per GPU type, the fewest GPUs and the cheapest per token
@@ -124,13 +126,15 @@ def sweep(
 
 
 def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:
-    from jaxplan.funnel.replay_stage import rank_agreement
+    from jaxplan.funnel.replay_stage import rank_agreement, replay_shortfalls
     from jaxplan.report.vllm_command import kv_cache_check
 
     clean = lambda row: {k: finite(v) for k, v in row.items()}  # noqa: E731
     best = replayed[0] if replayed else result.winner
     block = result.grid.space.block_size_tokens
     winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization, block), kv_cache_check=kv_cache_check(best, block)) if best else None
+    if winner and replayed:  # the replay ranks passing finalists first: a winner that fails means all do
+        winner["replay_shortfalls"] = replay_shortfalls(best, result.workload)
     return {
         "model": dataclasses.asdict(result.model),
         "workload": dataclasses.asdict(result.workload),
@@ -148,3 +152,12 @@ def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) 
         "winner": winner,
         "empty_explanation": None if result.shortlist else result.empty_explanation(),
     }
+
+
+def replay_warning(shortfalls: list[str]) -> str:
+    """The line under the winner when, replayed step by step, no finalist meets the workload."""
+    return (
+        f"Warning: replayed step by step, no finalist meets the workload; the winner misses it by {'; '.join(shortfalls)}. "
+        "Stage 4's steady state promised it: give more GPUs (--budget; jaxplan size finds how many), loosen the SLOs "
+        "or lower the target."
+    )

@@ -162,15 +162,24 @@ def rank_agreement(rows: list[dict]) -> float:
     return float(spearman([r["score"] for r in rows], [r["replay_score"] for r in rows]))
 
 
+def replay_shortfalls(row: dict, workload) -> list[str]:
+    """What a replayed row misses of the workload, in words ([] when it meets it all): unfinished
+    requests, the p99 TTFT and TPOT SLOs (at the workload's percentile), the throughput target."""
+    misses = []
+    if row["replay_unfinished"]:
+        misses.append(f"{row['replay_unfinished']:,} requests did not finish")
+    pct = f"p{workload.slo_percentile:g}"
+    for name, key, slo in (("TTFT", "replay_ttft_p99_s", workload.ttft_slo_s), ("TPOT", "replay_tpot_p99_s", workload.tpot_slo_s)):
+        if not row[key] <= slo:
+            misses.append(f"{pct} {name} {row[key] * 1e3:,.0f} ms > SLO {slo * 1e3:,.0f} ms")
+    if not row["replay_output_tokens_per_s"] >= workload.target_output_tokens_per_s:
+        misses.append(f"{row['replay_output_tokens_per_s']:,.0f} output tok/s < target {workload.target_output_tokens_per_s:,.0f}")
+    return misses
+
+
 def replay_score(row: dict, workload) -> float:
-    """The funnel's objective on replayed numbers; failing candidates score below every passing one."""
+    """The funnel's objective on replayed numbers; failing candidates (`replay_shortfalls`) score below
+    every passing one."""
     thr = max(row["replay_output_tokens_per_s"], 1e-9)
-    hourly = row["hourly_usd"]
-    meets = (
-        row["replay_unfinished"] == 0
-        and row["replay_ttft_p99_s"] <= workload.ttft_slo_s
-        and row["replay_tpot_p99_s"] <= workload.tpot_slo_s
-        and thr >= workload.target_output_tokens_per_s
-    )
-    score = float(objective(thr, row["replay_tpot_p99_s"], hourly, workload.target_output_tokens_per_s))
-    return score if meets else score - 1e3
+    score = float(objective(thr, row["replay_tpot_p99_s"], row["hourly_usd"], workload.target_output_tokens_per_s))
+    return score - 1e3 if replay_shortfalls(row, workload) else score

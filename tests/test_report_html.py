@@ -93,3 +93,16 @@ def test_render_escapes_and_omits_missing_figures(report):
 
     assert "No funnel figure" in _figure({}, "funnel", "caption")
     assert "&lt;b&gt;" in _table(["a"], [["<b>"]])
+
+
+def test_the_winner_section_warns_when_the_replay_misses_the_workload():
+    from jaxplan.report.html import _winner
+
+    winner = dict(num_gpus=2, gpu="h100_sxm", tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=1, max_num_seqs=256,
+                  max_num_batched_tokens=512, weight_dtype="fp8", kv_cache_dtype="fp8", kv_cache_check="Check: vLLM should log x",
+                  output_tokens_per_s=5272.0, ttft_p99_s=4.0, tpot_p99_s=0.05, hourly_usd=8.0, cost_per_million_output_tokens_usd=0.4,
+                  replay_output_tokens_per_s=4861.0, replay_ttft_p99_s=8.0, replay_tpot_p99_s=0.055, replay_slo_attainment=1.0,
+                  vllm_serve="vllm serve m", replay_shortfalls=["4,861 output tok/s < target 5,000"])
+    html = _winner({"winner": winner})
+    assert "no finalist meets the workload" in html and "4,861 output tok/s &lt; target 5,000" in html
+    assert "no finalist meets" not in _winner({"winner": dict(winner, replay_shortfalls=[])})

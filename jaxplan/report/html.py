@@ -138,6 +138,8 @@ def _winner(summary: dict) -> str:
         replay = (f"{w['replay_output_tokens_per_s']:,.0f} output tokens/s, p99 TTFT {_ms(w['replay_ttft_p99_s'])}, "
                   f"p99 TPOT {_ms(w['replay_tpot_p99_s'])}, {w['replay_slo_attainment']:.0%} of requests within the SLOs")
         facts.append(["replay", replay])
+    if w.get("replay_shortfalls"):
+        facts.append(["warning", "replayed step by step, no finalist meets the workload; the winner misses it by " + "; ".join(w["replay_shortfalls"])])
     return f"<pre><code>{_e(w['vllm_serve'])}</code></pre>" + _table([], facts, left=2)
 
 

@@ -49,6 +49,37 @@ def test_unfitted_gpu_takes_kernel_fields_from_its_priors_and_the_rest_from_the_
     assert "memory_bandwidth_efficiency" not in KERNEL_FIELDS  # decode's HBM fraction comes from serving
 
 
+def test_an_unfitted_gpu_scales_its_gemm_prior_by_what_serving_reaches_of_the_tables():
+    """Both serving fits land below NVIDIA's GEMM tables (H200 0.88, B200 0.97 of them): a GPU without
+    rows takes its own table value times the fitted GPUs' mean ratio, not the raw table value (found by
+    an audit: the H100, the H200's silicon without serving rows, prefilled faster than the H200)."""
+    from jaxplan.calibrate.run import SERVING_RATIO_FIELDS, serving_ratios
+
+    priors = {"a": dict(DEFAULTS, gemm_flops_efficiency=0.80), "b": dict(DEFAULTS, gemm_flops_efficiency=0.70)}
+    fitted = {"a": dict(DEFAULTS, gemm_flops_efficiency=0.72), "b": dict(DEFAULTS, gemm_flops_efficiency=0.63)}
+    ratios = serving_ratios(fitted, priors)
+    assert SERVING_RATIO_FIELDS == ("gemm_flops_efficiency",) and ratios == pytest.approx({"gemm_flops_efficiency": 0.9})
+    prior = dict(DEFAULTS, gemm_flops_efficiency=0.75)
+    params = unfitted_gpu_params(prior, {f: DEFAULTS[f] * 0.5 for f in FIT_FIELDS}, ratios)
+    assert params["gemm_flops_efficiency"] == pytest.approx(0.675)
+    assert params["attention_flops_efficiency"] == prior["attention_flops_efficiency"]  # other kernel fields: the table's
+    assert unfitted_gpu_params(prior, fitted["a"], {"gemm_flops_efficiency": 5.0})["gemm_flops_efficiency"] == 1.0  # within BOUNDS
+
+
+def test_the_shipped_unfitted_gpus_reach_of_their_gemm_tables_what_the_fitted_ones_do():
+    """The H100 (the H200's silicon, no serving rows) reaches the fitted GPUs' mean share of its GEMM
+    table: between the H200's and the B200's share, never the whole table."""
+    from jaxplan.physics.params import load_efficiency, load_priors
+
+    shipped, priors = load_efficiency(), load_priors()
+    share = {g: shipped[g]["gemm_flops_efficiency"] / priors[g]["gemm_flops_efficiency"] for g in ("h100_sxm", "h200_sxm", "b200_sxm", "a100_sxm")}
+    fitted = sorted([share["h200_sxm"], share["b200_sxm"]])
+    assert fitted[0] < 0.95
+    for g in ("h100_sxm", "a100_sxm"):
+        assert fitted[0] - 1e-4 <= share[g] <= fitted[1] + 1e-4, (g, share)
+        assert share[g] == pytest.approx(sum(fitted) / 2, abs=1e-4)
+
+
 def test_only_the_inconsistent_campaign_and_the_older_vllm_are_left_out_of_the_fit():
     """The Llama-3.1-8B silicon rows need up to 97% of the FP8 peak for their linear layers alone
     at the measured TPOT; the 70B rows at most 37%. The A100-40GB rows (vLLM 0.8.3) are a check

@@ -58,6 +58,11 @@ KERNEL_FIELDS = (
     "gemm_flops_efficiency", "fp8_quant_bytes_per_element", "attention_flops_efficiency",
     "allreduce_bandwidth_efficiency", "allreduce_two_gpu_ratio",
 )
+# Kernel fields an unfitted GPU takes as its prior times what serving reaches of the tables on the
+# fitted GPUs (`serving_ratios`): NVIDIA's GEMM tables time each GEMM alone at its best kernel, and
+# both serving fits land below them (H200 0.88, B200 0.97 of the table's FP8/BF16 efficiency). Without
+# it an H100 (no serving rows, the H200's silicon) prefilled faster than the H200 (found by an audit).
+SERVING_RATIO_FIELDS = ("gemm_flops_efficiency",)
 
 # (dataset, model) campaigns that are evaluated but not fitted, with the reason.
 FIT_EXCLUDED = {
@@ -99,10 +104,18 @@ def not_fitted_groups(evaluated: list[dict]) -> dict[str, list[dict]]:
     return dict(sorted(groups.items()))
 
 
-def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float]) -> dict[str, float]:
-    """Parameters of a GPU whose serving rows were not fitted: its kernel priors for KERNEL_FIELDS,
-    `fitted` (a serving fit on other GPUs) for the other fitted fields."""
-    return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS}}
+def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratios: dict[str, float] | None = None) -> dict[str, float]:
+    """Parameters of a GPU whose serving rows were not fitted: its kernel priors for KERNEL_FIELDS (times
+    `ratios`, `serving_ratios`, for SERVING_RATIO_FIELDS), `fitted` (a serving fit on other GPUs) for the
+    other fitted fields."""
+    scaled = {f: float(np.clip(prior[f] * r, BOUNDS[f][1], BOUNDS[f][2])) for f, r in (ratios or {}).items()}
+    return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS}, **scaled}
+
+
+def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[str, float]]) -> dict[str, float]:
+    """SERVING_RATIO_FIELDS -> the mean over the fitted GPUs (`fitted`: GPU -> its serving-fit values) of
+    fitted value / kernel prior."""
+    return {f: float(np.mean([values[f] / priors[g][f] for g, values in fitted.items()])) for f in SERVING_RATIO_FIELDS}
 
 
 def trained_rows(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[dict]:
@@ -143,7 +156,9 @@ def held_out_params(train_rows: list[dict], held: str, priors: dict[str, dict[st
     say in it, so that the fit reuses the complete fit's program)."""
     gpus = sorted({r["gpu"] for r in train_rows})
     _, z, _ = serving_fit([r for r in train_rows if r["gpu"] != held], priors, steps=steps, shared=True, gpus=gpus, like=train_rows)
-    return {**DEFAULTS, **unfitted_gpu_params(priors[held], fit.values_of(z[0]))}
+    fitted = fit.values_of(z[0])
+    ratios = serving_ratios({g: fitted for g in gpus if g != held}, priors)
+    return {**DEFAULTS, **unfitted_gpu_params(priors[held], fitted, ratios)}
 
 
 def layout_label(row: dict) -> str:
@@ -332,9 +347,11 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
         for g, vector in zip(fitted_gpus, z):
             params[g].update(fit.values_of(vector))
         shared = fit.values_of(z.mean(axis=0))
+        ratios = serving_ratios({g: params[g] for g in fitted_gpus}, priors)
+        report["serving_ratios"] = ratios
         for g in gpus:  # GPUs without serving rows: kernel priors for KERNEL_FIELDS, the shared fit for the rest
-            if g not in fitted_gpus:
-                params[g] = unfitted_gpu_params(priors[g], shared)
+            if g not in fitted_gpus:  # (the serving ratio scales kernel-table priors, not DEFAULTS)
+                params[g] = unfitted_gpu_params(priors[g], shared, ratios if prior_sources[g] != PRIOR_SOURCES[2] else None)
         report["in_sample"] = {g: accuracy([r for r in fit_rows if r["gpu"] == g], params) for g in fitted_gpus}
         for key, group in not_fitted_groups(evaluated).items():
             report["not_fitted"][key] = {"reason": fit_excluded(group[0]), **accuracy(group, params)}

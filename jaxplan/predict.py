@@ -18,13 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
-from jaxplan.errors import bad_value
+from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams, length_shape
 from jaxplan.specs import load_gpu, load_model
+from jaxplan.specs.model import ModelSpec
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
 from jaxplan.specs.space import DTYPE_BYTES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
@@ -103,8 +104,10 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
         has_concurrency = concurrency not in (None, "") and float(concurrency) > 0
         rate = _number(row, "request_rate", math.inf, where=where) if not has_concurrency else 0.0
         num_prompts = _number(row, "num_prompts", _default_num_prompts(shape), where=where)
-        if has_concurrency:
-            code, conc, rate_value = 2.0, _number(row, "concurrency", where=where), 0.0
+        if has_concurrency:  # vllm bench serve runs at most num_prompts clients, however many it is given
+            given = _number(row, "concurrency", where=where)
+            conc = min(given, num_prompts) if row.get("num_prompts") not in (None, "") else given
+            code, rate_value = 2.0, 0.0
         elif math.isinf(rate):
             code, conc, rate_value = 1.0, num_prompts, 0.0
         elif rate > 0:
@@ -244,12 +247,102 @@ def _row_note(batch: RowBatch, k: int, row: dict) -> str:
     return weight_only_note(batch.gpus[int(batch.gpu_index[k])], str(row.get("weight_dtype") or "bf16"))
 
 
+def invalid_reason(model: ModelSpec, row: dict) -> str | None:
+    """Why vLLM would refuse this row's engine or its requests (one line, starting "invalid:"), or None.
+    vLLM's own rules: attention heads divide by TP, KV heads divide by TP or TP by them (replicated),
+    at least one layer per pipeline stage (uneven stages are allowed, and priced at the mean), a token
+    budget of at least max_num_seqs, requests within the context length; and the replay's limits."""
+    from jaxplan.replay.config import LIMITS
+
+    size = lambda field: int(float(row.get(field) or 1))  # noqa: E731
+    tp, pp = size("tensor_parallel_size"), size("pipeline_parallel_size")
+    if model.num_attention_heads % tp:
+        return f"invalid: tensor_parallel_size {tp} does not divide {model.name}'s {model.num_attention_heads} attention heads (vLLM refuses to start)"
+    kv = model.num_kv_heads
+    if model.kv_lora_rank == 0 and kv > 0 and (kv % tp if kv >= tp else tp % kv):
+        return f"invalid: tensor_parallel_size {tp} and {model.name}'s {kv} KV heads: one must divide the other (vLLM refuses to start)"
+    if pp > model.num_layers:
+        return f"invalid: pipeline_parallel_size {pp} exceeds {model.name}'s {model.num_layers} layers"
+    for field, most in (("pipeline_parallel_size", LIMITS["pipeline_parallel_size"]), ("data_parallel_size", LIMITS["data_parallel_size"]),
+                        ("max_num_seqs", LIMITS["max_num_seqs"]), ("max_num_batched_tokens", LIMITS["max_num_batched_tokens"])):
+        if row.get(field) not in (None, "") and int(float(row[field])) > most:
+            return f"invalid: {field} {int(float(row[field])):,} is above the {most:,} jaxplan models"
+    seqs, budget = row.get("max_num_seqs"), row.get("max_num_batched_tokens")
+    if seqs not in (None, "") and budget not in (None, "") and int(float(budget)) < int(float(seqs)):
+        return f"invalid: max_num_batched_tokens {int(float(budget)):,} is below max_num_seqs {int(float(seqs)):,} (vLLM refuses to start)"
+    isl, osl = row.get("isl"), row.get("osl")
+    if isl not in (None, "") and osl not in (None, "") and float(isl) + float(osl) > model.max_position_embeddings:
+        return f"invalid: isl + osl = {float(isl) + float(osl):,.0f} tokens exceeds {model.name}'s context of {model.max_position_embeddings:,} (vLLM rejects such requests)"
+    return None
+
+
+def invalid_rows(rows: list[dict], source: str) -> dict[int, str]:
+    """Row index -> `invalid_reason`, for the rows vLLM would refuse."""
+    models: dict[str, ModelSpec] = {}
+    out = {}
+    for i, row in enumerate(rows):
+        name = str(row.get("model") or "").strip()
+        if not name:
+            continue  # row_batches names the missing model
+        try:
+            model = models.setdefault(name, load_model(name))
+        except PlanError as err:
+            raise PlanError(f"{source} row {i + 1}: {err}") from None
+        reason = invalid_reason(model, row)
+        if reason:
+            out[i] = reason
+    return out
+
+
+def capped_rate(row: dict) -> bool:
+    """The row gives both `concurrency` and a finite `request_rate`: vllm bench serve's --request-rate
+    with --max-concurrency (Poisson arrivals, at most that many in flight)."""
+    rate = row.get("request_rate")
+    return row.get("concurrency") not in (None, "") and rate not in (None, "") and math.isfinite(float(rate))
+
+
+def resolve_capped_rates(rows: list[dict], **predict_kwargs) -> tuple[list[dict], dict[int, str]]:
+    """(rows to predict, notes by row index): each `capped_rate` row as the regime that binds. Its
+    clients as a closed loop serve X requests/s (stage 4); below X the arrival rate binds (the clients
+    are rarely all busy) and the row is an open loop at its rate, else the clients bind and it is the
+    closed loop. Other rows unchanged."""
+    capped = [i for i, row in enumerate(rows) if capped_rate(row)]
+    if not capped:
+        return rows, {}
+    closed = predict_rows([{**rows[i], "request_rate": None} for i in capped], **predict_kwargs)
+    out, notes = list(rows), {}
+    for i, clients in zip(capped, closed):
+        rate, served = float(rows[i]["request_rate"]), clients["request_s"]
+        if served is not None and rate < served:
+            out[i] = {**rows[i], "concurrency": None}
+            notes[i] = f"; request_rate {rate:g}/s binds ({rows[i]['concurrency']} clients would serve {served:.3g}/s): open loop"
+        else:
+            out[i] = {**rows[i], "request_rate": None}
+            notes[i] = f"; the {rows[i]['concurrency']} clients bind (they serve {served or 0:.3g}/s, under request_rate {rate:g}/s): closed loop"
+    return out, notes
+
+
+def with_notes(rows: list[dict], results: list[dict], notes: dict[int, str]) -> list[dict]:
+    """`results` of `resolve_capped_rates`' rows with the input's concurrency and request_rate back
+    and the note on the status."""
+    for i, note in notes.items():
+        results[i].update(concurrency=rows[i]["concurrency"], request_rate=rows[i]["request_rate"], status=str(results[i]["status"]) + note)
+    return results
+
+
 def predict_rows(rows: list[dict], params_path: str | None = None, source: str = "input", efficiency: dict | None = None) -> list[dict]:
-    """Input rows plus the predicted output columns (times in ms, rates per second).
+    """Input rows plus the predicted output columns (times in ms, rates per second). A row with both
+    concurrency and a finite request_rate is predicted as the regime that binds (`resolve_capped_rates`).
 
     Efficiency parameters: `efficiency` (GPU -> fields) if given, else the TOML at `params_path`,
     else the bundled calibration."""
+    work, notes = resolve_capped_rates(rows, params_path=params_path, source=source, efficiency=efficiency)
+    return with_notes(rows, _predict_rows(work, params_path, source, efficiency), notes)
+
+
+def _predict_rows(rows: list[dict], params_path: str | None, source: str, efficiency: dict | None) -> list[dict]:
     results = [dict(row) for row in rows]
+    invalid = invalid_rows(rows, source)
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
@@ -258,6 +351,9 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
         est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION))
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
         for k, i in enumerate(batch.row_ids):
+            if i in invalid:
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, status=invalid[i])
+                continue
             if est.max_concurrency_per_replica[k] < 1.0:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS, status=DOES_NOT_FIT)
                 continue
@@ -282,7 +378,8 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
 
     Requests: `num_requests` if given, else the count stage 4 weighs the row's first wave by
     (`_workload_arrays`: its num_prompts, else its lengths_file's count, else DEFAULT_NUM_PROMPTS;
-    at least the concurrency of a closed loop)."""
+    at least the concurrency of a closed loop that names no num_prompts). A closed loop runs at most
+    that many clients, as vllm bench serve does with fewer prompts than --max-concurrency."""
     w = jax.device_get(batch.workload)
     code = int(w.arrival_code[k])
     arrival = {0: Arrival.POISSON, 1: Arrival.BURST, 2: Arrival.CLOSED}[code]
@@ -292,8 +389,8 @@ def _row_workload(batch: RowBatch, k: int, num_requests: int | None, row: dict):
         name=f"row {int(batch.row_ids[k]) + 1}",
         isl_mean_tokens=float(w.isl_tokens[k]), osl_mean_tokens=float(w.osl_tokens[k]), arrival=arrival,
         request_rate_per_s=float(w.request_rate_per_s[k]) if code == 0 else math.inf,
-        concurrency=int(w.concurrency[k]) if code == 2 else 0,
-        num_requests=max(count, int(w.concurrency[k]) if code == 2 else 1),
+        concurrency=min(int(w.concurrency[k]), count) if code == 2 else 0,  # R requests keep at most R clients busy
+        num_requests=count,
         prefix_hit_rate=float(w.prefix_hit_rate[k]),
         **shape,
     )
@@ -328,7 +425,15 @@ def replay_predict_rows(
     routing: how requests reach data-parallel replicas, "round_robin" or "least_loaded".
     efficiency: GPU -> parameter fields, as for `predict_rows` (else the TOML at `params_path`).
     max_seconds: stop (PlanError) a replay whose measured pace projects past this many seconds from
-    `started_at` (time.perf_counter(); default: now), so that several calls can share one limit."""
+    `started_at` (time.perf_counter(); default: now), so that several calls can share one limit.
+    A row with both concurrency and a finite request_rate replays the regime that binds
+    (`resolve_capped_rates`, by stage 4)."""
+    original = rows
+    rows, notes = resolve_capped_rates(rows, params_path=params_path, source=source, efficiency=efficiency)
+    return with_notes(original, _replay_predict_rows(rows, params_path, source, num_requests, seed, routing, efficiency, max_seconds, started_at), notes)
+
+
+def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing, efficiency, max_seconds, started_at) -> list[dict]:
     import time
 
     from jaxplan.deadline import Deadline
@@ -337,6 +442,7 @@ def replay_predict_rows(
 
     results = [dict(row) for row in rows]
     started_at = time.perf_counter() if started_at is None else started_at
+    invalid = invalid_rows(rows, source)
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
@@ -345,6 +451,9 @@ def replay_predict_rows(
         context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens
         scheduler_blocks = np.asarray(replay_kv_blocks(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, context))
         for k, i in enumerate(batch.row_ids):
+            if i in invalid:
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, status=invalid[i])
+                continue
             if blocks[k] < 1:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=0, status=NO_KV_CACHE)
                 continue

@@ -200,9 +200,11 @@ def test_a_clone_without_the_kernel_tables_calibrates_from_the_bundled_priors(tm
     assert {g for g, source in sources.items() if source == PRIOR_SOURCES[1]} == set(bundled)
     assert {source for g, source in sources.items() if g not in bundled} <= {PRIOR_SOURCES[2]}  # a GPU no table covers
     written = tomllib.loads(target.read_text())
-    b200 = written["gpu"]["b200_sxm"]  # not measured: its kernel fields are the bundled priors
+    b200 = written["gpu"]["b200_sxm"]  # not measured: its kernel fields are the bundled priors (GEMMs at the fitted share)
+    ratios = json.loads(report_path.read_text())["serving_ratios"]
     for field in KERNEL_FIELDS + ("fp8_kv_read_bytes_per_element", "fp4_gemm_flops_efficiency"):
-        assert b200[field] == pytest.approx(bundled["b200_sxm"][field], rel=1e-5), field
+        assert b200[field] == pytest.approx(bundled["b200_sxm"][field] * ratios.get(field, 1.0), rel=1e-5), field
+    assert set(ratios) == {"gemm_flops_efficiency"} and 0.05 < ratios["gemm_flops_efficiency"] < 20
     assert b200["fp8_kv_read_bytes_per_element"] == pytest.approx(1.17, abs=0.01) != DEFAULTS["fp8_kv_read_bytes_per_element"]
     assert b200["attention_flops_efficiency"] == pytest.approx(0.37, abs=0.01)
     for gpu, prior in bundled.items():

@@ -220,3 +220,15 @@ def test_predict_measured_vllm_bench_runs(runner, tmp_path):
     rows_csv.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,1000,200,8\n")
     result = runner.invoke(app, ["predict", str(rows_csv), "-o", str(out_path), "--gpu", "h100_sxm"])
     assert result.exit_code == 1 and "--gpu" in result.output and ".json" in result.output
+
+
+def test_a_zero_throughput_target_is_refused_before_the_sweep(runner):
+    """Found by an audit: --target-throughput 0 (the option allowed it) swept, printed the winner, then
+    failed in the sizing with exit 1 and no JSON; `size` called the workload's own target missing."""
+    for args in (SMALL, ["size", "--space", "small"]):
+        command = args[0]
+        result = runner.invoke(app, [*args, "--target-throughput", "0"])
+        assert result.exit_code == 1, (command, result.output)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "--target-throughput = 0" in lines[0] and "must be > 0" in lines[0], lines
+        assert result.stdout == ""  # nothing was swept

@@ -43,6 +43,7 @@ def calibrate(
     from jaxplan.calibrate._data import data_root_exists
     from jaxplan.calibrate.run import FIT_BACKEND, calibrate as run_calibration, default_output, evaluated_rows, fit_excluded, measured_rows, provenance, replay_check as run_replay_check, write_params
     from jaxplan.calibrate.serving import load_serving_rows
+    from jaxplan.predict import resolve_capped_rates
 
     paths = [*(files or []), *(measurements or [])]
     settings = engine_settings.given(paths, locals())
@@ -64,6 +65,9 @@ def calibrate(
         sources.append(str(path))
     if not rows:
         raise bad_value("--measurements", None, "no measurements found: pass measurement files (CSV or vllm bench JSON) or provide ../shared/data")
+    rows, capped = resolve_capped_rates(rows)  # --request-rate with --max-concurrency: the regime that binds, by the shipped fit
+    if capped:
+        out.print(f"{len(capped)} run(s) with both max_concurrency and a finite request_rate: each fitted as the regime that binds (jaxplan predict says which)", highlight=False)
     if not [r for r in evaluated_rows(rows) if not fit_excluded(r)]:
         backends = sorted({str(r.get("backend")) for r in measured_rows(rows)})
         raise bad_value("backend", ",".join(backends), f"no measured {FIT_BACKEND} row to fit: jaxplan fits vLLM's serving; give {FIT_BACKEND} rows (an empty backend counts as {FIT_BACKEND})")

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jaxplan.errors import PlanError, bad_value, short_repr
@@ -79,17 +80,17 @@ def clean_errors(command):
         try:
             return command(*args, **kwargs)
         except PlanError as error:
-            err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)  # [gpu.x] is text, not markup
             raise typer.Exit(code=1) from None
         except (OSError, UnicodeDecodeError) as error:
-            err.print(f"[bold red]error:[/] {_os_error_text(error)}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(_os_error_text(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as error:  # a bug: one line, and the traceback on request
             if os.environ.get("JAXPLAN_DEBUG"):
                 raise
-            err.print(f"[bold red]internal error[/] (a bug in jaxplan, please report it): {type(error).__name__}: {error}. Rerun with JAXPLAN_DEBUG=1 for the traceback.", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]internal error[/] (a bug in jaxplan, please report it): {type(error).__name__}: {escape(str(error))}. Rerun with JAXPLAN_DEBUG=1 for the traceback.", highlight=False, soft_wrap=True)
             raise typer.Exit(code=3) from None
 
     return wrapper
@@ -149,6 +150,8 @@ def sweep_options(model, gpus, workload, space, budget, target_throughput, rate,
     workload_spec = load_workload(workload)
     changes = {}
     if target_throughput is not None:
+        if not target_throughput > 0:  # sizing needs a target; 0 used to fail only after the whole sweep
+            raise bad_value("--target-throughput", target_throughput, "must be > 0 output tokens/s; leave it out for the workload's own target")
         changes["target_output_tokens_per_s"] = target_throughput
     if rate is not None:
         changes.update(arrival=Arrival.POISSON, request_rate_per_s=rate)

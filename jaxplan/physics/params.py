@@ -9,6 +9,7 @@ typical of Hopper-class GPUs running vLLM.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from pathlib import Path
@@ -64,6 +65,7 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
 # closed_loop_sync_fraction (until 2026-12-02): a closed loop's first wave is now concurrency / num_requests.
 RETIRED = frozenset({"closed_loop_sync_fraction"})
 DEFAULTS = {field: bounds[0] for field, bounds in BOUNDS.items()}
+FILE_SECTIONS = frozenset({"record", "gpu", "prior"})  # what `jaxplan calibrate` writes
 
 
 def validate(gpu: str, params: dict[str, float], where: str) -> dict[str, float]:
@@ -94,7 +96,11 @@ def _gpu_tables(target: Path, section: str) -> dict[str, dict[str, float]]:
 
     if not target.exists():
         return {}
-    tables = read_toml(target).get(section, {})
+    raw = read_toml(target)
+    unknown = sorted(set(raw) - FILE_SECTIONS)
+    if unknown:
+        raise PlanError(f"{target}: [{unknown[0]}] is not a section of a calibration file, which has {', '.join(f'[{s}]' for s in sorted(FILE_SECTIONS))} (jaxplan calibrate -o writes one)")
+    tables = raw.get(section, {})
     if not isinstance(tables, dict):
         raise bad_value(section, tables, f"must be a table of [{section}.<name>] sections", where=str(target))
     return {name: validate(name, values, str(target)) for name, values in tables.items()}
@@ -109,5 +115,14 @@ def load_priors(path: str | None = None) -> dict[str, dict[str, float]]:
 
 
 def efficiency_for(gpu_names, path: str | None = None) -> dict[str, dict[str, float]]:
+    """GPU name -> parameters: the bundled file's (DEFAULTS for a GPU it lacks, e.g. a GPU spec of
+    your own), or `path`'s, which must hold every GPU asked for (`jaxplan calibrate` writes them all):
+    a missing one is a PlanError naming the tables the file has, not a silent fall back to DEFAULTS."""
     table = load_efficiency(path)
+    if path:
+        missing = [name for name in gpu_names if name not in table]
+        if missing:
+            close = difflib.get_close_matches(missing[0], list(table), n=1, cutoff=0.4)
+            raise PlanError(f"--params {path}: no [gpu.{missing[0]}] table (it has {', '.join(f'[gpu.{n}]' for n in table) or 'none'})"
+                            + (f"; is [gpu.{close[0]}] meant to be it?" if close else "") + "; write the file with jaxplan calibrate -o, or add the table")
     return {name: table.get(name, DEFAULTS) for name in gpu_names}

@@ -15,8 +15,8 @@ REPORT = Path(__file__).resolve().parent.parent / "docs" / "calibration_report.j
 GPUS = ("b200_sxm", "h200_sxm")
 # docs/accuracy.md, held out, rows where the KV cache holds the clients (118 of B200's 120, FP8 and
 # NVFP4; 58 of H200's 60): TTFT 21.3% / 15.4% analytical, 22.2% / 16.1% replayed (B200 / H200).
-DOCUMENTED_KV_TTFT = {"b200_sxm": 0.214, "h200_sxm": 0.154}
-DOCUMENTED_KV_TTFT_REPLAY = {"b200_sxm": 0.223, "h200_sxm": 0.161}
+DOCUMENTED_KV_TTFT = {"b200_sxm": 0.187, "h200_sxm": 0.141}
+DOCUMENTED_KV_TTFT_REPLAY = {"b200_sxm": 0.196, "h200_sxm": 0.146}
 # In sample (the shipped fit), replayed: 11.5% / 6.4% (the bounds keep the earlier 12.1% / 6.5%).
 DOCUMENTED_KV_TTFT_REPLAY_IN_SAMPLE = {"b200_sxm": 0.121, "h200_sxm": 0.065}
 ROWS = {"b200_sxm": 120, "h200_sxm": 60}  # Llama-3.1-70B silicon vLLM rows: B200 FP8 and NVFP4, H200 FP8
@@ -103,16 +103,18 @@ def test_only_the_inconsistent_campaign_and_the_older_vllm_are_left_out_of_the_f
 
 def test_shipped_report_holds_the_documented_held_out_numbers():
     """docs/calibration_report.json (written by `jaxplan calibrate --report`) against the table in
-    docs/accuracy.md: held out, Llama-3.1-70B, TPOT <= 10% and Spearman >= 0.9 on both GPUs,
-    analytical TTFT within the documented values, replay present."""
+    docs/accuracy.md: held out, Llama-3.1-70B, the issue's bar on every row of both GPUs (TTFT <= 20%,
+    TPOT <= 10%, Spearman >= 0.9; B200 18.8%, H200 15.6%), analytical and replayed (19.8%, 17.9%), and
+    the KV rows within the documented values."""
     report = json.loads(REPORT.read_text())
     for gpu in GPUS:
         held = report["held_out"][f"{gpu}/llama-3.1-70b"]
         assert held["rows"] == ROWS[gpu]
-        assert held["tpot_mape"] <= 0.10 and held["throughput_spearman"] >= 0.9
+        assert held["ttft_mape"] <= 0.20 and held["tpot_mape"] <= 0.10 and held["throughput_spearman"] >= 0.9
         assert kv_fits(held)["ttft_mape"] <= DOCUMENTED_KV_TTFT[gpu]
         replay = report["held_out_replay"][gpu]
-        assert replay["rows"] == ROWS[gpu] and kv_fits(replay)["tpot_mape"] <= 0.10
+        assert replay["rows"] == ROWS[gpu] and replay["ttft_mape"] <= 0.20 and replay["tpot_mape"] <= 0.10
+        assert kv_fits(replay)["tpot_mape"] <= 0.10
         assert kv_fits(replay)["ttft_mape"] <= DOCUMENTED_KV_TTFT_REPLAY[gpu]
         in_sample = report["in_sample_replay"][gpu]
         assert in_sample["rows"] == ROWS[gpu] and kv_fits(in_sample)["ttft_mape"] <= DOCUMENTED_KV_TTFT_REPLAY_IN_SAMPLE[gpu]
@@ -188,8 +190,8 @@ def held_out():
 @pytest.mark.slow
 def test_held_out_accuracy_analytical_and_replay(held_out):
     """Recomputes the documented held-out numbers (docs/accuracy.md), with margins for the
-    optimizer's float noise: analytical TTFT on the KV-fits rows 21.7% (B200) / 15.4% (H200), TPOT
-    7.2% / 6.1%; the replay (predict's default) TTFT 23% / 16% there."""
+    optimizer's float noise: analytical TTFT on the KV-fits rows 18.6% (B200) / 14.0% (H200), TPOT
+    6.2% / 6.2%; the replay (predict's default) TTFT 19.5% / 14.5% there."""
     from jaxplan.calibrate.run import accuracy
 
     fit_rows, params = held_out

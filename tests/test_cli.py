@@ -232,3 +232,13 @@ def test_a_zero_throughput_target_is_refused_before_the_sweep(runner):
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and "--target-throughput = 0" in lines[0] and "must be > 0" in lines[0], lines
         assert result.stdout == ""  # nothing was swept
+
+
+def test_sensitivity_and_its_winner_map_take_params(runner, tmp_path):
+    """Found by an audit: `sensitivity` had no --params (the README said it takes the sweep's options),
+    and `report --winner-map` mapped with the bundled parameters whatever --params said."""
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[gpu.h100]\ngemm_flops_efficiency = 0.2\n")  # no table for the GPU swept: refused, so it was read
+    for extra in ([], ["--winner-map", "isl=1000,2000"]):
+        result = runner.invoke(app, ["sensitivity", "--space", "small", "--params", str(mine), *extra])
+        assert result.exit_code == 1 and "no [gpu.h100_sxm] table" in result.stderr, (extra, result.output)

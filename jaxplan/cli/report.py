@@ -140,7 +140,7 @@ def report(
             step("the winner map")
             wmap = winner_map(
                 model_spec, gpu_specs, workload_spec, space_spec, parse_axes(map_axes),
-                max_seconds=max_seconds, started=started, max_memory_bytes=gib_bytes(max_memory_gib),
+                max_seconds=max_seconds, started=started, max_memory_bytes=gib_bytes(max_memory_gib), params_path=str(params) if params else None,
             )
             figures["winner_map"] = winner_map_plot(wmap)
         step("writing the HTML report")

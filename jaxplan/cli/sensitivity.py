@@ -14,6 +14,7 @@ from jaxplan.cli.common import (
     GpusOption,
     MaxMemoryGibOption,
     ModelOption,
+    ParamsOption,
     PriceOption,
     RateOption,
     SpaceOption,
@@ -45,6 +46,7 @@ def sensitivity(
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=200, help="Finalists to analyse.")] = 10,
     price: PriceOption = None,
+    params: ParamsOption = None,
     map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Instead: map the winning layout over workload scenarios, AXIS=LO:HI:N or AXIS=V1,V2,... for 1-3 axes of isl, osl, rate, hit, concurrency (e.g. isl=2000:32000:5,rate=1:16:5).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write the sensitivities here.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write figures here (PNG + SVG): the winner's elasticities as a tornado chart.")] = None,
@@ -59,19 +61,20 @@ def sensitivity(
     from jaxplan.sensitivity import for_rows
 
     check_writable(json_path, "--json")
+    params_path = str(params) if params else None
     model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     if plot:
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)  # a bad --plot fails now, not after the sweep
     if map_axes is not None:
-        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path, max_seconds, max_memory_gib)
+        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path, max_seconds, max_memory_gib, params_path)
         if plot:
             from jaxplan.cli.report import write_plots
 
             write_plots(lambda step: {"winner_map": winner_map_plot(wmap)}, 1, plot)
         return
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
+    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params_path, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     if not result.shortlist:
         raise PlanError(result.empty_explanation())
     with err.status(f"sensitivities of {len(result.shortlist)} finalists (forward-mode AD)"):
@@ -103,7 +106,8 @@ def sensitivity(
         write_plots(lambda step: sensitivity_figures(sens, result.shortlist, step=step), 1, plot)
 
 
-def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path, max_seconds: float | None = None, max_memory_gib: float | None = None):
+def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path, max_seconds: float | None = None, max_memory_gib: float | None = None,
+                     params_path: str | None = None):
     """`--winner-map`: stages 1-4 for every scenario in one pass; the map, its boundaries, and --json.
     max_seconds / max_memory_gib: stop the map once its measured pace projects past the first; refuse
     one whose table needs more than the second."""
@@ -117,7 +121,7 @@ def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes:
         task = progress.add_task("mapping", total=space_spec.size(len(gpu_specs)))
         wmap = winner_map(
             model_spec, gpu_specs, workload_spec, space_spec, axes, progress=lambda done, total: progress.update(task, completed=done),
-            max_seconds=max_seconds, max_memory_bytes=gib_bytes(max_memory_gib),
+            max_seconds=max_seconds, max_memory_bytes=gib_bytes(max_memory_gib), params_path=params_path,
         )
     for table in map_tables(wmap):
         out.print(table)

@@ -303,6 +303,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
         hw = take(table, jnp.asarray(batch.gpu_index))
         est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION))
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
+        one_token = np.asarray(batch.workload.osl_tokens) <= 1.0
         for k, i in enumerate(batch.row_ids):
             if i in invalid:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, status=invalid[i])
@@ -314,8 +315,8 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
             results[i].update(
                 ttft_ms_mean=None if overloaded else float(est.ttft_mean_s[k]) * 1e3,
                 ttft_ms_p99=None if overloaded else float(est.ttft_p99_s[k]) * 1e3,
-                tpot_ms_mean=float(est.tpot_mean_s[k]) * 1e3,
-                tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3,
+                tpot_ms_mean=float(est.tpot_mean_s[k]) * 1e3 if one_token[k] == 0 else None,  # no TPOT with one output token
+                tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3 if one_token[k] == 0 else None,
                 output_tok_s=float(est.output_tokens_per_s[k]),
                 request_s=float(est.requests_per_s[k]),
                 kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS,

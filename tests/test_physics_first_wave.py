@@ -46,3 +46,22 @@ def test_stage_4_agrees_with_the_replay(requests_per_client):
     (a,), (r,) = predict_rows([row]), replay_predict_rows([row])
     assert a["ttft_ms_mean"] == pytest.approx(r["ttft_ms_mean"], rel=0.15)
     assert a["ttft_ms_p99"] == pytest.approx(r["ttft_ms_p99"], rel=0.25)
+
+
+def test_short_outputs_keep_stage_4_within_the_replay_and_littles_law():
+    """Found by an audit: with 2 output tokens and 16 clients stage 4 served 307 requests/s (the replay
+    46) because a step carried one prompt while b / OSL = 8 had to start per step; and with one output
+    token it put TTFT at 3.0 s where 64 clients at 4.9 requests/s wait 13 s (Little's law). A step now
+    carries the prompts the steady state needs (up to the token budget), and a closed loop's TTFT is at
+    least clients / throughput less its decode steps."""
+    short = dict(ROW, isl=1024, osl=2, concurrency=16, num_prompts=1000)
+    single = dict(ROW, isl=8191, osl=1, concurrency=64, num_prompts=1000)
+    analytical = predict_rows([short, single])
+    replayed = replay_predict_rows([short, single])
+    for a, r in zip(analytical, replayed):
+        assert a["request_s"] == pytest.approx(r["request_s"], rel=0.1), (a, r)
+    little_s = single["concurrency"] / analytical[1]["request_s"]  # one output token: the whole request is its TTFT
+    assert analytical[1]["ttft_ms_mean"] / 1e3 == pytest.approx(little_s, rel=0.02)
+    assert analytical[1]["tpot_ms_mean"] is None and replayed[1]["tpot_ms_mean"] is None  # no TPOT with one token
+    lifetime_s = (analytical[0]["ttft_ms_mean"] + (short["osl"] - 1) * analytical[0]["tpot_ms_mean"]) / 1e3
+    assert lifetime_s >= 0.98 * short["concurrency"] / analytical[0]["request_s"]

@@ -77,13 +77,17 @@ class _Steps(NamedTuple):
     chunk_fraction: jnp.ndarray  # f
     prefill_s: jnp.ndarray  # a request's prefill (all its chunks): what it costs its slot
     prefill_latency_s: jnp.ndarray  # its wall time: under PP one budget per step (>= prefill_s)
+    chunk_tokens: jnp.ndarray  # prefill tokens a chunk step carries
 
 
 def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
     cached = w.isl_tokens * w.prefix_hit_rate
     room = jnp.maximum(layout.pipeline_parallel_size * layout.max_num_batched_tokens - b, 1.0)
-    chunk = jnp.minimum(room, isl_eff)  # prefill tokens a step carries (several prompts' under PP)
+    # Prefill tokens a step carries: one prompt (or what room is left), or, once b / OSL prompts start
+    # per step (few output tokens per request), that many prompts' tokens in one step, as the budget
+    # allows (several prompts' also under PP).
+    chunk = jnp.minimum(room, jnp.maximum(isl_eff, b / w.osl_tokens * isl_eff))
     # Under PP each micro-batch has its own budget, but one request sits in one micro-batch: its
     # own chunk per replica step is at most one budget (the replay's scheduler does the same).
     own_chunk = jnp.minimum(chunk, layout.max_num_batched_tokens)
@@ -95,13 +99,14 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     fraction = jnp.clip(b / w.osl_tokens * isl_eff / chunk, 0.0, 1.0)
     mean_s = fraction * chunk_s + (1.0 - fraction) * decode_s
     # Every chunk step pays the decode step's cost; the prefill work itself is paid once over all
-    # chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes 2 steps).
-    work_s = isl_eff / chunk * (chunk_s - decode_s)
+    # chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes 2 steps). A
+    # prompt that shares its step with other prompts holds its slot for the whole step.
+    work_s = jnp.maximum(isl_eff / chunk, 1.0) * (chunk_s - decode_s)
     prefill_s = ste_ceil(isl_eff / chunk) * decode_s + work_s
     # The slot time (and with it b, throughput and TPOT) counts a step's prefill capacity; the first
     # token waits for the prompt's own chunks, one budget per step (equal to prefill_s without PP).
     latency_s = ste_ceil(isl_eff / own_chunk) * decode_s + work_s
-    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s)
+    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s, chunk)
 
 
 def slot_time_s(steps: _Steps, w: WorkloadParams):
@@ -300,7 +305,9 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     burst = w.arrival_code == 1
     # Closed loops and bursts: arrivals follow completions, so the prefill "server" has no Poisson
     # queue; a new prompt finds another one prefilling with probability f and waits half of it.
-    busy_wait = 0.5 * steps.chunk_fraction * steps.prefill_s
+    # Prompts that share their steps (several per step) do not queue behind one another: no such wait.
+    alone = jnp.minimum(w.isl_tokens * (1.0 - w.prefix_hit_rate) / steps.chunk_tokens, 1.0)
+    busy_wait = 0.5 * steps.chunk_fraction * steps.prefill_s * alone
     # Closed-loop benchmark clients all start at t = 0: that first wave of b prompts per replica arrives
     # together and each waits, on average, for half the others' prefill. Later requests arrive as the
     # earlier ones finish, apart (jaxplan.replay.clients). The wave is concurrency / num_requests of
@@ -308,11 +315,11 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # it holds more than 1% of the run.
     closed = w.arrival_code == 2
     wave = jnp.where(closed, jnp.clip(w.concurrency / jnp.maximum(w.num_requests, 1.0), 0.0, 1.0), 0.0)
-    wave_prefill_s = jnp.maximum(b - 1.0, 0.0) * steps.prefill_s
+    wave_prefill_s = jnp.maximum(b - 1.0, 0.0) * steps.prefill_s * alone  # prompts sharing steps prefill together
     wave_wait = wave * 0.5 * wave_prefill_s
     wave_wait_p99 = (1.0 - P99_TAIL / jnp.maximum(wave, P99_TAIL)) * wave_prefill_s  # 0 while wave <= 1%
     wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait, line_wait) + busy_wait + wave_wait)
-    wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + steps.chunk_fraction * steps.prefill_s + wave_wait_p99)
+    wait_p99 = jnp.where(poisson, LN_100 * poisson_wait, line_wait + steps.chunk_fraction * steps.prefill_s * alone + wave_wait_p99)
     # A new request first waits for the step in flight (half a step on average), then its chunks;
     # the API server's per-request work (tokenise, detokenise, HTTP) comes on top.
     first_token_s = 0.5 * steps.mean_s + steps.prefill_latency_s + hw.request_overhead_s
@@ -327,6 +334,13 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     spread = (steps.chunk_s - steps.decode_s) * jnp.sqrt(variance)
     # In the first wave the prompts are prefilled before the decodes start: those steps count
     # towards TTFT, and the decode steps carry no prefill.
+    # A closed loop's clients each wait for their request: by Little's law a request's whole time is
+    # clients / requests per second, so its first token comes no sooner than that less its decode
+    # steps (binds where prompts queue for the token budget rather than for slots, e.g. one output token).
+    # (In steady state, after the first wave: its wait comes on top.)
+    little_ttft = w.concurrency / dp * slot_s / jnp.maximum(b, 1e-3) - (w.osl_tokens - 1.0) * steps.mean_s + hw.request_overhead_s
+    ttft_mean = jnp.where(closed & ~overloaded, jnp.maximum(ttft_mean - wave_wait, little_ttft) + wave_wait, ttft_mean)
+    ttft_p99 = jnp.maximum(ttft_p99, ttft_mean)
     tpot_mean = wave * steps.decode_s + (1.0 - wave) * steps.mean_s
     # A request's TPOT averages its steps, so it never exceeds a step that carries a chunk: the normal
     # approximation's tail past that (few output tokens, most steps with a chunk) is cut there. Without

@@ -332,8 +332,6 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # The floor keeps the gradient finite where f is clipped to 0 or 1 (sqrt'(0) = inf times 0 is NaN).
     variance = jnp.maximum(steps.chunk_fraction * (1.0 - steps.chunk_fraction) / w.osl_tokens, 1e-12)
     spread = (steps.chunk_s - steps.decode_s) * jnp.sqrt(variance)
-    # In the first wave the prompts are prefilled before the decodes start: those steps count
-    # towards TTFT, and the decode steps carry no prefill.
     # A closed loop's clients each wait for their request: by Little's law a request's whole time is
     # clients / requests per second, so its first token comes no sooner than that less its decode
     # steps (binds where prompts queue for the token budget rather than for slots, e.g. one output token).
@@ -341,6 +339,8 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     little_ttft = w.concurrency / dp * slot_s / jnp.maximum(b, 1e-3) - (w.osl_tokens - 1.0) * steps.mean_s + hw.request_overhead_s
     ttft_mean = jnp.where(closed & ~overloaded, jnp.maximum(ttft_mean - wave_wait, little_ttft) + wave_wait, ttft_mean)
     ttft_p99 = jnp.maximum(ttft_p99, ttft_mean)
+    # In the first wave the prompts are prefilled before the decodes start: those steps count
+    # towards TTFT, and the decode steps carry no prefill.
     tpot_mean = wave * steps.decode_s + (1.0 - wave) * steps.mean_s
     # A request's TPOT averages its steps, so it never exceeds a step that carries a chunk: the normal
     # approximation's tail past that (few output tokens, most steps with a chunk) is cut there. Without

@@ -712,3 +712,19 @@ def test_random_split_is_seeded():
     assert not {r["model"] for r in g_train} & {r["model"] for r in g_test}
     with pytest.raises(PlanError):
         metrics.random_split(rows, 1.5)
+
+
+def test_dtypes_take_vllms_spellings_in_any_case(tmp_path):
+    """Found by an audit: FP8, BF16 and vLLM's own fp8_e4m3 / bfloat16 were refused as dtypes."""
+    path = tmp_path / "rows.csv"
+    path.write_text(
+        "model,gpu,tensor_parallel_size,weight_dtype,kv_cache_dtype,isl,osl,concurrency\n"
+        "llama-3.1-8b,h100_sxm,1,FP8,fp8_e4m3,1000,100,4\n"
+        "llama-3.1-8b,h100_sxm,1,bfloat16,Auto,1000,100,4\n"
+        "llama-3.1-8b,h100_sxm,1,modelopt_fp4,fp8_e5m2,1000,100,4\n"
+    )
+    rows = R.read_predict_csv(path)
+    assert [(r["weight_dtype"], r["kv_cache_dtype"]) for r in rows] == [("fp8", "fp8"), ("bf16", "auto"), ("nvfp4", "fp8")]
+    path.write_text("model,gpu,tensor_parallel_size,weight_dtype,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,int4,1000,100,4\n")
+    with pytest.raises(PlanError, match="weight_dtype = 'int4'"):
+        R.read_predict_csv(path)

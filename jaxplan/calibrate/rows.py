@@ -51,6 +51,11 @@ from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
 from jaxplan.specs.space import DTYPE_BYTES, KV_CACHE_DTYPES, WEIGHT_DTYPES
+
+# vLLM's names for the dtypes a row may give (its --dtype, --quantization and --kv-cache-dtype values):
+# FP16 weights cost what BF16 ones do (2 bytes, the same tensor-core rate).
+WEIGHT_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "half": "bf16", "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4"}
+KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "auto", "bfloat16": "auto"}
 from jaxplan.specs.workload import MAX_LENGTH_SPREAD, SPREAD_RANGE, length_fields
 
 INPUT_COLUMNS = (
@@ -185,6 +190,9 @@ def check_row(row: dict, where: str) -> dict:
         if not isinstance(row[column], (bool, np.bool_)):
             raise bad_value(column, row[column], "must be true or false", where=where)
         row[column] = bool(row[column])
+    for column, aliases in (("weight_dtype", WEIGHT_DTYPE_ALIASES), ("kv_cache_dtype", KV_CACHE_DTYPE_ALIASES)):
+        if isinstance(row[column], str):  # vLLM's own spellings, any case
+            row[column] = aliases.get(row[column].strip().lower(), row[column].strip().lower())
     if row["weight_dtype"] not in WEIGHT_DTYPES:
         raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (NVFP4 is nvfp4; MXFP4 and int4 are not modeled)", where=where)
     if row["kv_cache_dtype"] not in KV_CACHE_DTYPES:

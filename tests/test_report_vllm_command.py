@@ -77,3 +77,26 @@ def test_a_kv_cache_shorter_than_the_context_sets_max_model_len():
     assert option(shlex.split(vllm_serve_command(model, dict(ROW, kv_blocks_per_replica=1_393), 0.9, 32)), "--max-model-len") == "44576"
     roomy = shlex.split(vllm_serve_command(model, dict(ROW, kv_blocks_per_replica=30_040), 0.9, 16))
     assert model.max_position_embeddings == 131_072 and "--max-model-len" not in roomy
+
+
+def test_replicas_on_several_nodes_get_one_line_per_node():
+    """Found by an audit: the README's own winner, 14 H100s (8 per node) as TP1 x PP2 x DP7, was one
+    `vllm serve` line that needs 14 GPUs on one host. Replicas that fit a node are spread as vLLM's
+    multi-node data parallelism: the head node runs 4 replicas and serves the API, node 1 runs the
+    other 3 headless from rank 4; a replica larger than a node runs over Ray; one node needs nothing."""
+    from jaxplan.report.vllm_command import HEAD_ADDRESS, other_node_commands
+
+    model = load_model("llama-3.1-70b")
+    row = dict(ROW, gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=2, data_parallel_size=7)
+    head = shlex.split(vllm_serve_command(model, row))
+    assert option(head, "--data-parallel-size") == "7" and option(head, "--data-parallel-size-local") == "4"
+    assert option(head, "--data-parallel-address") == HEAD_ADDRESS and "--headless" not in head
+    (node1,) = other_node_commands(shlex.join(head), row)
+    node1 = shlex.split(node1)
+    assert "--headless" in node1 and option(node1, "--data-parallel-size-local") == "3" and option(node1, "--data-parallel-start-rank") == "4"
+    assert option(node1, "--tensor-parallel-size") == "1" and option(node1, "--pipeline-parallel-size") == "2"
+    spanning = shlex.split(vllm_serve_command(model, dict(row, tensor_parallel_size=8, data_parallel_size=1)))
+    assert option(spanning, "--distributed-executor-backend") == "ray" and "--data-parallel-size-local" not in spanning
+    one_node = dict(row, tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=4)
+    assert "--data-parallel-size-local" not in shlex.split(vllm_serve_command(model, one_node))
+    assert other_node_commands(vllm_serve_command(model, one_node), one_node) == []

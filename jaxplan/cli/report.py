@@ -146,12 +146,9 @@ def report(
         step("writing the HTML report")
         summary = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
         write_report(output, result, summary, figures, sens, space_name=space)
-    out.print("[bold]Winner:[/] " + summary["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
-    out.print(summary["winner"]["kv_cache_check"], style="dim", highlight=False, soft_wrap=True)
-    if summary["winner"].get("replay_shortfalls"):
-        from jaxplan.cli.sweep import replay_warning
+    from jaxplan.cli.sweep import print_winner
 
-        out.print(replay_warning(summary["winner"]["replay_shortfalls"]), style="bold yellow", highlight=False, soft_wrap=True)
+    print_winner(summary["winner"])
     out.print(f"wrote {output}")
     if plot:
         write_figures(figures, plot)

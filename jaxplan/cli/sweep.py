@@ -35,6 +35,7 @@ from jaxplan.cli.common import (
     sweep_options,
     WeightDtypesOption,
 )
+from jaxplan.report.vllm_command import HEAD_ADDRESS
 
 
 @app.command()
@@ -102,10 +103,7 @@ def sweep(
         final = replayed or result.shortlist
         title = "re-ranked by the replay" if replayed else "ranked by stage 4"
         out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}", width=out.width))
-        out.print("[bold]Winner:[/] " + report["winner"]["vllm_serve"], highlight=False, soft_wrap=True)
-        out.print(report["winner"]["kv_cache_check"], style="dim", highlight=False, soft_wrap=True)
-        if report["winner"].get("replay_shortfalls"):
-            out.print(replay_warning(report["winner"]["replay_shortfalls"]), style="bold yellow", highlight=False, soft_wrap=True)
+        print_winner(report["winner"])
     else:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
     if target_throughput is not None and result.shortlist:  # sizing: per GPU type, the fewest GPUs and the cheapest per token
@@ -127,12 +125,14 @@ def sweep(
 
 def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:
     from jaxplan.funnel.replay_stage import rank_agreement, replay_shortfalls
-    from jaxplan.report.vllm_command import kv_cache_check
+    from jaxplan.report.vllm_command import kv_cache_check, other_node_commands
 
     clean = lambda row: {k: finite(v) for k, v in row.items()}  # noqa: E731
     best = replayed[0] if replayed else result.winner
     block = result.grid.space.block_size_tokens
     winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization, block), kv_cache_check=kv_cache_check(best, block)) if best else None
+    if winner:  # replicas on several nodes: the head node's line above, the others' here
+        winner["vllm_serve_other_nodes"] = other_node_commands(winner["vllm_serve"], best)
     if winner and replayed:  # the replay ranks passing finalists first: a winner that fails means all do
         winner["replay_shortfalls"] = replay_shortfalls(best, result.workload)
     return {
@@ -161,3 +161,17 @@ def replay_warning(shortfalls: list[str]) -> str:
         "Stage 4's steady state promised it: give more GPUs (--budget; jaxplan size finds how many), loosen the SLOs "
         "or lower the target."
     )
+
+
+def print_winner(winner: dict) -> None:
+    """The winner's `vllm serve` line (the head node's, then one per other node when its replicas span
+    nodes), the KV cache to check in its log, and the replay's warning when it misses the workload."""
+    others = winner.get("vllm_serve_other_nodes") or []
+    out.print("[bold]Winner:[/] " + ("(head node) " if others else "") + winner["vllm_serve"], highlight=False, soft_wrap=True)
+    for node, line in enumerate(others, start=1):
+        out.print(f"[bold]Node {node}:[/] {line}", highlight=False, soft_wrap=True)
+    if others:
+        out.print(f"(replicas on {len(others) + 1} nodes: vLLM's multi-node data parallelism; put the head node's address for {HEAD_ADDRESS})", style="dim", highlight=False, soft_wrap=True)
+    out.print(winner["kv_cache_check"], style="dim", highlight=False, soft_wrap=True)
+    if winner.get("replay_shortfalls"):
+        out.print(replay_warning(winner["replay_shortfalls"]), style="bold yellow", highlight=False, soft_wrap=True)

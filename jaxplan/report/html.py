@@ -140,7 +140,8 @@ def _winner(summary: dict) -> str:
         facts.append(["replay", replay])
     if w.get("replay_shortfalls"):
         facts.append(["warning", "replayed step by step, no finalist meets the workload; the winner misses it by " + "; ".join(w["replay_shortfalls"])])
-    return f"<pre><code>{_e(w['vllm_serve'])}</code></pre>" + _table([], facts, left=2)
+    lines = [w["vllm_serve"]] + [f"# node {k}:\n{line}" for k, line in enumerate(w.get("vllm_serve_other_nodes") or [], start=1)]
+    return f"<pre><code>{_e(chr(10).join(lines))}</code></pre>" + _table([], facts, left=2)
 
 
 def _funnel_table(summary: dict) -> str:

@@ -55,7 +55,52 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
         args += ["--quantization", "fp8"]
     if row["weight_dtype"] == "nvfp4":
         args += ["--quantization", "modelopt_fp4"]
+    layout = node_layout(row)
+    if layout and layout[0] > 1:  # data-parallel replicas on several nodes: this is the head node's line
+        _, per_node = layout
+        args += ["--data-parallel-size-local", str(per_node), "--data-parallel-address", HEAD_ADDRESS, "--data-parallel-rpc-port", DP_RPC_PORT]
+    elif layout is None and "gpu" in row:  # one replica spans nodes: vLLM runs it over a Ray cluster
+        args += ["--distributed-executor-backend", "ray"]
     return shlex.join(args)
+
+
+HEAD_ADDRESS = "<head-node-ip>"
+DP_RPC_PORT = "13345"
+
+
+def node_layout(row: dict) -> tuple[int, int] | None:
+    """(nodes, data-parallel replicas per node) of a row whose replicas each fit in a node (as
+    `gpus_per_node` of its GPU allows), or None where one replica spans nodes; (1, dp) without a GPU."""
+    if "gpu" not in row:
+        return 1, int(row["data_parallel_size"])
+    from jaxplan.specs import load_gpu
+
+    per_node_gpus = int(load_gpu(row["gpu"]).gpus_per_node)
+    replica = int(row["tensor_parallel_size"]) * int(row["pipeline_parallel_size"])
+    if replica > per_node_gpus:
+        return None
+    per_node = per_node_gpus // replica
+    dp = int(row["data_parallel_size"])
+    return -(-dp // per_node), min(per_node, dp)
+
+
+def other_node_commands(head_command: str, row: dict) -> list[str]:
+    """The lines for nodes 1.. of a deployment whose data-parallel replicas span nodes (vLLM's
+    multi-node data parallelism: the same engine flags, `--headless`, each node's replicas and first
+    rank); [] when it fits in one node."""
+    layout = node_layout(row)
+    if not layout or layout[0] == 1:
+        return []
+    nodes, per_node = layout
+    dp = int(row["data_parallel_size"])
+    argv = shlex.split(head_command)
+    local = argv.index("--data-parallel-size-local")
+    lines = []
+    for node in range(1, nodes):
+        start = node * per_node
+        node_argv = argv[: local] + ["--headless", "--data-parallel-size-local", str(min(per_node, dp - start)), "--data-parallel-start-rank", str(start)] + argv[local + 2 :]
+        lines.append(shlex.join(node_argv))
+    return lines
 
 
 def kv_cache_check(row: dict, block_size_tokens: int) -> str:

@@ -100,3 +100,6 @@ def test_replicas_on_several_nodes_get_one_line_per_node():
     one_node = dict(row, tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=4)
     assert "--data-parallel-size-local" not in shlex.split(vllm_serve_command(model, one_node))
     assert other_node_commands(vllm_serve_command(model, one_node), one_node) == []
+    custom = dict(row, gpu="my_own_gpu")  # a GPU spec of one's own: no node size to split by, no crash
+    assert "--data-parallel-size-local" not in shlex.split(vllm_serve_command(model, custom))
+    assert other_node_commands(vllm_serve_command(model, custom), custom) == []

@@ -59,7 +59,7 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
     if layout and layout[0] > 1:  # data-parallel replicas on several nodes: this is the head node's line
         _, per_node = layout
         args += ["--data-parallel-size-local", str(per_node), "--data-parallel-address", HEAD_ADDRESS, "--data-parallel-rpc-port", DP_RPC_PORT]
-    elif layout is None and "gpu" in row:  # one replica spans nodes: vLLM runs it over a Ray cluster
+    elif layout is None:  # one replica spans nodes: vLLM runs it over a Ray cluster
         args += ["--distributed-executor-backend", "ray"]
     return shlex.join(args)
 
@@ -70,12 +70,17 @@ DP_RPC_PORT = "13345"
 
 def node_layout(row: dict) -> tuple[int, int] | None:
     """(nodes, data-parallel replicas per node) of a row whose replicas each fit in a node (as
-    `gpus_per_node` of its GPU allows), or None where one replica spans nodes; (1, dp) without a GPU."""
-    if "gpu" not in row:
-        return 1, int(row["data_parallel_size"])
+    `gpus_per_node` of its GPU allows), or None where one replica spans nodes; (1, dp) without a
+    bundled GPU to read the node size from."""
+    from jaxplan.errors import PlanError
     from jaxplan.specs import load_gpu
 
-    per_node_gpus = int(load_gpu(row["gpu"]).gpus_per_node)
+    try:
+        per_node_gpus = int(load_gpu(row["gpu"]).gpus_per_node) if "gpu" in row else None
+    except PlanError:  # a GPU spec of your own, given by its file: no node size to split by
+        per_node_gpus = None
+    if per_node_gpus is None:
+        return 1, int(row["data_parallel_size"])
     replica = int(row["tensor_parallel_size"]) * int(row["pipeline_parallel_size"])
     if replica > per_node_gpus:
         return None

@@ -46,7 +46,7 @@ def vllm_serve_command(model: ModelSpec, row: dict, gpu_memory_utilization: floa
     if block_size_tokens != VLLM_DEFAULT_BLOCK_SIZE_TOKENS:
         args += ["--block-size", str(block_size_tokens)]
     if row.get("kv_blocks_per_replica") is not None:
-        kv_tokens = int(row["kv_blocks_per_replica"]) * block_size_tokens
+        kv_tokens = planned_kv_tokens(row, block_size_tokens)
         if kv_tokens < model.max_position_embeddings:
             args += ["--max-model-len", str(kv_tokens)]
     if row["kv_cache_dtype"] == "fp8":
@@ -108,9 +108,14 @@ def other_node_commands(head_command: str, row: dict) -> list[str]:
     return lines
 
 
+def planned_kv_tokens(row: dict, block_size_tokens: int) -> int:
+    """Tokens one replica's KV cache holds in the plan: its blocks x the block size."""
+    return int(row["kv_blocks_per_replica"]) * block_size_tokens
+
+
 def kv_cache_check(row: dict, block_size_tokens: int) -> str:
     """What to look for in the started server's log: the KV cache one replica was planned with, which
     vLLM reports at start-up as "GPU KV cache size: N tokens" (each data-parallel replica its own)."""
-    tokens = int(row["kv_blocks_per_replica"]) * block_size_tokens
+    tokens = planned_kv_tokens(row, block_size_tokens)
     return f'Check: vLLM should log "GPU KV cache size: ~{tokens:,} tokens" per replica (the plan\'s KV cache); much less means less concurrency than planned.'
 

@@ -12,10 +12,7 @@ import math
 import typing
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+import tomllib
 
 from jaxplan.errors import PlanError, bad_value, short_repr, unknown_name
 from jaxplan.specs.gpu import GpuSpec

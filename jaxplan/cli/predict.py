@@ -26,7 +26,7 @@ class Method(str, enum.Enum):
 @app.command()
 @clean_errors
 def predict(
-    input_csv: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="One row per configuration (see README for columns), or a `vllm bench serve --save-result` JSON file: its runs are predicted next to their measured columns.")],
+    input_csv: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="One row per configuration (columns: docs/usage.md), or a `vllm bench serve --save-result` JSON file: its runs are predicted next to their measured columns.")],
     output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False, help="Where to write the rows with predictions.")],
     method: Annotated[Method, typer.Option(help="replay: step-by-step scheduler replay per row; analytical: stage 4's steady-state model (instant).")] = Method.REPLAY,
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,

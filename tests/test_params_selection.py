@@ -184,7 +184,7 @@ def test_a_bad_jaxplan_params_is_one_line_naming_the_variable_the_value_and_the_
     assert result.exit_code == 1
     lines = stderr_lines(result)
     assert len(lines) == 1 and lines[0].startswith(f"error: ${PARAMS_ENV}"), lines
-    assert str(value) in lines[0] and f"unset" in lines[0], lines
+    assert str(value) in lines[0] and "unset" in lines[0], lines
     assert not (tmp_path / "out.csv").exists()
 
 

@@ -579,7 +579,7 @@ OPTIONS_OF = {
     "sensitivity": ["--model", "--gpus", "--workload", "--space", "--budget", "--target-throughput", "--rate", "--top", "--price", "--json", "--max-seconds", "--max-memory-gib"],
     "predict": ["--method", "--requests", "--params", "-o", "--max-seconds", "--gpu"],
     "simulate": ["--requests", "--seed", "--params", "-o", "--max-seconds"],
-    "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds", "--gpu", "--tensor-parallel-size", "--kv-cache-dtype", "--rows"],  # never -o: the default is the bundled file
+    "calibrate": ["--steps", "--measurements", "--report", "--held-out-folds", "--gpu", "--tensor-parallel-size", "--kv-cache-dtype", "--rows"],  # never -o: the base run writes its own file (without -o, the user's config directory)
     "list": [],
 }
 # A sweep or sensitivity run that gets past validation compiles per (model, GPU count, space): keep

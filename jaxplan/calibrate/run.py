@@ -30,9 +30,9 @@ import numpy as np
 
 from jaxplan.calibrate import fit
 from jaxplan.calibrate.metrics import mape, spearman
-from jaxplan.errors import bad_value
+from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
-from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_PATH, load_priors
+from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
 from jaxplan.physics.shapes import hardware_table, model_shape, take
 from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
@@ -484,4 +484,20 @@ def provenance(rows: list[dict], report: dict, sources: list[str]) -> dict:
 
 
 def default_output() -> Path:
-    return PARAMS_PATH
+    """Where `jaxplan calibrate` writes without -o: the user's own file (`user_params_path`), never
+    the bundled one, so a fit of one's own measurements cannot replace the shipped fit."""
+    return user_params_path()
+
+
+def output_path(output: Path | None = None, write_bundled: bool = False) -> Path:
+    """The file a calibration is written to: `output`, else `default_output()`; the bundled file only
+    with write_bundled (the maintainers' route, `jaxplan calibrate --write-bundled`): asked for
+    otherwise it is a PlanError naming -o and the fix."""
+    if write_bundled:
+        if output is not None and not is_bundled(output):
+            raise bad_value("-o", str(output), "--write-bundled writes the bundled parameter file; drop -o, or drop --write-bundled to write your own file")
+        return PARAMS_PATH
+    if output is not None and is_bundled(output):
+        raise PlanError(f"-o {output} is the parameter file that ships with jaxplan; write your fit to a file of your own "
+                        f"(omit -o for {default_output()}) and select it with --params or ${PARAMS_ENV}")
+    return output if output is not None else default_output()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,7 +24,8 @@ def calibrate(
     files: Annotated[Optional[list[Path]], typer.Argument(exists=True, dir_okay=False, show_default=False, help="Your own measurement files, as --measurements takes them (e.g. runs/*.json).")] = None,
     measurements: Annotated[Optional[list[Path]], typer.Option("--measurements", exists=True, dir_okay=False, help="Your own data: predict-format CSV with measured_* columns, or `vllm bench serve --save-result` JSON (repeatable).")] = None,
     shared_data: Annotated[bool, typer.Option(help="Also use the measurements in ../shared/data (or $JAXPLAN_SHARED_DATA) when present.")] = True,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Where to write the parameters (default: the bundled file).")] = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", dir_okay=False, help="Where to write the parameters (default: $XDG_CONFIG_HOME/jaxplan/params.toml, else ~/.config/jaxplan/params.toml; never the bundled file). Commands read it when --params or $JAXPLAN_PARAMS names it.")] = None,
+    write_bundled: Annotated[bool, typer.Option("--write-bundled", hidden=True, help="Maintainers: write the parameter file that ships with jaxplan (docs/calibration.md).")] = False,
     report_path: Annotated[Optional[Path], typer.Option("--report", dir_okay=False, help="Write the accuracy report as JSON here.")] = None,
     steps: Annotated[int, typer.Option(min=1, max=100000, help="Adam steps per fit.")] = 400,
     replay_check: Annotated[bool, typer.Option(help="Also replay the rows step by step (predict's default method): each fitted GPU's and those of GPUs no fit sees with the final fit, and where several GPUs are fitted each held-out GPU's with the parameters fitted without it; adds `in_sample_replay`, `not_fitted_replay` and `held_out_replay` to the report (~30 s, ~50 s the first time, on the shared data); the parameters are written before it.")] = True,
@@ -41,13 +43,16 @@ def calibrate(
 ) -> None:
     """Fit the efficiency parameters: kernel tables first, then end-to-end serving rows (optax)."""
     from jaxplan.calibrate._data import data_root_exists
-    from jaxplan.calibrate.run import FIT_BACKEND, calibrate as run_calibration, default_output, evaluated_rows, fit_excluded, measured_rows, provenance, replay_check as run_replay_check, write_params
+    from jaxplan.calibrate.run import FIT_BACKEND, calibrate as run_calibration, evaluated_rows, fit_excluded, measured_rows, output_path, provenance, replay_check as run_replay_check, write_params
     from jaxplan.calibrate.serving import load_serving_rows
     from jaxplan.predict import resolve_capped_rates
 
     paths = [*(files or []), *(measurements or [])]
     settings = engine_settings.given(paths, locals())
-    check_writable(output, "-o")
+    target = output_path(output, write_bundled)
+    if output is None and not write_bundled:  # the user's config directory may not exist yet
+        target.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(target, "-o")
     check_writable(report_path, "--report")
     check_writable(rows_path, "--rows")
     rows, sources = [], []
@@ -65,7 +70,7 @@ def calibrate(
         sources.append(str(path))
     if not rows:
         raise bad_value("--measurements", None, "no measurements found: pass measurement files (CSV or vllm bench JSON) or provide ../shared/data")
-    rows, capped = resolve_capped_rates(rows)  # --request-rate with --max-concurrency: the regime that binds, by the shipped fit
+    rows, capped = resolve_capped_rates(rows)  # --request-rate with --max-concurrency: the regime that binds, by the selected parameters (--params is not an option here: $JAXPLAN_PARAMS, else the bundled file)
     if capped:
         out.print(f"{len(capped)} run(s) with both max_concurrency and a finite request_rate: each fitted as the regime that binds (jaxplan predict says which)", highlight=False)
     if not [r for r in evaluated_rows(rows) if not fit_excluded(r)]:
@@ -82,7 +87,6 @@ def calibrate(
         params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds)
         replayed: dict = {}
         # The parameters are final here (the replay check only reports on them): write them now.
-        target = output or default_output()
         write_params(params, target, provenance(rows, report, sources), report.get("priors"))
         if replay_check and report.get("in_sample"):  # some GPU was fitted
             progress.console.print(f"wrote {target} (calibrated in {report['seconds']:.0f} s); replaying rows as a check (--no-replay-check skips it)", highlight=False)
@@ -100,7 +104,10 @@ def calibrate(
 
         write_row_table(row_table(rows, params, report, replayed), rows_path)
         out.print(f"wrote {rows_path}")
-    out.print(f"wrote {target}")
+    out.print(f"wrote {target}", highlight=False)
+    if not write_bundled:  # a user's file is read only where selected: say how
+        quoted = shlex.quote(str(target.resolve()))
+        out.print(f"use it with --params {quoted}, or for every command: export JAXPLAN_PARAMS={quoted}", highlight=False, soft_wrap=True)
 
 
 def fit_step_groups(rows: list[dict], replay_check: bool = False) -> int:

@@ -35,7 +35,26 @@ KvDtypesOption = Annotated[Optional[str], typer.Option(help="KV-cache dtypes to 
 TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
 RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]
 PriceOption = Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")]
-ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Calibration parameters TOML (default: bundled).")]
+
+
+def _say_params(value: Optional[Path]) -> Optional[Path]:
+    """ParamsOption's callback: one stderr line naming the parameters file a command reads when it is
+    not the bundled one (--params, else $JAXPLAN_PARAMS; `physics.params.selected_path`). A file that
+    cannot be used gets no line here: the command's own one-line error names it."""
+    from jaxplan.physics.params import describe_selection, load_efficiency
+
+    try:
+        line = describe_selection(value)
+        if line:
+            load_efficiency(str(value) if value else None)
+    except PlanError:
+        return value
+    if line:
+        err.print(escape(line), highlight=False, soft_wrap=True)
+    return value
+
+
+ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, callback=_say_params, help="Calibration parameters TOML (default: $JAXPLAN_PARAMS if set, else the bundled file).")]
 
 
 class Routing(str, enum.Enum):

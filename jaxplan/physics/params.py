@@ -2,9 +2,14 @@
 
 The physics multiplies spec-sheet peaks by achievable fractions and adds fixed
 latencies. Values ship in `jaxplan/configs/calibration/params.toml`, written by
-`jaxplan calibrate` with a record of the data they were fitted to; a GPU type
-missing there (e.g. MI300X, which has no measurements) gets DEFAULTS, which are
-typical of Hopper-class GPUs running vLLM.
+the maintainers' `jaxplan calibrate --write-bundled` with a record of the data they
+were fitted to; a GPU type missing there (e.g. MI300X, which has no measurements)
+gets DEFAULTS, which are typical of Hopper-class GPUs running vLLM.
+
+Which file is read (`selected_path`): an explicit path (`--params`), else the one
+$JAXPLAN_PARAMS names, else the bundled file. A user's `jaxplan calibrate` writes to
+`user_params_path()` (never the bundled file), which is read only when one of the
+first two selects it: a fit of old measurements is never picked up silently.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 from pathlib import Path
 
 from jaxplan.errors import PlanError, bad_value
 
 PARAMS_PATH = Path(__file__).resolve().parent.parent / "configs" / "calibration" / "params.toml"
+PARAMS_ENV = "JAXPLAN_PARAMS"  # names the parameters file every command reads when --params is not given
 
 # Field -> (default, lowest, highest). Fractions are of the spec-sheet peak.
 BOUNDS: dict[str, tuple[float, float, float]] = {
@@ -81,9 +88,61 @@ def validate(gpu: str, params: dict[str, float], where: str) -> dict[str, float]
     return {k: float(v) for k, v in merged.items()}
 
 
-@functools.cache
+def user_params_path() -> Path:
+    """Where a user's `jaxplan calibrate` writes by default: $XDG_CONFIG_HOME/jaxplan/params.toml, or
+    ~/.config/jaxplan/params.toml (the XDG base-directory rule: a relative XDG_CONFIG_HOME is ignored)."""
+    config = os.environ.get("XDG_CONFIG_HOME", "")
+    root = Path(config) if config and os.path.isabs(config) else Path.home() / ".config"
+    return root / "jaxplan" / "params.toml"
+
+
+def is_bundled(path: str | os.PathLike) -> bool:
+    """Whether `path` is the bundled parameter file (through links and relative spellings)."""
+    return Path(path).resolve() == PARAMS_PATH.resolve()
+
+
+def selected_path(path: str | os.PathLike | None = None) -> str | None:
+    """The parameters file to read: `path` (--params) if given, else $JAXPLAN_PARAMS if set and not
+    empty, else None (the bundled file). A $JAXPLAN_PARAMS that names no readable file is a PlanError
+    naming the variable, its value and the fix."""
+    if path:
+        return str(path)
+    value = os.environ.get(PARAMS_ENV, "")
+    if not value:
+        return None
+    target = Path(value).expanduser()
+    problem = ("does not exist" if not target.exists() else "is not a file" if not target.is_file()
+               else "is not readable" if not os.access(target, os.R_OK) else None)
+    if problem:
+        raise PlanError(f"${PARAMS_ENV} = {value!r} {problem}; point it at a file `jaxplan calibrate` wrote, or unset it to use the bundled parameters")
+    return str(target)
+
+
+def describe_selection(path: str | os.PathLike | None = None) -> str | None:
+    """One line naming the parameters file in use and what chose it; None for the bundled file."""
+    chosen = selected_path(path)
+    if chosen is None or is_bundled(chosen):
+        return None
+    how = "--params" if path else f"${PARAMS_ENV}"
+    return f"parameters: {chosen} (from {how})"
+
+
 def load_efficiency(path: str | None = None) -> dict[str, dict[str, float]]:
-    """GPU name -> efficiency parameters (missing GPUs fall back to DEFAULTS via `for_gpu`)."""
+    """GPU name -> efficiency parameters of the selected file (`selected_path`; missing GPUs fall back to
+    DEFAULTS via `efficiency_for`)."""
+    chosen = selected_path(path)
+    if chosen is None:
+        return _load_efficiency(None)
+    if not path:  # from the environment: any error names the variable, since no option on the command line did
+        try:
+            return _load_efficiency(chosen)
+        except PlanError as error:
+            raise PlanError(f"${PARAMS_ENV}: {error}; or unset {PARAMS_ENV} to use the bundled parameters") from None
+    return _load_efficiency(chosen)
+
+
+@functools.cache
+def _load_efficiency(path: str | None) -> dict[str, dict[str, float]]:
     target = Path(path) if path else PARAMS_PATH
     if not target.exists() and path:
         raise PlanError(f"calibration file {path!r} does not exist; run `jaxplan calibrate` or omit --params")
@@ -116,13 +175,16 @@ def load_priors(path: str | None = None) -> dict[str, dict[str, float]]:
 
 def efficiency_for(gpu_names, path: str | None = None) -> dict[str, dict[str, float]]:
     """GPU name -> parameters: the bundled file's (DEFAULTS for a GPU it lacks, e.g. a GPU spec of
-    your own), or `path`'s, which must hold every GPU asked for (`jaxplan calibrate` writes them all):
-    a missing one is a PlanError naming the tables the file has, not a silent fall back to DEFAULTS."""
+    your own), or those of the file `path` or $JAXPLAN_PARAMS selects (`selected_path`), which must hold
+    every GPU asked for (`jaxplan calibrate` writes them all): a missing one is a PlanError naming the
+    tables the file has, not a silent fall back to DEFAULTS."""
     table = load_efficiency(path)
-    if path:
+    chosen = selected_path(path)
+    if chosen:
         missing = [name for name in gpu_names if name not in table]
         if missing:
             close = difflib.get_close_matches(missing[0], list(table), n=1, cutoff=0.4)
-            raise PlanError(f"--params {path}: no [gpu.{missing[0]}] table (it has {', '.join(f'[gpu.{n}]' for n in table) or 'none'})"
+            where = f"--params {chosen}" if path else f"${PARAMS_ENV} = {chosen}"
+            raise PlanError(f"{where}: no [gpu.{missing[0]}] table (it has {', '.join(f'[gpu.{n}]' for n in table) or 'none'})"
                             + (f"; is [gpu.{close[0]}] meant to be it?" if close else "") + "; write the file with jaxplan calibrate -o, or add the table")
     return {name: table.get(name, DEFAULTS) for name in gpu_names}

@@ -5,7 +5,7 @@ round robin (R / N each), with the bundled physics as the step time. Why the bou
 - Upper, N x (1 + 1%): with the burst inside every replica's KV cache nothing is preempted, so
   both do the same prefill and decode work; one replica runs at least the batch each of the N
   runs, and a step's time per request does not grow with the batch (the weights are read once
-  per step), so one replica delivers at least 1 / N of what N deliver. The 1% is float32 slack.
+  per step), so one replica delivers at least 1 / N of what N deliver (checked to within 1%).
 - Lower, equal batch (max_num_seqs = R / N): the one replica runs the N replicas' single wave N
   times back to back, at the same batch, so it takes at most N times as long; it can take less
   only where one wave's prompts are prefilled next to the previous wave's last decodes, at most

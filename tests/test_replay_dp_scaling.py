@@ -64,15 +64,15 @@ def _row(dp: int, max_num_seqs: int, num_prompts: int = R, isl: int = ISL, osl: 
     }  # fmt: skip
 
 
-def _replay(cases, num_requests: int, isl: int = ISL, osl: int = OSL) -> dict:
-    """Replay every case (one finalist each, one compiled program) on one burst; name -> metrics."""
+def _replay(cases, num_requests: int, isl: int = ISL, osl: int = OSL, routing: str = "round_robin") -> dict:
+    """Replay every case (one finalist each, one compiled program per routing) on one burst; name -> metrics."""
     (batch,) = row_batches([_row(dp, seqs, num_requests, isl, osl) for _, dp, seqs, _ in cases])
     hw = take(hardware_table(batch.gpus, efficiency_for([g.name for g in batch.gpus], None)), jnp.asarray(batch.gpu_index))
     gpu_blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
     tight = num_requests // 4 * _blocks_per_request(isl, osl)
     blocks = np.array([gpu_blocks[k] if b is None else tight for k, (_, _, _, b) in enumerate(cases)])
     workload = Workload(name="dp burst", isl_mean_tokens=isl, osl_mean_tokens=osl, arrival=Arrival.BURST, num_requests=num_requests)
-    config = replay_config(batch.layout, blocks)
+    config = replay_config(batch.layout, blocks, routing=routing)
     m = jax.device_get(simulate(config, sample_requests(workload), workload, physics_step, physics_params(batch.model, hw, batch.layout), initial_slots=R))
     fields = ("output_tokens_per_s", "num_preemptions", "completed", "mean_batch_size")
     return {name: {f: float(np.asarray(getattr(m, f))[k]) for f in fields} | {"blocks": int(blocks[k])} for k, (name, *_) in enumerate(cases)}
@@ -144,6 +144,16 @@ def test_n_replicas_are_the_one_replica_replay_n_times(replayed):
     alone = _replay([("quarter", 1, 1024, None)], R // 4)["quarter"]
     assert replayed["four"]["output_tokens_per_s"] == pytest.approx(4 * alone["output_tokens_per_s"], rel=1e-5)
     assert replayed["four_seq64"]["output_tokens_per_s"] == pytest.approx(4 * alone["output_tokens_per_s"], rel=1e-5)
+
+
+def test_least_loaded_routing_splits_the_burst_the_same_way(replayed):
+    """Least-loaded routing replays the replicas together in time order (another code path); at
+    t = 0 with identical requests the fewest outstanding is request i's replica i % N, so every
+    case serves what round robin serves."""
+    balanced = _replay(CASES, R, routing="least_loaded")
+    for name, *_ in CASES:
+        assert balanced[name]["output_tokens_per_s"] == pytest.approx(replayed[name]["output_tokens_per_s"], rel=1e-6), name
+        assert balanced[name]["num_preemptions"] == replayed[name]["num_preemptions"], name
 
 
 def test_stage4_obeys_the_same_bounds():

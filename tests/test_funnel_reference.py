@@ -12,7 +12,7 @@ import pytest
 import reference_funnel as ref
 
 from jaxplan.funnel import run_sweep
-from jaxplan.funnel.reasons import STAGE_OF, Reason
+from jaxplan.funnel.reasons import Reason
 from jaxplan.funnel.sweep import build_context
 from jaxplan.grid import Grid
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
@@ -54,8 +54,8 @@ def compare(model_name: str, gpus: str, workload_name: str, space: SearchSpace) 
     got = {r: n for r, n in result.reason_counts.items() if n and r != Reason.ADMITTED}
     want = {r: n for r, n in expected.items() if n and r != Reason.ADMITTED}
     # Stages 1-3 first (independent physics), then stage 4 (the funnel's plumbing).
-    early_got = {r: n for r, n in got.items() if STAGE_OF[r] <= 3}
-    early_want = {r: n for r, n in want.items() if STAGE_OF[r] <= 3}
+    early_got = {r: n for r, n in got.items() if Reason(r).stage <= 3}
+    early_want = {r: n for r, n in want.items() if Reason(r).stage <= 3}
     assert early_got == early_want, f"stages 1-3: {model_name}/{workload_name}"
     assert got == want, f"stage 4: {model_name}/{workload_name}"
     admitted = result.grid.size - sum(got.values())
@@ -76,7 +76,7 @@ def test_small_space_counts_match_reference(model_name, gpus, workload_name):
 def test_edge_space_trips_every_early_reason():
     got = compare("llama-3.1-70b", "h100_sxm,a100_sxm", "coding", EDGE_SPACE)
     for reason in Reason:
-        if STAGE_OF.get(reason, 0) in (1, 2, 3):
+        if reason.stage in (1, 2, 3):
             assert got.get(reason, 0) > 0, f"{reason.name} never fired: the edge space no longer covers it"
 
 

@@ -22,13 +22,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
-from jaxplan.funnel.budget import check_limits
+from jaxplan.funnel.budget import check_limits, effective_chunk
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
 from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
-from jaxplan.grid import AXES, DP_AXIS, Grid
+from jaxplan.grid import AXES, Grid
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import hardware_table, model_shape
 from jaxplan.physics.traffic import max_context_tokens, workload_params
@@ -150,8 +150,7 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     mesh = device_mesh()
     num_devices = mesh.devices.size
     # Every device's share must hold whole runs of the DP axis (the funnel factorises over DP).
-    unit = num_devices * grid.sizes[DP_AXIS]
-    chunk_size = max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
+    chunk_size = effective_chunk(grid, chunk_size, num_devices)
     sharding = NamedSharding(mesh, PartitionSpec("candidates"))
     offsets = jax.device_put(np.arange(chunk_size, dtype=np.int32), sharding)
     num_axes = len(AXES)

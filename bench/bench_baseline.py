@@ -47,6 +47,7 @@ import jax
 import reference_funnel as ref
 
 from jaxplan.funnel import estimate as estimate_mod
+from jaxplan.funnel import rules as rules_mod
 from jaxplan.funnel import structure as structure_mod
 from jaxplan.funnel.chunk import evaluate_digits
 from jaxplan.funnel.reasons import Reason
@@ -61,7 +62,7 @@ from jaxplan.physics.traffic import WorkloadParams
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 from jaxplan.specs.space import DTYPE_BYTES
 
-PATCHED = (steady_mod, step_time_mod, memory_mod, batch_mod, estimate_mod, structure_mod)
+PATCHED = (steady_mod, step_time_mod, memory_mod, batch_mod, estimate_mod, structure_mod, rules_mod)
 
 
 # ---- scalar shims for the jnp / jax names of jaxplan's physics modules ---------------------------------

@@ -137,8 +137,8 @@ def test_stage_table_adds_up(baseline):
 
 def test_empty_result_names_the_memory_sieve():
     """DeepSeek-V3 (671B parameters) on a budget of 1 GPU: stage 1 leaves only TP=PP=DP=1 candidates
-    (and PP=2 never divides 61 layers), and no single 80-141 GB GPU holds 671 GB of FP8 weights, so
-    stage 2 removes the rest."""
+    (PP=2, which vLLM runs as stages of 31 and 30 of the 61 layers, needs 2 GPUs), and no single
+    80-141 GB GPU holds 671 GB of FP8 weights, so stage 2 removes the rest."""
     space = load_space("small").replace(gpu_budget=1)
     result = run_sweep(load_model("deepseek-v3"), parse_gpu_list("h100_sxm,h200_sxm"), load_workload("chat"), space)
     assert result.shortlist == [] and result.winner is None and result.frontier == []

@@ -17,7 +17,7 @@ from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
-from jaxplan.funnel.structure import structure
+from jaxplan.funnel.structure import before_budget, structure
 from jaxplan.funnel.tables import NEG_INF, BestTable, merge_chunk
 from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_digits, layout_index
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
@@ -136,14 +136,14 @@ def reason_counts(s1, later, valid, within, num_dp: int):
 
     within: DP values whose replicas fit the GPU budget (a prefix). Survivors count as PADDING here;
     stage 4 counts them with their own reason."""
-    before_budget = (s1 == Reason.TP_HEADS) | (s1 == Reason.PP_LAYERS) | (s1 == Reason.NODE_FIT)
+    rejected_per_configuration = before_budget(s1)
     rest = jnp.where(s1 == Reason.ADMITTED, later, s1)  # the reason of the candidates within the budget
-    open_row = valid & ~before_budget
+    open_row = valid & ~rejected_per_configuration
     survive = open_row & (rest == Reason.ADMITTED)
     add = lambda h, reason, n: h.at[reason].add(n)  # noqa: E731
     counts = jnp.zeros(NUM_REASONS, jnp.int32)
     counts = add(counts, jnp.int32(Reason.PADDING), jnp.sum(jnp.where(~valid, num_dp, 0)) + jnp.sum(jnp.where(survive, within, 0)))
-    counts = add(counts, s1, jnp.where(valid & before_budget, num_dp, 0))
+    counts = add(counts, s1, jnp.where(valid & rejected_per_configuration, num_dp, 0))
     counts = add(counts, jnp.int32(Reason.GPU_BUDGET), jnp.sum(jnp.where(open_row, num_dp - within, 0)))
     counts = add(counts, rest, jnp.where(open_row & ~survive, within, 0))
     return counts, jnp.where(survive, within, 0).astype(jnp.int32)

@@ -22,10 +22,10 @@ class Reason(enum.IntEnum):
         return member
 
     ADMITTED = 0
-    TP_HEADS = (1, 1, "tensor_parallel_size does not divide the attention heads and hidden size",
-                "use a tensor_parallel_size that divides the model's attention heads")
-    PP_LAYERS = (2, 1, "pipeline_parallel_size does not divide the layer count",
-                 "use a pipeline_parallel_size that divides the model's layers")
+    TP_HEADS = (1, 1, "tensor_parallel_size does not divide the attention heads and hidden size (vLLM refuses it)",
+                "use a tensor_parallel_size that divides the model's attention heads and hidden size")
+    PP_LAYERS = (2, 1, "pipeline_parallel_size exceeds the layer count (vLLM refuses it)",
+                 "use a pipeline_parallel_size of at most the model's layers")
     NODE_FIT = (3, 1, "TP x PP spans nodes and multi-node replicas are off",
                 "allow multi-node replicas (allow_multi_node = true) or use smaller TP x PP")
     GPU_BUDGET = (4, 1, "TP x PP x DP exceeds the GPU budget", "raise --budget")
@@ -47,6 +47,8 @@ class Reason(enum.IntEnum):
     # codes keep their values (saved results hold them), so a later stage-1 rule takes the next free code
     FP4_UNSUPPORTED = (15, 1, "NVFP4 weights on a GPU without FP4 tensor cores (before Blackwell)",
                        "use fp8 or bf16 weights on this GPU or add an FP4-capable GPU type (b200_sxm)")
+    KV_HEADS = (16, 1, "tensor_parallel_size and the KV heads do not divide one another (vLLM refuses it)",
+                "use a tensor_parallel_size that divides the model's KV heads or is a multiple of them")
 
 
 NUM_REASONS = len(Reason)

@@ -47,9 +47,10 @@ import jax
 import reference_funnel as ref
 
 from jaxplan.funnel import estimate as estimate_mod
+from jaxplan.funnel import rules as rules_mod
 from jaxplan.funnel import structure as structure_mod
 from jaxplan.funnel.chunk import evaluate_digits
-from jaxplan.funnel.reasons import STAGE_OF, Reason
+from jaxplan.funnel.reasons import Reason
 from jaxplan.funnel.sweep import build_context, run_sweep
 from jaxplan.grid import AXES, Grid
 from jaxplan.physics import batch as batch_mod
@@ -61,7 +62,7 @@ from jaxplan.physics.traffic import WorkloadParams
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 from jaxplan.specs.space import DTYPE_BYTES
 
-PATCHED = (steady_mod, step_time_mod, memory_mod, batch_mod, estimate_mod, structure_mod)
+PATCHED = (steady_mod, step_time_mod, memory_mod, batch_mod, estimate_mod, structure_mod, rules_mod)
 
 
 # ---- scalar shims for the jnp / jax names of jaxplan's physics modules ---------------------------------
@@ -292,7 +293,7 @@ def check_agreement(out: list, ev, rtol: float) -> tuple[Counter, int]:
     jax_reason = np.asarray(ev.reason)
     bad = np.flatnonzero(ref_reason != jax_reason)
     assert bad.size == 0, f"{bad.size} reason mismatches, first: ref {Reason(ref_reason[bad[0]]).name} vs jax {Reason(jax_reason[bad[0]]).name} at sample position {bad[0]}"
-    reached4 = np.array([STAGE_OF.get(Reason(r), 0) in (0, 4) for r in ref_reason])
+    reached4 = np.array([Reason(r).stage in (0, 4) for r in ref_reason])
     e = ev.estimate
     for k, name, jax_values in ((1, "throughput", e.output_tokens_per_s), (2, "p99 TTFT", e.ttft_p99_s), (3, "p99 TPOT", e.tpot_p99_s)):
         a = np.array([o[k] for o in out])[reached4]
@@ -351,7 +352,7 @@ def main() -> None:
     # Split of the baseline's time: candidates rejected in stages 1-3 vs those that reach stage 4.
     name0 = rows[0][0]
     p = Problem(model, gpus, workload, space, ctx, grid, name0)
-    reached = np.array([STAGE_OF.get(Reason(int(r)), 0) in (0, 4) for r in np.asarray(ev.reason)])
+    reached = np.array([Reason(int(r)).stage in (0, 4) for r in np.asarray(ev.reason)])
     early_s, _ = run_baseline(p, sample[~reached], SHIMS[name0]) if (~reached).any() else (0.0, [])
     late_s, _ = run_baseline(p, sample[reached], SHIMS[name0]) if reached.any() else (0.0, [])
     print(f"baseline [{name0}] split: rejected in stages 1-3: {early_s / max((~reached).sum(), 1) * 1e6:.1f} us each; "

@@ -1,56 +1,83 @@
-"""vLLM's own rules for a configuration row: what it refuses to start, or the requests it turns away.
+"""vLLM's own rules for configuration rows: what it refuses to start, or the requests it turns away.
 
-`predict` and `simulate` mark such rows `invalid: ...` instead of predicting them."""
+`predict` and `simulate` mark such rows `invalid: ...` instead of predicting them. The engine rules
+are the sweep's (`funnel.rules`, evaluated over all rows of a model at once); the replay's limits and
+the context length are checked here, per row."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from jaxplan.errors import PlanError
+from jaxplan.funnel.rules import BUDGET_BELOW_SEQS, LAYOUT_RULES
+from jaxplan.physics.shapes import ModelShape, model_shape
 from jaxplan.specs import load_model
 from jaxplan.specs.model import ModelSpec
 
 
-def invalid_reason(model: ModelSpec, row: dict) -> str | None:
-    """Why vLLM would refuse this row's engine or its requests (one line, starting "invalid:"), or None.
-    vLLM's own rules: attention heads divide by TP, KV heads divide by TP or TP by them (replicated),
-    at least one layer per pipeline stage (uneven stages are allowed, and priced at the mean), a token
-    budget of at least max_num_seqs, requests within the context length; and the replay's limits."""
+def _number(row: dict, field: str, default: float = math.nan) -> float:
+    value = row.get(field)
+    return default if value in (None, "") else float(value)
+
+
+def engine_arguments(rows: list[dict]) -> tuple[np.ndarray, ...]:
+    """(tp, pp, max_num_seqs, max_num_batched_tokens) [R] float64 for `funnel.rules`: TP and PP
+    default to 1; a knob not given is NaN (its rule never fails)."""
+    sizes = lambda field: np.array([float(int(_number(r, field, 0.0) or 1)) for r in rows])  # noqa: E731
+    knobs = lambda field: np.array([_number(r, field) for r in rows])  # noqa: E731
+    return sizes("tensor_parallel_size"), sizes("pipeline_parallel_size"), knobs("max_num_seqs"), knobs("max_num_batched_tokens")
+
+
+def invalid_reasons(model: ModelSpec, rows: list[dict]) -> list[str | None]:
+    """Per row, why vLLM would refuse its engine or its requests (one line, starting "invalid:"), or None.
+    In order: the layout rules (attention heads, KV heads, PP stages), the replay's limits, the token
+    budget against max_num_seqs, the requests' length against the context."""
     from jaxplan.replay.config import LIMITS
 
-    size = lambda field: int(float(row.get(field) or 1))  # noqa: E731
-    tp, pp = size("tensor_parallel_size"), size("pipeline_parallel_size")
-    if model.num_attention_heads % tp:
-        return f"invalid: tensor_parallel_size {tp} does not divide {model.name}'s {model.num_attention_heads} attention heads (vLLM refuses to start)"
-    kv = model.num_kv_heads
-    if model.kv_lora_rank == 0 and kv > 0 and (kv % tp if kv >= tp else tp % kv):
-        return f"invalid: tensor_parallel_size {tp} and {model.name}'s {kv} KV heads: one must divide the other (vLLM refuses to start)"
-    if pp > model.num_layers:
-        return f"invalid: pipeline_parallel_size {pp} exceeds {model.name}'s {model.num_layers} layers"
-    for field, most in (("pipeline_parallel_size", LIMITS["pipeline_parallel_size"]), ("data_parallel_size", LIMITS["data_parallel_size"]),
-                        ("max_num_seqs", LIMITS["max_num_seqs"]), ("max_num_batched_tokens", LIMITS["max_num_batched_tokens"])):
-        if row.get(field) not in (None, "") and int(float(row[field])) > most:
-            return f"invalid: {field} {int(float(row[field])):,} is above the {most:,} jaxplan models"
-    seqs, budget = row.get("max_num_seqs"), row.get("max_num_batched_tokens")
-    if seqs not in (None, "") and budget not in (None, "") and int(float(budget)) < int(float(seqs)):
-        return f"invalid: max_num_batched_tokens {int(float(budget)):,} is below max_num_seqs {int(float(seqs)):,} (vLLM refuses to start)"
-    isl, osl = row.get("isl"), row.get("osl")
-    if isl not in (None, "") and osl not in (None, "") and float(isl) + float(osl) > model.max_position_embeddings:
-        return f"invalid: isl + osl = {float(isl) + float(osl):,.0f} tokens exceeds {model.name}'s context of {model.max_position_embeddings:,} (vLLM rejects such requests)"
-    return None
+    shape: ModelShape = model_shape(model)
+    engine = engine_arguments(rows)
+    fails = {rule.reason: np.asarray(rule.fails(shape, *engine)) for rule in (*LAYOUT_RULES, BUDGET_BELOW_SEQS)}
+    out: list[str | None] = []
+    for k, row in enumerate(rows):
+        values = tuple(float(a[k]) for a in engine)
+        layout = next((rule for rule in LAYOUT_RULES if fails[rule.reason][k]), None)
+        if layout is not None:
+            out.append("invalid: " + layout.says(model.name, shape, *values))
+            continue
+        over = next(((field, int(_number(row, field))) for field in ("pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens")
+                     if row.get(field) not in (None, "") and int(_number(row, field)) > LIMITS[field]), None)
+        if over is not None:
+            out.append(f"invalid: {over[0]} {over[1]:,} is above the {LIMITS[over[0]]:,} jaxplan models")
+            continue
+        if fails[BUDGET_BELOW_SEQS.reason][k]:
+            out.append("invalid: " + BUDGET_BELOW_SEQS.says(model.name, shape, *values))
+            continue
+        length = _number(row, "isl") + _number(row, "osl")
+        if length > model.max_position_embeddings:  # NaN (either not given) compares False
+            out.append(f"invalid: isl + osl = {length:,.0f} tokens exceeds {model.name}'s context of {model.max_position_embeddings:,} (vLLM rejects such requests)")
+            continue
+        out.append(None)
+    return out
 
 
 def invalid_rows(rows: list[dict], source: str) -> dict[int, str]:
-    """Row index -> `invalid_reason`, for the rows vLLM would refuse."""
-    models: dict[str, ModelSpec] = {}
-    out = {}
+    """Row index -> `invalid_reasons`' line, for the rows vLLM would refuse (rows grouped by model)."""
+    groups: dict[str, tuple[ModelSpec, list[int]]] = {}
     for i, row in enumerate(rows):
         name = str(row.get("model") or "").strip()
         if not name:
             continue  # row_batches names the missing model
-        try:
-            model = models.setdefault(name, load_model(name))
-        except PlanError as err:
-            raise PlanError(f"{source} row {i + 1}: {err}") from None
-        reason = invalid_reason(model, row)
-        if reason:
-            out[i] = reason
+        if name not in groups:
+            try:
+                groups[name] = (load_model(name), [])
+            except PlanError as err:
+                raise PlanError(f"{source} row {i + 1}: {err}") from None
+        groups[name][1].append(i)
+    out = {}
+    for model, ids in groups.values():
+        for i, reason in zip(ids, invalid_reasons(model, [rows[i] for i in ids])):
+            if reason:
+                out[i] = reason
     return out

@@ -9,8 +9,11 @@ calls `jaxplan.funnel.estimate.estimate_stage` on the stage-3 survivors; what it
 funnel's plumbing (paging, compaction, padding, histogramming), not the estimate's physics.
 
 The memory model being re-derived (jaxplan's documented assumptions):
-  * weights of the heaviest pipeline stage on one GPU: transformer-layer weights split evenly over
-    PP stages and over TP ranks, except GQA's K/V projections, split at most `num_kv_heads` ways
+  * the largest pipeline stage holds max(vLLM's split) of the layers (get_pp_indices: floor(L / PP)
+    per stage, one more on the L mod PP stages before the last), each layer kind in the model's
+    proportions; its share of the layer weights and of the KV per GPU is that count / L;
+  * weights of the heaviest pipeline stage on one GPU: the largest stage's transformer-layer weights
+    split over TP ranks, except GQA's K/V projections, split at most `num_kv_heads` ways
     (replicated past that) and MoE routers (replicated); embedding and LM head are BF16 and split by
     TP, both on the single stage when PP = 1, one each on the first/last stage when PP > 1;
   * activations at the token budget: T x (6 hidden + 3 widest-FFN / TP) BF16 values, plus fp32
@@ -101,6 +104,20 @@ def kv_fraction_per_gpu(m, tp: int) -> float:
     return 1.0 / min(tp, m.num_kv_heads)
 
 
+# ---- pipeline stages -----------------------------------------------------------------------------------
+def stage_layers(num_layers: int, pp: int) -> list[int]:
+    """vLLM's layer count per pipeline stage when PP does not divide the layers."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def largest_stage_share(m, pp: int) -> float:
+    """The largest stage's share of the layers."""
+    return max(stage_layers(m.num_layers, pp)) / m.num_layers
+
+
 # ---- memory per GPU ----------------------------------------------------------------------------------
 def weight_bytes_per_gpu(m, tp: int, pp: int, weight_bytes: float) -> float:
     n = layer_counts(m)
@@ -111,7 +128,7 @@ def weight_bytes_per_gpu(m, tp: int, pp: int, weight_bytes: float) -> float:
     dense = n["dense"] * 3 * h * m.intermediate_size / tp
     expert = 3 * h * m.moe_intermediate_size
     moe = n["moe"] * ((m.num_experts + m.num_shared_experts) * expert / tp + h * m.num_experts)
-    per_stage = (softmax + linear + dense + moe) / pp * weight_bytes
+    per_stage = (softmax + linear + dense + moe) * largest_stage_share(m, pp) * weight_bytes
     embed = m.vocab_size * h / tp * 2.0
     head = 0.0 if m.tie_word_embeddings else m.vocab_size * h / tp * 2.0
     return per_stage + (embed + head if pp == 1 else max(embed, head))
@@ -148,7 +165,7 @@ def request_kv_bytes_per_gpu(m, tp: int, pp: int, kv_bytes: float, tokens: float
     total = m.full_attention_layers * per_layer_token * tokens
     total += m.sliding_window_layers * per_layer_token * min(tokens, window)
     total += m.linear_attention_layers * linear_state_bytes(m) / tp
-    return total / pp
+    return total * largest_stage_share(m, pp)
 
 
 # ---- the workload's lengths ---------------------------------------------------------------------------
@@ -173,7 +190,10 @@ def longest_request_tokens(w) -> float:
 def structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, weight_bytes) -> Reason:
     if m.num_attention_heads % tp or m.hidden_size % tp:
         return Reason.TP_HEADS
-    if m.num_layers % pp:
+    kv = m.num_kv_heads
+    if not m.kv_lora_rank and kv and (kv % tp if kv >= tp else tp % kv):  # GQA: TP splits or replicates KV heads
+        return Reason.KV_HEADS
+    if pp > m.num_layers:
         return Reason.PP_LAYERS
     if tp * pp > gpu.gpus_per_node and not space.allow_multi_node:
         return Reason.NODE_FIT

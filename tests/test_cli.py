@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jaxplan.cli import app
-from jaxplan.funnel.reasons import RELAX, Reason
+from jaxplan.funnel.reasons import Reason
 from jaxplan.specs import known
 
 # --no-replay: stage 7 (the step-by-step replay) has its own tests; these cover the funnel's CLI.
@@ -107,7 +107,7 @@ def test_empty_result_exits_nonzero_and_explains(runner):
     explanation = [line for line in result.stderr.splitlines() if line.startswith("no configuration survived")]
     assert len(explanation) == 1, result.stderr
     assert "stage 2 (memory)" in explanation[0]
-    assert RELAX[Reason.WEIGHTS_DONT_FIT] in explanation[0]
+    assert Reason.WEIGHTS_DONT_FIT.fix in explanation[0]
     assert "Winner:" not in result.stdout
 
 
@@ -118,7 +118,7 @@ def test_nvfp4_on_hopper_empties_the_funnel_at_stage_1_and_says_so(runner):
     assert result.exit_code == 2, result.output
     explanation = [line for line in result.stderr.splitlines() if line.startswith("no configuration survived")]
     assert len(explanation) == 1 and "stage 1 (structure)" in explanation[0]
-    assert RELAX[Reason.FP4_UNSUPPORTED] in explanation[0]
+    assert Reason.FP4_UNSUPPORTED.fix in explanation[0]
 
 
 @pytest.mark.parametrize(("option", "value", "fragment"), [

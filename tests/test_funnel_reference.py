@@ -8,14 +8,18 @@ points at the funnel's streaming machinery. Counts are integers: compared exactl
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
+
 import pytest
 import reference_funnel as ref
 
 from jaxplan.funnel import run_sweep
-from jaxplan.funnel.reasons import STAGE_OF, Reason
+from jaxplan.funnel.reasons import Reason
 from jaxplan.funnel.sweep import build_context
 from jaxplan.grid import Grid
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+from jaxplan.specs.model import ModelSpec
 from jaxplan.specs.space import SearchSpace
 
 # 2 models x 2 GPU types on the 'small' space (768 candidates per GPU type), chosen to reach every
@@ -28,14 +32,16 @@ CASES = [
 ]
 
 # A space that trips every stage-1..3 reason, including the ones 'small' never does: TP=3/6 does
-# not divide 64 heads, PP=3 not 80 layers, TP x PP = 16 spans a node with multi-node off, budget
+# not divide Llama-3.1-70B's 64 heads, and divides GQA_24_4's 24 heads and hidden size but not its 4
+# KV heads (nor they it), PP=96 exceeds both models' layers (PP=3 splits them unevenly and is priced
+# at the largest stage), TP x PP = 16 spans a node with multi-node off, budget
 # tokens 16 < max_num_seqs 64, NVFP4 weights on H100 and A100 (no FP4 tensor cores; A100 none for
 # FP8 either), and a token budget of 16 sustains < 1 coding request
 # (PP x 16 x OSL 300 / (300 + ISL 8000) = 0.58 at PP = 1; 1.16 at PP = 2).
 EDGE_SPACE = SearchSpace(
     name="edge",
     tensor_parallel_size=(1, 2, 3, 6, 8, 16),
-    pipeline_parallel_size=(1, 2, 3),
+    pipeline_parallel_size=(1, 2, 3, 96),
     data_parallel_size=(1, 2, 4),
     max_num_seqs=(8, 64),
     max_num_batched_tokens=(16, 8192),
@@ -45,8 +51,15 @@ EDGE_SPACE = SearchSpace(
 )
 
 
-def compare(model_name: str, gpus: str, workload_name: str, space: SearchSpace) -> dict:
-    model, gpu_specs, workload = load_model(model_name), parse_gpu_list(gpus), load_workload(workload_name)
+# Llama-3.1-8B's shape with 24 heads of 128 (hidden 3,072) and 4 KV heads: TP = 3 or 6 divides the
+# heads and the hidden size, but not the KV heads, nor they it (no bundled model has such heads).
+GQA_24_4 = dataclasses.replace(load_model("llama-3.1-8b"), name="gqa-24-4", num_attention_heads=24, num_kv_heads=4, hidden_size=3072)
+
+
+def compare(model_name: str | ModelSpec, gpus: str, workload_name: str, space: SearchSpace) -> dict:
+    model = model_name if isinstance(model_name, ModelSpec) else load_model(model_name)
+    gpu_specs, workload = parse_gpu_list(gpus), load_workload(workload_name)
+    model_name = model.name
     result = run_sweep(model, gpu_specs, workload, space, top_k=5)
     early, survivors = ref.stages_1_to_3(model, gpu_specs, workload, space)
     ctx = build_context(Grid(gpu_specs, space), model, workload)
@@ -54,8 +67,8 @@ def compare(model_name: str, gpus: str, workload_name: str, space: SearchSpace) 
     got = {r: n for r, n in result.reason_counts.items() if n and r != Reason.ADMITTED}
     want = {r: n for r, n in expected.items() if n and r != Reason.ADMITTED}
     # Stages 1-3 first (independent physics), then stage 4 (the funnel's plumbing).
-    early_got = {r: n for r, n in got.items() if STAGE_OF[r] <= 3}
-    early_want = {r: n for r, n in want.items() if STAGE_OF[r] <= 3}
+    early_got = {r: n for r, n in got.items() if Reason(r).stage <= 3}
+    early_want = {r: n for r, n in want.items() if Reason(r).stage <= 3}
     assert early_got == early_want, f"stages 1-3: {model_name}/{workload_name}"
     assert got == want, f"stage 4: {model_name}/{workload_name}"
     admitted = result.grid.size - sum(got.values())
@@ -74,9 +87,13 @@ def test_small_space_counts_match_reference(model_name, gpus, workload_name):
 
 
 def test_edge_space_trips_every_early_reason():
-    got = compare("llama-3.1-70b", "h100_sxm,a100_sxm", "coding", EDGE_SPACE)
+    """Llama-3.1-70B (64 heads, 8 KV heads, 80 layers) and GQA_24_4 (24 heads, 4 KV heads, 32
+    layers): between them every stage-1..3 reason fires, each count equal to the reference's."""
+    got = Counter()
+    for model in ("llama-3.1-70b", GQA_24_4):
+        got.update(compare(model, "h100_sxm,a100_sxm", "coding", EDGE_SPACE))
     for reason in Reason:
-        if STAGE_OF.get(reason, 0) in (1, 2, 3):
+        if reason.stage in (1, 2, 3):
             assert got.get(reason, 0) > 0, f"{reason.name} never fired: the edge space no longer covers it"
 
 

@@ -170,9 +170,13 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     spans_replica = tp * pp > hw["gpus_per_node"]
     p2p_link = np.where(spans_replica, hw["inter_node_bandwidth_bytes_per_s"], hw["intra_node_bandwidth_bytes_per_s"])
     p2p = (pp - 1) * (hw["p2p_latency_s"] + message / p2p_link)
-    comm = 2 * m.num_layers * allreduce + p2p
-    overhead = m.num_layers * hw["layer_latency_s"] + hw["step_overhead_s"] + hw["per_seq_overhead_s"] * (batch["decode"] + batch["prefill_seqs"])
-    return compute + comm + overhead
+    # Uneven stages (PP does not divide the layers): every stage runs PP micro-batches a step, so the
+    # largest, ceil(L / PP) layers, sets the pace: the layer terms (and the head with them) at PP x its layers.
+    largest_stage = np.ceil(m.num_layers / pp)
+    uneven = pp * largest_stage / m.num_layers
+    comm = 2 * m.num_layers * allreduce * uneven + p2p
+    overhead = m.num_layers * hw["layer_latency_s"] * uneven + hw["step_overhead_s"] + hw["per_seq_overhead_s"] * (batch["decode"] + batch["prefill_seqs"])
+    return compute * uneven + comm + overhead
 
 
 # ---- random layouts and batches -------------------------------------------------------------------

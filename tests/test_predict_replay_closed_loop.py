@@ -72,7 +72,7 @@ def test_a_rate_capped_by_clients_is_predicted_as_the_regime_that_binds():
 
 @pytest.mark.parametrize(("change", "fragment"), [
     (dict(tensor_parallel_size=3), "tensor_parallel_size 3 does not divide llama-3.1-8b's 32 attention heads"),
-    (dict(model="qwen3.5-27b", tensor_parallel_size=3), "tensor_parallel_size 3 and qwen3.5-27b's 4 KV heads"),  # 24 heads divide
+    (dict(model="qwen3.5-27b", tensor_parallel_size=3), "tensor_parallel_size 3 does not divide qwen3.5-27b's hidden size of 5,120"),  # 24 heads divide
     (dict(pipeline_parallel_size=64), "pipeline_parallel_size 64 exceeds llama-3.1-8b's 32 layers"),
     (dict(isl=200_000), "exceeds llama-3.1-8b's context of 131,072"),
     (dict(max_num_seqs=1024, max_num_batched_tokens=16), "max_num_batched_tokens 16 is below max_num_seqs 1,024"),

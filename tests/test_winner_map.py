@@ -158,7 +158,7 @@ def test_a_map_whose_table_exceeds_the_memory_limit_or_the_cap_is_refused(monkey
     """4 + 1 scenarios x the small space's layouts x 8 bytes: refused under a smaller --max-memory-gib
     (one line naming the option) or a smaller cap, before anything is built."""
     import jaxplan.funnel.sweep as sweep_module
-    import jaxplan.winner_map as wm
+    import jaxplan.winner_map.driver as wm
 
     monkeypatch.setattr(sweep_module, "build_context", lambda *a, **k: pytest.fail("the map started"))
     table = 5 * Grid(tuple(GPUS), load_space("small")).num_layouts * 8

@@ -48,7 +48,9 @@ class SweepEstimate:
 
 
 def effective_chunk(grid: Grid, chunk_size: int, num_devices: int) -> int:
-    """The chunk `stream` will use (whole DP runs on every device)."""
+    """The chunk a streamed pass uses (the sweep's `stream`, the winner map's `stream_scenarios`): the
+    requested size capped at the grid, rounded up so every device's share holds whole runs of the DP
+    axis (the kernel factorises over DP)."""
     unit = num_devices * grid.sizes[DP_AXIS]
     return max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
 

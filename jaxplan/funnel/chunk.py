@@ -17,11 +17,11 @@ from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
-from jaxplan.funnel.structure import structure
+from jaxplan.funnel.structure import before_budget, structure
 from jaxplan.funnel.tables import NEG_INF, BestTable, merge_chunk
 from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_digits, layout_index
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
-from jaxplan.physics.steady_state import prepare
+from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
 
 FRONTIER_GPU_BINS = 64  # quarter-octave bins of GPU count
@@ -102,14 +102,6 @@ def histogram(reason: jnp.ndarray) -> jnp.ndarray:
     return jnp.zeros(NUM_REASONS, jnp.int32).at[reason].add(1)
 
 
-def compact(mask: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """(positions of the True entries in order, padded with 0 to [C]; their count)."""
-    size = mask.shape[0]
-    slot = jnp.where(mask, jnp.cumsum(mask) - 1, size)
-    order = jnp.zeros(size, jnp.int32).at[slot].set(jnp.arange(size, dtype=jnp.int32), mode="drop")
-    return order, jnp.sum(mask, dtype=jnp.int32)
-
-
 def fold(state: SweepState, ctx: SweepContext, c: Candidates, ev: Evaluated) -> SweepState:
     layouts = merge_chunk(state.layouts, layout_index(c.digits, ctx.sizes), ev.score, c.digits)
     per_gpu = ev.estimate.output_tokens_per_s / ev.layout.num_gpus
@@ -118,25 +110,24 @@ def fold(state: SweepState, ctx: SweepContext, c: Candidates, ev: Evaluated) -> 
     return SweepState(layouts, frontier)
 
 
-def outer_sieves(ctx: SweepContext, outer: Candidates):
-    """Stages 1-3 and the demand-independent part of stage 4 for DP-less configurations [Co].
-
-    Returns (structure reason without the GPU-budget check, memory/capacity reason, blocks, Prepared)."""
-    hw = take(ctx.hardware, outer.gpu_index)
-    layout = layout_of(outer)
-    s1 = structure(ctx.model, hw, outer, jnp.inf, ctx.allow_multi_node)
-    s2 = memory(ctx.model, hw, layout, max_context_tokens(ctx.workload), ctx.gpu_memory_utilization, ctx.block_size_tokens)
-    s3, b_max, bound, blocks = capacity(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, ctx.block_size_tokens)
+def workload_sieves(ctx: SweepContext, hw, layout: Layout, w: WorkloadParams):
+    """Stages 2-3 and the demand-independent part of stage 4 for DP-less configurations [Co] under
+    one workload: (memory/capacity reason [Co], KV blocks [Co], Prepared)."""
+    s2 = memory(ctx.model, hw, layout, max_context_tokens(w), ctx.gpu_memory_utilization, ctx.block_size_tokens)
+    s3, b_max, bound, blocks = capacity(ctx.model, hw, layout, w, ctx.gpu_memory_utilization, ctx.block_size_tokens)
     later = jnp.where(s2 == Reason.ADMITTED, s3, s2)
-    prepared = prepare(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, (b_max, bound))
-    return s1, later, blocks, prepared
+    return later, blocks, prepare(ctx.model, hw, layout, w, ctx.gpu_memory_utilization, (b_max, bound))
 
 
-def combine_reasons(s1, later, over_budget) -> jnp.ndarray:
-    """The flat funnel's first-failure order: TP/PP/node checks, then the budget, then the rest."""
-    before_budget = (s1 == Reason.TP_HEADS) | (s1 == Reason.PP_LAYERS) | (s1 == Reason.NODE_FIT)
-    reason = jnp.where(before_budget, s1, jnp.where(over_budget, jnp.int32(Reason.GPU_BUDGET), s1))
-    return jnp.where(reason == Reason.ADMITTED, later, reason)
+def scenario_rows(prepared: Prepared) -> Prepared:
+    """Per-scenario Prepared ([S, Co] fields, [S, K, Co] knot tables) as one: row s x Co + c."""
+    flat = lambda x: jnp.reshape(x, (-1,))  # noqa: E731
+    table = lambda x: jnp.reshape(jnp.moveaxis(x, 0, 1), (x.shape[1], -1))  # noqa: E731
+    return Prepared(
+        flat(prepared.b_max), flat(prepared.bound), flat(prepared.full_slot_s), flat(prepared.admission),
+        table(prepared.knot_b), table(prepared.knot_slot_s), table(prepared.knot_rate),
+        jnp.arange(prepared.b_max.size, dtype=jnp.int32),
+    )
 
 
 def reason_counts(s1, later, valid, within, num_dp: int):
@@ -145,56 +136,80 @@ def reason_counts(s1, later, valid, within, num_dp: int):
 
     within: DP values whose replicas fit the GPU budget (a prefix). Survivors count as PADDING here;
     stage 4 counts them with their own reason."""
-    before_budget = (s1 == Reason.TP_HEADS) | (s1 == Reason.PP_LAYERS) | (s1 == Reason.NODE_FIT)
+    rejected_per_configuration = before_budget(s1)
     rest = jnp.where(s1 == Reason.ADMITTED, later, s1)  # the reason of the candidates within the budget
-    open_row = valid & ~before_budget
+    open_row = valid & ~rejected_per_configuration
     survive = open_row & (rest == Reason.ADMITTED)
     add = lambda h, reason, n: h.at[reason].add(n)  # noqa: E731
     counts = jnp.zeros(NUM_REASONS, jnp.int32)
     counts = add(counts, jnp.int32(Reason.PADDING), jnp.sum(jnp.where(~valid, num_dp, 0)) + jnp.sum(jnp.where(survive, within, 0)))
-    counts = add(counts, s1, jnp.where(valid & before_budget, num_dp, 0))
+    counts = add(counts, s1, jnp.where(valid & rejected_per_configuration, num_dp, 0))
     counts = add(counts, jnp.int32(Reason.GPU_BUDGET), jnp.sum(jnp.where(open_row, num_dp - within, 0)))
     counts = add(counts, rest, jnp.where(open_row & ~survive, within, 0))
     return counts, jnp.where(survive, within, 0).astype(jnp.int32)
 
 
-def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, page_size: int):
-    """One device's share of a chunk, factorised over DP (the innermost axis).
+def survivor_pages(carry, ctx: SweepContext, scenarios: WorkloadParams | None, base_digits, offsets, page_size: int, fold_page):
+    """The funnel's kernel for one device's share of a chunk, factorised over DP (the innermost axis),
+    under one workload (`scenarios` None: ctx.workload) or each of S workloads (fields [S]).
 
-    The chunk is Co DP-less configurations x |DP|. Stages 1-3 and the demand-independent part of
-    stage 4 run once per configuration [Co]; the GPU-budget check runs on [Co, DP]; the rest of
-    stage 4 runs only on the survivors, gathered into pages of `page_size` (a while loop runs as
-    many pages as needed). Offsets are contiguous and start at a multiple of |DP|."""
+    The chunk is Co DP-less configurations x |DP|. Stage 1 runs once per configuration [Co]; stages
+    2-3 and the demand-independent part of stage 4 once per (scenario, configuration) [S x Co]; the
+    GPU-budget check on [Co, DP]; the rest of stage 4 only on the survivors, gathered into pages of
+    `page_size` (a while loop runs as many pages as needed), each under its own scenario's workload.
+    Every page goes to `fold_page(carry, picked, ev, scenario [P], digits [P, A]) -> carry`.
+    Offsets are contiguous and start at a multiple of |DP|.
+
+    Returns (carry, reason histogram [NUM_REASONS] of the candidates x scenarios before stage 4's rest)."""
     num_dp = ctx.axis_values[DP_AXIS].shape[0]
     outer_offsets = offsets[::num_dp] // num_dp
     outer_digits, outer_valid = decode_digits(ctx.sizes[:DP_AXIS], base_digits[:DP_AXIS], outer_offsets)
-    first_dp = jnp.zeros((outer_digits.shape[0], 1), jnp.int32)
+    num_outer = outer_digits.shape[0]
+    first_dp = jnp.zeros((num_outer, 1), jnp.int32)
     outer = candidates_from_digits(ctx.axis_values, jnp.concatenate([outer_digits, first_dp], axis=1), outer_valid)
-    s1, later, _, prepared = outer_sieves(ctx, outer)
+    hw, layout = take(ctx.hardware, outer.gpu_index), layout_of(outer)
+    # Workload-independent: stage 1 without the budget, once per configuration for every scenario.
+    s1 = structure(ctx.model, hw, outer, jnp.inf, ctx.allow_multi_node)
+    if scenarios is None:
+        num_s = 1
+        later, _, prepared = workload_sieves(ctx, hw, layout, ctx.workload)
+    else:
+        num_s = scenarios.isl_tokens.shape[0]
+        later, _, prepared = jax.vmap(lambda w: workload_sieves(ctx, hw, layout, w))(scenarios)  # [S, Co]
+        later, prepared = later.reshape(-1), scenario_rows(prepared)  # row s x Co + c
 
     # DP values ascend (SearchSpace sorts them), and every reason but the GPU budget is per
-    # configuration, so a configuration's survivors are a prefix of its DP values: count them per
-    # row, and find a page position's row by a search over the rows' running totals (no [Co x DP]
-    # mask, cumsum or scatter).
+    # configuration, so a (scenario, configuration) row's survivors are a prefix of its DP values:
+    # count them per row, and find a page position's row by a search over the rows' running totals
+    # (no [S x Co x DP] mask, cumsum or scatter). Rows run scenario-major, so survivors come in
+    # (scenario, grid index) order.
     dp_values = ctx.axis_values[DP_AXIS]
     gpus_per_replica = outer.tensor_parallel_size * outer.pipeline_parallel_size
     within = jnp.sum(gpus_per_replica[:, None] * dp_values[None, :] <= ctx.gpu_budget, axis=1, dtype=jnp.int32)  # [Co]
-    counts, survivors_per_row = reason_counts(s1, later, outer_valid, within, num_dp)
+    tile = lambda x: jnp.tile(x, num_s)  # noqa: E731
+    counts, survivors_per_row = reason_counts(tile(s1), later, tile(outer_valid), tile(within), num_dp)
     row_end = jnp.cumsum(survivors_per_row)
     survivors = row_end[-1]
 
-    def body(carry):
-        page, state, counts = carry
+    def body(loop):
+        page, carry, counts = loop
         position = page * page_size + jnp.arange(page_size, dtype=jnp.int32)
-        which = jnp.minimum(jnp.searchsorted(row_end, position, side="right"), row_end.shape[0] - 1).astype(jnp.int32)
-        dp_digit = position - (row_end[which] - survivors_per_row[which])
+        row = jnp.minimum(jnp.searchsorted(row_end, position, side="right"), row_end.shape[0] - 1).astype(jnp.int32)
+        scenario, which = row // num_outer, row % num_outer
+        dp_digit = position - (row_end[row] - survivors_per_row[row])
         digits = jnp.concatenate([outer_digits[which], dp_digit[:, None]], axis=1)
         picked = candidates_from_digits(ctx.axis_values, digits, position < survivors)
-        ev = evaluate_survivors(ctx, picked, prepared.take(which))
-        return page + 1, fold(state, ctx, picked, ev), counts + histogram(ev.reason)
+        page_ctx = ctx if scenarios is None else ctx._replace(workload=jax.tree.map(lambda f: f[scenario], scenarios))
+        ev = evaluate_survivors(page_ctx, picked, prepared.take(row))
+        return page + 1, fold_page(carry, picked, ev, scenario, digits), counts + histogram(ev.reason)
 
-    _, state, counts = jax.lax.while_loop(lambda carry: carry[0] * page_size < survivors, body, (jnp.int32(0), state, counts))
-    return state, counts
+    _, carry, counts = jax.lax.while_loop(lambda loop: loop[0] * page_size < survivors, body, (jnp.int32(0), carry, counts))
+    return carry, counts
+
+
+def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, page_size: int):
+    """One device's share of a chunk under the sweep's workload: (state, reason histogram)."""
+    return survivor_pages(state, ctx, None, base_digits, offsets, page_size, lambda state, picked, ev, _, __: fold(state, ctx, picked, ev))
 
 
 def evaluate_survivors(ctx: SweepContext, c: Candidates, prepared) -> Evaluated:

@@ -1,13 +1,26 @@
-"""Stage 1, structure: divisibility, node fit, GPU budget, FP8 / FP4 support, vLLM's own rules."""
+"""Stage 1, structure: vLLM's own rules (`funnel.rules`), node fit, GPU budget, FP8 / FP4 support."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from jaxplan.funnel.reasons import Reason
+from jaxplan.funnel.rules import BUDGET_BELOW_SEQS, LAYOUT_RULES
 from jaxplan.grid import Candidates
 from jaxplan.physics.shapes import Hardware, ModelShape
 from jaxplan.physics.step_time import fp4_weights, fp8_weights
+
+# Checked before the GPU budget, and true of every DP value of a configuration: the funnel's DP
+# factorisation (`chunk.reason_counts`) counts them once per configuration.
+BEFORE_BUDGET = (*(rule.reason for rule in LAYOUT_RULES), Reason.NODE_FIT)
+
+
+def before_budget(code: jnp.ndarray) -> jnp.ndarray:
+    """[C] bool: the reason code is one of BEFORE_BUDGET."""
+    hit = jnp.zeros(jnp.shape(code), bool)
+    for reason in BEFORE_BUDGET:
+        hit = hit | (code == reason)
+    return hit
 
 
 def first_failure(checks: list[tuple[jnp.ndarray, Reason]]) -> jnp.ndarray:
@@ -21,14 +34,14 @@ def first_failure(checks: list[tuple[jnp.ndarray, Reason]]) -> jnp.ndarray:
 def structure(model: ModelShape, hw: Hardware, c: Candidates, gpu_budget, allow_multi_node) -> jnp.ndarray:
     """[C] reason code; hw is gathered per candidate."""
     tp, pp = c.tensor_parallel_size, c.pipeline_parallel_size
+    engine = (model, tp, pp, c.max_num_seqs, c.max_num_batched_tokens)
     gpus_per_replica = tp * pp
     checks = [
-        ((jnp.mod(model.q_heads, tp) != 0) | (jnp.mod(model.hidden_size, tp) != 0), Reason.TP_HEADS),
-        (jnp.mod(model.num_layers, pp) != 0, Reason.PP_LAYERS),
+        *((rule.fails(*engine), rule.reason) for rule in LAYOUT_RULES),
         ((gpus_per_replica > hw.gpus_per_node) & ~allow_multi_node, Reason.NODE_FIT),
         (gpus_per_replica * c.data_parallel_size > gpu_budget, Reason.GPU_BUDGET),
         (fp8_weights(c.weight_bytes_per_param) & (hw.fp8_flops_per_s <= 0), Reason.FP8_UNSUPPORTED),
         (fp4_weights(c.weight_bytes_per_param) & (hw.fp4_flops_per_s <= 0), Reason.FP4_UNSUPPORTED),
-        (c.max_num_batched_tokens < c.max_num_seqs, Reason.BUDGET_BELOW_SEQS),
+        (BUDGET_BELOW_SEQS.fails(*engine), BUDGET_BELOW_SEQS.reason),
     ]
     return first_failure(checks)

@@ -22,13 +22,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
-from jaxplan.funnel.budget import check_limits
+from jaxplan.funnel.budget import check_limits, effective_chunk
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
 from jaxplan.funnel.frontier import pareto_front
-from jaxplan.funnel.reasons import DESCRIPTION, NUM_REASONS, RELAX, STAGE_OF, Reason
+from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
 from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
-from jaxplan.grid import AXES, DP_AXIS, Grid
+from jaxplan.grid import AXES, Grid
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import hardware_table, model_shape
 from jaxplan.physics.traffic import max_context_tokens, workload_params
@@ -77,11 +77,11 @@ class SweepResult:
         last = max((s for s in self.stages if s.stage <= 4 and s.rejected), key=lambda s: s.stage, default=None)
         if last is None:
             return "the search space is empty"
-        reason = max((r for r in self.reason_counts if STAGE_OF.get(r) == last.stage), key=lambda r: self.reason_counts[r])
+        reason = max((r for r in self.reason_counts if r.stage == last.stage), key=lambda r: self.reason_counts[r])
         before = self.stages[last.stage - 2].admitted if last.stage > 1 else self.grid.size
         return (
             f"no configuration survived: stage {last.stage} ({last.name}) removed the last {before:,} candidates, "
-            f"mostly because {DESCRIPTION[reason]} ({self.reason_counts[reason]:,}). To relax: {RELAX[reason]}."
+            f"mostly because {reason.description} ({self.reason_counts[reason]:,}). To relax: {reason.fix}."
         )
 
 
@@ -113,10 +113,10 @@ def check_inputs(model: ModelSpec, workload: Workload) -> None:
 def stage_table(grid: Grid, counts: dict[Reason, int], frontier_size: int, shortlist_size: int) -> list[StageCount]:
     stages, admitted = [], grid.size
     for stage in (1, 2, 3, 4):
-        reasons = {r: n for r, n in counts.items() if STAGE_OF.get(r) == stage and n}
+        reasons = {r: n for r, n in counts.items() if r.stage == stage and n}
         rejected = sum(reasons.values())
         admitted -= rejected
-        named = {DESCRIPTION[r]: n for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])}
+        named = {r.description: n for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])}
         stages.append(StageCount(stage, STAGE_NAMES[stage], admitted, rejected, named))
     stages.append(StageCount(5, STAGE_NAMES[5], frontier_size, admitted - frontier_size, {"dominated (Pareto: throughput/GPU, p99 TPOT, GPUs)": admitted - frontier_size}))
     stages.append(StageCount(6, STAGE_NAMES[6], shortlist_size, admitted - shortlist_size, {"not the best of its (GPU, TP, PP, DP) layout or below the top K": admitted - shortlist_size}))
@@ -150,8 +150,7 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     mesh = device_mesh()
     num_devices = mesh.devices.size
     # Every device's share must hold whole runs of the DP axis (the funnel factorises over DP).
-    unit = num_devices * grid.sizes[DP_AXIS]
-    chunk_size = max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
+    chunk_size = effective_chunk(grid, chunk_size, num_devices)
     sharding = NamedSharding(mesh, PartitionSpec("candidates"))
     offsets = jax.device_put(np.arange(chunk_size, dtype=np.int32), sharding)
     num_axes = len(AXES)

@@ -36,6 +36,16 @@ SAMPLER_BYTES_PER_LOGIT = 38.4
 ACTIVATION_BUFFERS_PER_TOKEN = 6.0  # residual, normed input, attention output, q/k/v, ... (hidden-sized)
 
 
+def pipeline_stages(model: ModelShape, layout: Layout) -> jnp.ndarray:
+    """The layer count's divisor for the largest pipeline stage: num_layers / ceil(num_layers / PP).
+
+    vLLM splits the layers unevenly when PP does not divide them (vllm/distributed/utils.py
+    get_pp_indices: floor(L / PP) per stage, one more on L mod PP of them), and the largest stage
+    holds the most weights and KV per token and sets the pipeline's pace. Exactly PP when PP divides
+    the layers. Layer kinds (dense, MoE, sliding, linear) are taken in the model's proportions."""
+    return model.num_layers / jnp.ceil(model.num_layers / layout.pipeline_parallel_size)
+
+
 def kv_heads_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
     """KV heads held per GPU: kv_heads / TP, but never below one (replicated past TP = kv_heads)."""
     return jnp.maximum(model.kv_heads / layout.tensor_parallel_size, 1.0)
@@ -48,7 +58,9 @@ def kv_split_factor(model: ModelShape, layout: Layout) -> jnp.ndarray:
 
 
 def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
-    """Weight shard of the heaviest pipeline stage on one GPU (bytes)."""
+    """Weight shard of the heaviest pipeline stage on one GPU (bytes): the largest stage's layers and
+    the larger of the embedding and the LM head (an upper bound when PP does not divide the layers:
+    vLLM gives the extra layers to the stages between the first and the last)."""
     tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
     kv_share = jnp.minimum(tp, model.kv_heads)  # K/V projections split at most kv_heads ways
     attn = model.softmax_layers * (
@@ -57,7 +69,7 @@ def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
     linear = model.linear_layers * model.linear_params_per_layer / tp
     dense = model.dense_mlp_layers * model.dense_mlp_params_per_layer / tp
     moe = model.moe_layers * ((model.num_experts + model.shared_experts) * model.expert_params / tp + model.router_params_per_layer)
-    layers_bytes = (attn + linear + dense + moe) / pp * layout.weight_bytes_per_param
+    layers_bytes = (attn + linear + dense + moe) / pipeline_stages(model, layout) * layout.weight_bytes_per_param
     # pp == 1: one stage holds embedding and LM head; pp > 1: the first holds one, the last the other.
     embed = model.embedding_params / tp * EMBEDDING_BYTES_PER_PARAM
     head = model.lm_head_params / tp * EMBEDDING_BYTES_PER_PARAM
@@ -68,7 +80,7 @@ def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
 def kv_bytes_per_token_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
     """KV bytes one more token costs a GPU across its stage's softmax layers (no window cap)."""
     per_layer = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
-    return model.softmax_layers / layout.pipeline_parallel_size * per_layer
+    return model.softmax_layers / pipeline_stages(model, layout) * per_layer
 
 
 def request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens, block_size_tokens=16.0) -> jnp.ndarray:
@@ -79,7 +91,7 @@ def request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens, 
     windowed = jnp.minimum(blocks, jnp.ceil(model.sliding_window_tokens / block_size_tokens) * block_size_tokens)
     state = model.linear_state_bytes_per_layer / layout.tensor_parallel_size
     per_stage = model.full_layers * per_layer * blocks + model.sliding_layers * per_layer * windowed + model.linear_layers * state
-    return per_stage / layout.pipeline_parallel_size
+    return per_stage / pipeline_stages(model, layout)
 
 
 def smooth_request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens) -> jnp.ndarray:
@@ -88,7 +100,7 @@ def smooth_request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_t
     windowed = jnp.minimum(context_tokens, model.sliding_window_tokens)
     state = model.linear_state_bytes_per_layer / layout.tensor_parallel_size
     per_stage = model.full_layers * per_layer * context_tokens + model.sliding_layers * per_layer * windowed + model.linear_layers * state
-    return per_stage / layout.pipeline_parallel_size
+    return per_stage / pipeline_stages(model, layout)
 
 
 def activation_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:

@@ -13,7 +13,9 @@ per-step and per-sequence runtime overhead (scheduler, sampling).
 Pipeline parallelism: a step's batch is split into PP micro-batches that flow
 through the stages concurrently, so a replica emits one token for every
 request once per `L x t_layer(batch / PP)` plus the hops, while each GPU
-holds only L / PP layers.
+holds only L / PP layers. When PP does not divide the layers (vLLM then splits them
+unevenly), the pipeline runs at the pace of its largest stage, ceil(L / PP) layers:
+the per-layer terms are priced at PP x ceil(L / PP) layers.
 
 Elementwise over broadcastable arrays: StepBatch, Layout and Hardware fields
 may be scalars, [C] candidates or [F] finalists.
@@ -26,7 +28,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
-from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_split_factor
+from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_split_factor, pipeline_stages
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
 ROOFLINE_SOFTNESS = 0.1
@@ -235,11 +237,15 @@ def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch)
     micro = StepBatch(*(field / pp for field in batch))  # one PP micro-batch
     tokens = micro.prefill_tokens + micro.decode_tokens
     logit_tokens = micro.decode_tokens + micro.prefill_seqs
-    gemm = gemm_time_s(model, hw, layout, tokens, logit_tokens)
-    attention = attention_time_s(model, hw, layout, micro)
+    # Every stage works through PP micro-batches per step, so the largest stage sets the step:
+    # PP x its layers, the whole model (1.0) when PP divides the layers. The LM head, on the last
+    # stage, is scaled with the layers (less than PP / L too much of it).
+    uneven = pp / pipeline_stages(model, layout)
+    gemm = gemm_time_s(model, hw, layout, tokens, logit_tokens) * uneven
+    attention = attention_time_s(model, hw, layout, micro) * uneven
     message = tokens * model.hidden_size * ACTIVATION_BYTES
-    communication = 2.0 * model.num_layers * allreduce_time_s(hw, layout, message) + p2p_time_s(hw, layout, message)
-    overhead = model.num_layers * hw.layer_latency_s + hw.step_overhead_s + hw.per_seq_overhead_s * (batch.decode_tokens + batch.prefill_seqs)
+    communication = 2.0 * model.num_layers * allreduce_time_s(hw, layout, message) * uneven + p2p_time_s(hw, layout, message)
+    overhead = model.num_layers * hw.layer_latency_s * uneven + hw.step_overhead_s + hw.per_seq_overhead_s * (batch.decode_tokens + batch.prefill_seqs)
     total = gemm + attention + communication + overhead
     return StepCost(gemm, attention, communication, overhead, total)
 

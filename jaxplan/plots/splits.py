@@ -46,7 +46,7 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     import jax
 
     from jaxplan.funnel.chunk import evaluate_digits
-    from jaxplan.funnel.reasons import DESCRIPTION, STAGE_OF, Reason
+    from jaxplan.funnel.reasons import Reason
     from jaxplan.funnel.sweep import REPORT_ROWS, rows_for
 
     splits = split_digits(result.grid, num_gpus, gpus)
@@ -70,10 +70,10 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
             rows.append(dict(rows_for(result.grid, result.context, flat[part][best : best + 1])[0], passes=True, why=""))
             continue
         codes = [Reason(int(r)) for r in reason[part] if int(r) not in (Reason.ADMITTED, Reason.PADDING)]
-        furthest = max((STAGE_OF[c] for c in codes), default=0)
-        common = max({c for c in codes if STAGE_OF[c] == furthest}, key=lambda c: (codes.count(c), -c), default=None)
+        furthest = max((c.stage for c in codes), default=0)
+        common = max({c for c in codes if c.stage == furthest}, key=lambda c: (codes.count(c), -c), default=None)
         gpu, tp, pp, dp = key
-        why = DESCRIPTION[common] if common is not None else "no finite estimate"
+        why = common.description if common is not None else "no finite estimate"
         rows.append({"gpu": gpu, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": dp,
                      "num_gpus": num_gpus, "passes": False, "why": why, "score": float("-inf")})
     return sorted(rows, key=lambda r: -r["score"])

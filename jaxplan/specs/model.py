@@ -254,7 +254,15 @@ class ModelSpec:
         return ssm * self.linear_state_bytes_per_element + conv * 2
 
     def allowed_tensor_parallel_sizes(self, candidates=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64)) -> list[int]:
-        return [tp for tp in candidates if self.num_attention_heads % tp == 0 and self.hidden_size % tp == 0]
+        """The candidates vLLM's TP rules (`funnel.rules`: heads and hidden size, KV heads) admit."""
+        import numpy as np
+
+        from jaxplan.funnel.rules import KV_HEADS, TP_HEADS
+        from jaxplan.physics.shapes import model_shape
+
+        shape, tp = model_shape(self), np.array(candidates, float)
+        refused = np.asarray(TP_HEADS.fails(shape, tp, 1.0, np.nan, np.nan)) | np.asarray(KV_HEADS.fails(shape, tp, 1.0, np.nan, np.nan))
+        return [t for t, no in zip(candidates, refused) if not no]
 
     def describe(self) -> str:
         kinds = [f"{self.full_attention_layers} {'MLA' if self.is_mla else 'full-attention'}"]

@@ -271,3 +271,25 @@ def test_the_bundled_residuals_are_what_the_shared_data_and_the_shipped_fit_give
             if stored[f"measured_{m}"] is not None:
                 assert stored[f"measured_{m}"] == pytest.approx(row[f"measured_{m}"], rel=1e-5)
             assert stored[m] == pytest.approx(prediction[m], rel=1e-4), (row["source_id"], m)
+
+
+def test_simulate_writes_the_band_columns_and_the_file_reads_back(tmp_path):
+    """A spec-sheet GPU's replayed row says so in its class; the table shows it too."""
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate.rows import read_predict_csv
+    from jaxplan.cli import app
+
+    source = tmp_path / "in.csv"
+    source.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency,num_prompts\nllama-3.1-8b,mi300x,1,500,50,4,12\n")
+    target = tmp_path / "out.csv"
+    result = CliRunner().invoke(app, ["simulate", str(source), "-o", str(target)])
+    assert result.exit_code == 0, result.output
+    assert "spec_sheet/" in result.output
+    with open(target) as handle:
+        written = list(csv.DictReader(handle))
+    assert written[0]["prediction_class"] == "spec_sheet/unseen/kv_fits"
+    low, high = bundled_classes()["spec_sheet/unseen/kv_fits"]["tpot_ms_mean"]
+    tpot = float(written[0]["tpot_ms_mean"])
+    assert (float(written[0]["tpot_ms_mean_p10"]), float(written[0]["tpot_ms_mean_p90"])) == pytest.approx((tpot * low, tpot * high), rel=1e-5)
+    assert len(read_predict_csv(target)) == 1

@@ -293,3 +293,16 @@ def test_simulate_writes_the_band_columns_and_the_file_reads_back(tmp_path):
     tpot = float(written[0]["tpot_ms_mean"])
     assert (float(written[0]["tpot_ms_mean_p10"]), float(written[0]["tpot_ms_mean_p90"])) == pytest.approx((tpot * low, tpot * high), rel=1e-5)
     assert len(read_predict_csv(target)) == 1
+
+
+def test_calibrate_writes_no_bands_from_a_handful_of_rows(tmp_path, monkeypatch):
+    """Fewer held-out rows than bands.MIN_ROWS (e.g. a user's two measurements of one GPU): no bands
+    file (a band from two rows would claim a precision they do not have); with ten, one is written."""
+    from jaxplan.calibrate import band_residuals
+
+    rows = [residual("calibrated", "seen", "kv_fits", 1.0 + 0.01 * i) for i in range(bands.MIN_ROWS)]
+    for count, written in ((2, False), (bands.MIN_ROWS, True)):
+        monkeypatch.setattr(band_residuals, "held_out_residuals", lambda *a, n=count: rows[:n])
+        target = tmp_path / f"p{count}.toml"
+        path = band_residuals.write_calibration_bands([], {}, {}, {}, target, ["test"], 1)
+        assert (path is not None) == written and bands.bands_path(target).exists() == written

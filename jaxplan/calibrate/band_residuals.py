@@ -88,11 +88,15 @@ def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], re
 
 
 def write_calibration_bands(rows: list[dict], params: dict[str, dict[str, float]], report: dict, configuration_predictions: dict[int, dict],
-                            params_output: str | Path, data: list[str], folds: int) -> Path:
+                            params_output: str | Path, data: list[str], folds: int) -> Path | None:
     """Compute the bands from `held_out_residuals` and write them (with the residual CSV) next to the
-    parameter file `params_output` (`bands.bands_path`); returns the bands file. Also puts the bands'
-    class sizes and coverage in report["bands"]."""
+    parameter file `params_output` (`bands.bands_path`); returns the bands file, or None where no row
+    was held out or fewer than `bands.MIN_ROWS` (a band from a handful of rows would claim a precision
+    they do not have: predict then uses the bundled bands). Also puts the bands' class sizes and
+    quantiles in report["bands"]."""
     residuals = held_out_residuals(rows, params, report, configuration_predictions)
+    if len(residuals) < bands.MIN_ROWS:
+        return None
     table = bands.compute_bands(residuals)
     evaluated = run.evaluated_rows(rows)
     fit_rows = [r for r in evaluated if not run.fit_excluded(r)]

@@ -306,3 +306,19 @@ def test_calibrate_writes_no_bands_from_a_handful_of_rows(tmp_path, monkeypatch)
         target = tmp_path / f"p{count}.toml"
         path = band_residuals.write_calibration_bands([], {}, {}, {}, target, ["test"], 1)
         assert (path is not None) == written and bands.bands_path(target).exists() == written
+
+
+def test_the_regime_of_a_prediction_is_the_one_calibrate_gives_its_measured_row():
+    """`bands.kv_regime` (from predict's kv_cache_tokens) agrees with `run.kv_holds_concurrency` (from the
+    KV budget of the physics) on every measured vLLM row of the shared data, the 4 KV-starved ones among them."""
+    if not _data.data_root_exists():
+        pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
+    from jaxplan.calibrate.run import FIT_BACKEND, kv_holds_concurrency, measured_rows
+    from jaxplan.calibrate.serving import load_serving_rows
+    from jaxplan.physics.params import efficiency_for
+    from jaxplan.predict import predict_rows
+
+    rows = measured_rows([r for r in load_serving_rows() if r.get("backend") == FIT_BACKEND])
+    expected = kv_holds_concurrency(rows, efficiency_for({r["gpu"] for r in rows}))
+    assert bands.kv_regime(predict_rows(rows, source="measurements")).tolist() == expected
+    assert expected.count(False) == 4

@@ -524,10 +524,11 @@ def test_a_file_jaxplan_wrote_reads_back_without_its_predictions(tmp_path):
     """`predict`'s output and `calibrate --rows` add prediction columns after the predict format: they
     read back as input (their predictions dropped, to be recomputed), while an unknown column is
     still an error that suggests the closest name."""
+    from jaxplan.bands import COLUMNS as BAND_COLUMNS
     from jaxplan.calibrate.residuals import PREDICTION_COLUMNS
     from jaxplan.predict import OUTPUT_COLUMNS
 
-    assert set(OUTPUT_COLUMNS) | set(PREDICTION_COLUMNS) == set(R.WRITTEN_COLUMNS)
+    assert set(OUTPUT_COLUMNS) | set(BAND_COLUMNS) | set(PREDICTION_COLUMNS) == set(R.WRITTEN_COLUMNS)
     assert not set(R.WRITTEN_COLUMNS) & set(R.COLUMNS)
     rows = [R.check_row(dict(model="llama-3.1-70b", gpu="h200_sxm", tensor_parallel_size=4, isl=1024, osl=128, concurrency=8, measured_ttft_ms_mean=150.0), where="t")]
     written = [dict(r, ttft_ms_mean=140.5, status="ok; a note, with a comma", fitted=True, replay_tpot_ms_mean=None) for r in rows]

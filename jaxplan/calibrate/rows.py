@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxplan.bands import COLUMNS as BAND_OUTPUT_COLUMNS
 from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
@@ -88,14 +89,15 @@ MEASURED_COLUMNS = (
 )
 PROVENANCE_COLUMNS = ("dataset", "backend", "source_id", "notes")
 COLUMNS = INPUT_COLUMNS + MEASURED_COLUMNS + PROVENANCE_COLUMNS
-# Columns jaxplan writes after the predict format: `predict`'s output (predict.OUTPUT_COLUMNS) and
+# Columns jaxplan writes after the predict format: `predict`'s output (predict.OUTPUT_COLUMNS, then its
+# uncertainty bands, bands.COLUMNS) and
 # `calibrate --rows` (residuals.PREDICTION_COLUMNS). A file jaxplan wrote reads back as input (e.g. to
 # predict it again with other parameters): these are recognised and their cells dropped, since they
 # are what is about to be recomputed.
 WRITTEN_COLUMNS = (
     "ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "kv_cache_tokens", "status",
     "fitted", "kv_fits", "held_out_ttft_ms_mean", "held_out_tpot_ms_mean", "replay_ttft_ms_mean", "replay_tpot_ms_mean",
-    "replay_output_tok_s",
+    "replay_output_tok_s", *BAND_OUTPUT_COLUMNS,
 )  # fmt: skip
 REQUIRED_COLUMNS = ("model", "gpu", "tensor_parallel_size", "isl", "osl")
 BACKENDS = ("vllm", "sglang", "trtllm")

@@ -185,13 +185,15 @@ def configuration_folds(rows: list[dict]) -> tuple[list[int], list[str]]:
     return folds, labels
 
 
-def held_out_configurations(fit_rows: list[dict], trained: list[bool], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, folds: int = 1) -> dict:
+def held_out_configurations(fit_rows: list[dict], trained: list[bool], priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS, folds: int = 1,
+                            collect: dict[int, dict] | None = None) -> dict:
     """GPU -> accuracy (see `accuracy`) on configurations left out of a per-GPU fit (the shipped fit's
     method, on the other configurations' rows among those the fit may see, `trained` [len(fit_rows)],
     `trained_mask`): the first `folds` of HELD_OUT_FOLDS
     (`configuration_folds`; 1: a quarter of each GPU's configurations, HELD_OUT_FOLDS: every
     configuration once, each fold by its own fit), pooled; with the held-out labels. A GPU with a
-    single row is skipped with the reason."""
+    single row is skipped with the reason. `collect`, when given, gets each scored row's prediction:
+    id(row) -> predicted row (the uncertainty bands' `calibrated` residuals)."""
     if not 1 <= folds <= HELD_OUT_FOLDS:
         raise bad_value("folds", folds, f"must be 1 to {HELD_OUT_FOLDS}")
     if len(trained) != len(fit_rows):
@@ -222,6 +224,8 @@ def held_out_configurations(fit_rows: list[dict], trained: list[bool], priors: d
             held = [r for r, k in zip(fit_rows, fold) if r["gpu"] == g and k == f]
             if held:
                 predicted[g].append(_predicted(held, {g: params[g]}))
+                if collect is not None:
+                    collect.update((id(row), p) for row, p in zip(held, predicted[g][-1][0]))
     for g in labels:
         rows = [p for part, _ in predicted[g] for p in part]
         fits = [x for _, part in predicted[g] for x in part]
@@ -316,9 +320,11 @@ def _accuracy(predicted: list[dict]) -> dict:
     return out
 
 
-def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=print, folds: int = 1) -> tuple[dict, dict]:
+def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=print, folds: int = 1,
+              held_out_predictions: dict[int, dict] | None = None) -> tuple[dict, dict]:
     """(params per GPU, report). `rows` are normalized serving rows (see calibrate.rows). folds: of the
-    held-out-configurations check (`held_out_configurations`; 4 scores every configuration, 3 more fits)."""
+    held-out-configurations check (`held_out_configurations`; 4 scores every configuration, 3 more fits),
+    whose per-row predictions go to `held_out_predictions` when given (its `collect`)."""
     t0 = time.perf_counter()
     gpus = known("gpus")
     priors, prior_sources = calibration_priors(gpus, data_root)
@@ -366,7 +372,7 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             for model in sorted({r["model"] for r in held_rows}):
                 report["held_out"][f"{held}/{model}"] = accuracy([r for r in held_rows if r["model"] == model], held_params)
             log(f"held out {held}: {report['held_out'][held]}")
-        report["held_out_configurations"] = held_out_configurations(fit_rows, trained, priors, steps=steps, folds=folds)
+        report["held_out_configurations"] = held_out_configurations(fit_rows, trained, priors, steps=steps, folds=folds, collect=held_out_predictions)
         log(f"held-out configurations: {report['held_out_configurations']}")
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):
         other = [r for r in measured_rows(rows) if r.get("backend") == backend]

@@ -84,10 +84,17 @@ def calibrate(
             progress.console.print(line, highlight=False)
             progress.advance(task)
 
-        params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds)
+        configuration_predictions: dict = {}  # id(row) -> its held-out-configuration prediction, for the bands
+        params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds, held_out_predictions=configuration_predictions)
         replayed: dict = {}
         # The parameters are final here (the replay check only reports on them): write them now.
         write_params(params, target, provenance(rows, report, sources), report.get("priors"))
+        if report.get("in_sample"):  # held-out residuals exist only where some GPU was fitted
+            from jaxplan.calibrate.band_residuals import write_calibration_bands
+
+            bands_file = write_calibration_bands(rows, params, report, configuration_predictions, target, sources, held_out_folds)
+            progress.console.print(f"wrote {bands_file} (p10-p90 bands per prediction class, docs/uncertainty.md)" if bands_file else
+                                   "fewer than 10 held-out rows: no bands file written (predict --params uses the bundled bands)", highlight=False)
         if replay_check and report.get("in_sample"):  # some GPU was fitted
             progress.console.print(f"wrote {target} (calibrated in {report['seconds']:.0f} s); replaying rows as a check (--no-replay-check skips it)", highlight=False)
             held_out = run_replay_check(rows, report, params, log=log, replayed=replayed)

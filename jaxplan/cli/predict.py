@@ -44,6 +44,7 @@ def predict(
     max_num_batched_tokens: MaxNumBatchedTokensSetting = None,
 ) -> None:
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV (or measured vllm bench runs)."""
+    from jaxplan.bands import COLUMNS as BAND_COLUMNS, with_bands
     from jaxplan.calibrate.rows import write_predict_csv
     from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
 
@@ -59,7 +60,8 @@ def predict(
     else:
         with err.status(f"predicting {len(rows)} rows ({method.value})"):
             predicted = predict_rows(rows, params_path=params_path, source=str(input_csv))
-    write_predict_csv(predicted, output, extra_columns=OUTPUT_COLUMNS, drop_blank=True)
+    predicted = with_bands(predicted, params_path)  # p10-p90 of each metric from its class's held-out rows
+    write_predict_csv(predicted, output, extra_columns=OUTPUT_COLUMNS + BAND_COLUMNS, drop_blank=True)
     out.print(f"wrote {len(predicted)} rows to {output}")
 
 
@@ -78,6 +80,7 @@ def simulate(
     """Replay explicit configurations step by step (the vLLM-style scheduler) and print their metrics."""
     from rich.table import Table
 
+    from jaxplan.bands import COLUMNS as BAND_COLUMNS, with_bands
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
     from jaxplan.predict import OUTPUT_COLUMNS
 
@@ -91,18 +94,23 @@ def simulate(
 
         plot_dir(plot)  # a bad --plot fails before the replay
     replayed = replay_rows_with_progress(rows, "replaying", params_path=str(params) if params else None, source=str(input_csv), num_requests=requests, seed=seed, routing=routing.value, max_seconds=max_seconds)
-    table = Table(title=f"Replayed {len(rows)} configurations")
-    for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "TPOT p99 ms", "out tok/s", "KV tokens", "status"):
-        table.add_column(name, justify="right" if name.endswith(("ms", "tok/s", "tokens")) else "left")
+    replayed = with_bands(replayed, str(params) if params else None)
+    table = Table(title=f"Replayed {len(rows)} configurations (p10-p90: where 80% of held-out measurements of the row's class fell)")
+    for name in ("model", "gpu", "TPxPPxDP", "ISL/OSL", "TTFT mean ms (p10-p90)", "TTFT p99 ms", "TPOT mean ms (p10-p90)", "TPOT p99 ms", "out tok/s (p10-p90)", "KV tokens", "class", "status"):
+        table.add_column(name, justify="right" if name.endswith(("ms", "tok/s", "tokens", "(p10-p90)")) else "left")
     fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
+    short = lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"  # noqa: E731
+    # The band in the mean's cell: two more columns would push the class and status out of an 80-column terminal.
+    banded = lambda r, m: fmt(r[m]) + ("" if r[f"{m}_p10"] is None else f" ({short(r[f'{m}_p10'])}-{short(r[f'{m}_p90'])})")  # noqa: E731
     for r in replayed:
         table.add_row(
             str(r["model"]), str(r["gpu"]), f"{r['tensor_parallel_size']}x{r.get('pipeline_parallel_size') or 1}x{r.get('data_parallel_size') or 1}",
-            f"{r['isl']:g}/{r['osl']:g}", fmt(r["ttft_ms_mean"]), fmt(r["ttft_ms_p99"]), fmt(r["tpot_ms_mean"]), fmt(r["tpot_ms_p99"]), fmt(r["output_tok_s"]), f"{r['kv_cache_tokens']:,}", r["status"],
+            f"{r['isl']:g}/{r['osl']:g}", banded(r, "ttft_ms_mean"), fmt(r["ttft_ms_p99"]), banded(r, "tpot_ms_mean"), fmt(r["tpot_ms_p99"]),
+            banded(r, "output_tok_s"), f"{r['kv_cache_tokens']:,}", r["prediction_class"].replace("/", "/ "), r["status"],  # wraps at the slashes
         )
     out.print(table)
     if output:
-        write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS, drop_blank=True)
+        write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS + BAND_COLUMNS, drop_blank=True)
         out.print(f"wrote {output}")
     if plot:
         from jaxplan.cli.report import write_plots

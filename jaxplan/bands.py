@@ -250,10 +250,14 @@ def load_bands(path: str | None = None) -> dict:
 
 
 def bands_for(params_path: str | None = None) -> dict:
-    """The bands that go with a parameter file (`bands_path`), else the bundled ones (a parameter file
-    of your own without bands of its own borrows the shipped calibration's)."""
-    own = bands_path(params_path)
-    return load_bands(str(own) if params_path and own.exists() else None)
+    """The bands that go with the selected parameter file (`params_path`, else $JAXPLAN_PARAMS; `bands_path`),
+    else the bundled ones (a parameter file of your own without bands of its own borrows the shipped
+    calibration's)."""
+    from jaxplan.physics.params import selected_path
+
+    chosen = selected_path(params_path)  # --params, else $JAXPLAN_PARAMS: the bands written beside it
+    own = bands_path(chosen) if chosen else None
+    return load_bands(str(own) if own is not None and own.exists() else None)
 
 
 # --- applying bands to predictions ----------------------------------------------------------------

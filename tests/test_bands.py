@@ -112,6 +112,17 @@ def test_the_bands_file_round_trips(tmp_path):
     assert len(back) == 15 and back[3]["measured_tpot_ms_mean"] == pytest.approx(rows[3]["measured_tpot_ms_mean"])
 
 
+def test_the_bands_follow_the_parameters_jaxplan_params_selects(tmp_path, monkeypatch):
+    rows = [residual("calibrated", "seen", "kv_fits", 0.5 + 0.01 * i) for i in range(15)]
+    bands.write_bands(bands.compute_bands(rows), tmp_path / "bands.toml", {"fitted_gpus": [H200], "fitted_models": [SEEN]}, rows)
+    (tmp_path / "params.toml").write_text("")
+    monkeypatch.setenv("JAXPLAN_PARAMS", str(tmp_path / "params.toml"))
+    own = bands.bands_for()["classes"]["calibrated/seen/kv_fits"]["ttft_ms_mean"]
+    monkeypatch.delenv("JAXPLAN_PARAMS")
+    shipped = bands.bands_for()["classes"]["calibrated/seen/kv_fits"]["ttft_ms_mean"]
+    assert own[1] < 0.7 < shipped[0]  # the user's band (ratios 0.5-0.64), not the shipped one
+
+
 def test_a_missing_bands_file_is_one_clear_error(tmp_path):
     from jaxplan.errors import PlanError
 

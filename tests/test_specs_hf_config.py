@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from jaxplan.calibrate._data import default_data_root
 from jaxplan.errors import PlanError
 from jaxplan.physics.memory import request_kv_bytes_per_gpu
 from jaxplan.physics.shapes import make_layout, model_shape
 from jaxplan.specs import ModelSpec, load_model
 from jaxplan.specs.hf_config import model_from_hf_dict, model_from_hf_file
 
-SPECS_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specs"
+SPECS_DATA = default_data_root() / "specs"  # $JAXPLAN_SHARED_DATA/specs, else <repo>/../shared/data/specs
 RAW_CONFIGS = sorted((SPECS_DATA / "raw_model_configs").glob("*.json"))
 needs_shared = pytest.mark.skipif(not SPECS_DATA.is_dir(), reason="../shared/data/specs is not present")
 

@@ -143,12 +143,17 @@ def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
 
+UNMODELED_WEIGHT_FORMATS = ("mxfp4", "int4")
+
+
 def dtype_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """'bf16, fp8' -> ('bf16', 'fp8'); one line naming `option` for an empty, unknown or repeated value."""
     values = tuple(v.strip().lower() for v in text.split(",") if v.strip())
     bad = [v for v in values if v not in allowed]
     if not values or bad or len(set(values)) != len(values):
         problem = f"{bad[0]!r} is not one of them" if bad else "name each at most once" if values else "name at least one"
+        if bad and bad[0] in UNMODELED_WEIGHT_FORMATS:  # a checkpoint's native format (gpt-oss, Kimi-K2.5)
+            problem += " (MXFP4 and int4 are not modeled)"
         raise bad_value(option, text, f"use comma-separated values from {', '.join(allowed)}; {problem}")
     return values
 

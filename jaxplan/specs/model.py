@@ -274,7 +274,7 @@ class ModelSpec:
         ffn = f"MoE {self.experts_per_token}/{self.num_experts} experts" if self.is_moe else "dense FFN"
         checkpoint = ""
         if self.checkpoint_weight_format in ("mxfp4", "int4", "other"):  # what the planned dtypes cannot reproduce
-            checkpoint = f", checkpoint weights {self.checkpoint_weight_format} (not modeled: plans use bf16/fp8/nvfp4 weights)"
+            checkpoint = f", {self.checkpoint_weight_format} checkpoint (not modeled)"
         return (
             f"{self.name}: {self.total_params / 1e9:.1f}B params ({self.active_params / 1e9:.1f}B active), "
             f"{self.num_layers} layers ({', '.join(kinds)}), {ffn}{checkpoint}"

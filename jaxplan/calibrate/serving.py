@@ -196,11 +196,11 @@ def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
             continue
         gpu = map_gpu(raw["system"])
         if gpu is None:
-            dropped[f"GPU {raw['system']} is not a jaxplan GPU"] += 1
+            dropped[f"GPU {raw['system']} is not a calibrated jaxplan GPU"] += 1
             continue
         model = map_model(raw["model_path"])
         if model is None:
-            dropped[f"model {raw['model_path']} not bundled"] += 1
+            dropped[f"model {raw['model_path']} is not a calibrated jaxplan model"] += 1
             continue
         precision = silicon_weight_dtype(raw["precision"], raw["gemm_quant_mode"])
         if precision is None:
@@ -267,9 +267,9 @@ def _trtllm_offline_row(file_stem, model, gpu, precision, tp, pp, isl, osl, tput
 def _map_or_drop(file_stem, model_label, gpu_label, dropped):
     model, gpu = map_model(model_label), map_gpu(gpu_label)
     if model is None:
-        dropped[f"{file_stem}: model {model_label} not bundled"] += 1
+        dropped[f"{file_stem}: model {model_label} is not a calibrated jaxplan model"] += 1
     elif gpu is None:
-        dropped[f"{file_stem}: GPU {gpu_label} is not a jaxplan GPU"] += 1
+        dropped[f"{file_stem}: GPU {gpu_label} is not a calibrated jaxplan GPU"] += 1
     return model, gpu
 
 
@@ -342,7 +342,7 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
     for raw in table:
         model = map_model(raw["model"])
         if model is None:
-            dropped[f"model {raw['model']} not bundled"] += 1
+            dropped[f"model {raw['model']} is not a calibrated jaxplan model"] += 1
             continue
         completed = int(raw["completed"])
         tp, pp = int(raw["tp"]), int(raw["pp"])

@@ -30,7 +30,7 @@ GpusOption = Annotated[str, typer.Option(help="Comma-separated GPU types: h100_s
 WorkloadOption = Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")]
 SpaceOption = Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")]
 BudgetOption = Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")]
-WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs FP4 tensor cores: b200_sxm).")]
+WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs NVFP4 tensor cores: b200_sxm, b300_sxm, gb200).")]
 KvDtypesOption = Annotated[Optional[str], typer.Option(help="KV-cache dtypes to search: auto,fp8 (overrides the space's kv_cache_dtype).")]
 TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
 RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]

@@ -23,7 +23,7 @@ class GpuSpec:
     """Peak (spec-sheet) numbers; achievable fractions come from calibration.
 
     fp8_flops_per_s is 0 where the GPU has no FP8 tensor cores (A100), and
-    fp4_flops_per_s where it has no FP4 ones (every GPU before Blackwell): FP8 and
+    fp4_flops_per_s where it has no NVFP4 ones (every GPU before Blackwell, and AMD's): FP8 and
     NVFP4 weights are rejected there by the structure sieve.
 
     mxfp4_flops_per_s is the dense peak for OCP MXFP4 (32-element blocks, E8M0 scales: gpt-oss's

@@ -30,6 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jaxplan.calibrate._data import default_data_root
 from jaxplan.errors import PlanError
 from time_limit import Hang, time_limit
 from jaxplan.specs import GpuSpec, ModelSpec, SearchSpace, Workload, known
@@ -50,7 +51,7 @@ LOADERS = {
 }
 TYPES = {"models": ModelSpec, "gpus": GpuSpec, "workloads": Workload, "spaces": SearchSpace}
 TOML_SEEDS = [(kind, name) for kind in LOADERS for name in known(kind)]
-RAW_HF = sorted((Path(__file__).resolve().parents[2] / "shared" / "data" / "specs" / "raw_model_configs").glob("*.json"))
+RAW_HF = sorted((default_data_root() / "specs" / "raw_model_configs").glob("*.json"))  # $JAXPLAN_SHARED_DATA or <repo>/../shared/data
 
 
 # ---- harness ---------------------------------------------------------------------------------
@@ -189,7 +190,9 @@ def hf_dict(spec: ModelSpec) -> dict:
 
 
 def _architecture(spec: ModelSpec) -> dict:
-    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in ("name", "aliases", "source", "hf_id")}
+    # checkpoint_weight_format comes from quantization_config, which the synthetic seeds do not write
+    skip = ("name", "aliases", "source", "hf_id", "checkpoint_weight_format")
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in skip}
 
 
 @pytest.mark.parametrize("name", known("models"))

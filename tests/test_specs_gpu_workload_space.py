@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from jaxplan.calibrate._data import default_data_root
 from jaxplan.errors import PlanError
 from jaxplan.specs import GpuSpec, SearchSpace, Workload, known, load_gpu, load_space, load_workload
 from jaxplan.specs.loader import build
 from jaxplan.specs.workload import Arrival
 
-SPECS_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specs"
+SPECS_DATA = default_data_root() / "specs"  # $JAXPLAN_SHARED_DATA/specs, else <repo>/../shared/data/specs
 
 # ---- GPUs ------------------------------------------------------------------------------------
 

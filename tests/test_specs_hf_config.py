@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from jaxplan.calibrate._data import default_data_root
 from jaxplan.errors import PlanError
 from jaxplan.physics.memory import request_kv_bytes_per_gpu
 from jaxplan.physics.shapes import make_layout, model_shape
 from jaxplan.specs import ModelSpec, load_model
 from jaxplan.specs.hf_config import model_from_hf_dict, model_from_hf_file
 
-SPECS_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "specs"
+SPECS_DATA = default_data_root() / "specs"  # $JAXPLAN_SHARED_DATA/specs, else <repo>/../shared/data/specs
 RAW_CONFIGS = sorted((SPECS_DATA / "raw_model_configs").glob("*.json"))
 needs_shared = pytest.mark.skipif(not SPECS_DATA.is_dir(), reason="../shared/data/specs is not present")
 
@@ -45,12 +46,37 @@ def test_raw_configs_are_present():
     assert len(RAW_CONFIGS) >= 7
 
 
+def _is_bundled(hf_id: str) -> bool:
+    try:
+        load_model(hf_id)
+    except PlanError:
+        return False
+    return True
+
+
+BUNDLED_RAW_CONFIGS = [path for path in RAW_CONFIGS if _is_bundled(_hf_id_of(path))]
+
+
 @needs_shared
-@pytest.mark.parametrize("path", RAW_CONFIGS, ids=lambda p: p.name)
+def test_the_bundled_models_have_their_raw_configs():
+    assert len(BUNDLED_RAW_CONFIGS) >= 13  # every bundled model but gemma-3-27b
+
+
+@needs_shared
+@pytest.mark.parametrize("path", BUNDLED_RAW_CONFIGS, ids=lambda p: p.name)
 def test_raw_config_parses_to_the_bundled_spec(path):
     parsed = model_from_hf_file(path)
     bundled = load_model(_hf_id_of(path))  # resolved through the HF id / alias table
     assert _architecture(parsed) == _architecture(bundled)
+
+
+@needs_shared
+@pytest.mark.parametrize("path", RAW_CONFIGS, ids=lambda p: p.name)
+def test_every_raw_config_parses(path):
+    """The configs of models jaxplan does not bundle (GLM-5, Llama-4-Scout, FP8 checkpoints, ...) load too."""
+    spec = model_from_hf_file(path)
+    assert spec.total_params > spec.active_params > 0 if spec.is_moe else spec.total_params == spec.active_params > 0
+    assert spec.checkpoint_weight_format in ("bf16", "fp8", "mxfp4", "int4")
 
 
 @needs_shared

@@ -56,6 +56,7 @@ MODEL_LABELS = {
     "nvidia/llama-3.1-8b-instruct-fp8": "llama-3.1-8b",
     "mixtral 8x7b": "mixtral-8x7b",
     "qwen3-30b-a3b": "qwen3-30b-a3b",
+    "deepseek-ai/deepseek-r1": "deepseek-v3",  # bundled as deepseek-r1 too; its rows calibrate deepseek-v3
     "deepseek-r1-0528": "deepseek-v3",
     "nvidia/deepseek-r1-nvfp4": "deepseek-v3",
     "nvidia/deepseek-v3.1-nvfp4": "deepseek-v3",
@@ -114,14 +115,23 @@ def cached_prompt_fraction(input_lens: list[int], block_tokens: int = PREFIX_BLO
     return sum((n - 1) // block_tokens * block_tokens for n in input_lens) / sum(input_lens)
 
 
+# The bundled models whose measured rows the calibration takes. Models bundled for planning only
+# (gpt-oss, MiniMax-M2.5, Qwen3-235B-A22B, Kimi-K2.5, DeepSeek-R1 by its own name) stay out, so that
+# bundling a spec does not change the calibration data; adding one here is a calibration change.
+CALIBRATION_MODELS = frozenset({
+    "llama-3.1-8b", "llama-3.1-70b", "qwen3-32b", "gemma-3-27b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "qwen3.5-27b",
+})
+
+
 def map_model(label: str) -> str | None:
-    """Bundled jaxplan model for a source label (HF id, alias or table name), or None."""
+    """Bundled jaxplan model for a source label (HF id, alias or table name) among CALIBRATION_MODELS, or None."""
     key = label.strip().lower()
     key = MODEL_LABELS.get(key, key)
     try:
-        return load_model(key).name
+        name = load_model(key).name
     except PlanError:
         return None
+    return name if name in CALIBRATION_MODELS else None
 
 
 def map_gpu(label: str) -> str | None:
@@ -186,11 +196,11 @@ def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
             continue
         gpu = map_gpu(raw["system"])
         if gpu is None:
-            dropped[f"GPU {raw['system']} is not a jaxplan GPU"] += 1
+            dropped[f"GPU {raw['system']} is not a calibrated jaxplan GPU"] += 1
             continue
         model = map_model(raw["model_path"])
         if model is None:
-            dropped[f"model {raw['model_path']} not bundled"] += 1
+            dropped[f"model {raw['model_path']} is not a calibrated jaxplan model"] += 1
             continue
         precision = silicon_weight_dtype(raw["precision"], raw["gemm_quant_mode"])
         if precision is None:
@@ -257,9 +267,9 @@ def _trtllm_offline_row(file_stem, model, gpu, precision, tp, pp, isl, osl, tput
 def _map_or_drop(file_stem, model_label, gpu_label, dropped):
     model, gpu = map_model(model_label), map_gpu(gpu_label)
     if model is None:
-        dropped[f"{file_stem}: model {model_label} not bundled"] += 1
+        dropped[f"{file_stem}: model {model_label} is not a calibrated jaxplan model"] += 1
     elif gpu is None:
-        dropped[f"{file_stem}: GPU {gpu_label} is not a jaxplan GPU"] += 1
+        dropped[f"{file_stem}: GPU {gpu_label} is not a calibrated jaxplan GPU"] += 1
     return model, gpu
 
 
@@ -332,7 +342,7 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
     for raw in table:
         model = map_model(raw["model"])
         if model is None:
-            dropped[f"model {raw['model']} not bundled"] += 1
+            dropped[f"model {raw['model']} is not a calibrated jaxplan model"] += 1
             continue
         completed = int(raw["completed"])
         tp, pp = int(raw["tp"]), int(raw["pp"])

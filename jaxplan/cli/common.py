@@ -30,7 +30,7 @@ GpusOption = Annotated[str, typer.Option(help="Comma-separated GPU types: h100_s
 WorkloadOption = Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")]
 SpaceOption = Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")]
 BudgetOption = Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")]
-WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs FP4 tensor cores: b200_sxm).")]
+WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs NVFP4 tensor cores: b200_sxm, b300_sxm, gb200).")]
 KvDtypesOption = Annotated[Optional[str], typer.Option(help="KV-cache dtypes to search: auto,fp8 (overrides the space's kv_cache_dtype).")]
 TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
 RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]
@@ -143,12 +143,17 @@ def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
 
+UNMODELED_WEIGHT_FORMATS = ("mxfp4", "int4")
+
+
 def dtype_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """'bf16, fp8' -> ('bf16', 'fp8'); one line naming `option` for an empty, unknown or repeated value."""
     values = tuple(v.strip().lower() for v in text.split(",") if v.strip())
     bad = [v for v in values if v not in allowed]
     if not values or bad or len(set(values)) != len(values):
         problem = f"{bad[0]!r} is not one of them" if bad else "name each at most once" if values else "name at least one"
+        if bad and bad[0] in UNMODELED_WEIGHT_FORMATS:  # a checkpoint's native format (gpt-oss, Kimi-K2.5)
+            problem += " (MXFP4 and int4 are not modeled)"
         raise bad_value(option, text, f"use comma-separated values from {', '.join(allowed)}; {problem}")
     return values
 

@@ -23,8 +23,12 @@ class GpuSpec:
     """Peak (spec-sheet) numbers; achievable fractions come from calibration.
 
     fp8_flops_per_s is 0 where the GPU has no FP8 tensor cores (A100), and
-    fp4_flops_per_s where it has no FP4 ones (every GPU before Blackwell): FP8 and
+    fp4_flops_per_s where it has no NVFP4 ones (every GPU before Blackwell, and AMD's): FP8 and
     NVFP4 weights are rejected there by the structure sieve.
+
+    mxfp4_flops_per_s is the dense peak for OCP MXFP4 (32-element blocks, E8M0 scales: gpt-oss's
+    checkpoint format, and the FP4 of AMD's CDNA 4). It is recorded, not planned with: jaxplan
+    has no mxfp4 weight dtype, and fp4_flops_per_s stays the NVFP4 peak that `nvfp4` weights need.
     """
 
     name: str
@@ -37,6 +41,7 @@ class GpuSpec:
     gpus_per_node: int
     price_usd_per_hour: float
     fp4_flops_per_s: float = 0.0
+    mxfp4_flops_per_s: float = 0.0
     display_name: str = ""
     source: str = ""
 
@@ -49,7 +54,7 @@ class GpuSpec:
             if not low <= value <= high or (value == 0 and field != "price_usd_per_hour"):
                 raise bad_value(field, value, f"must lie in [{low:g}, {high:g}] (SI units: bytes, bytes/s, FLOP/s, USD/h)", where=where)
         low, high = SANE_RANGES["bf16_flops_per_s"]  # FP8 and FP4 peaks share the BF16 scale (1x-4x of it)
-        for field, label in (("fp8_flops_per_s", "FP8"), ("fp4_flops_per_s", "FP4")):
+        for field, label in (("fp8_flops_per_s", "FP8"), ("fp4_flops_per_s", "FP4"), ("mxfp4_flops_per_s", "MXFP4")):
             peak = getattr(self, field)
             if not isinstance(peak, (int, float)) or isinstance(peak, bool) or not (peak == 0 or low <= peak <= high):
                 raise bad_value(field, peak, f"must be 0 (no {label}) or a FLOP/s figure in [{low:g}, {high:g}]", where=where)

@@ -6,7 +6,9 @@ Handles the fields that differ between families: `text_config` nesting
 `sliding_window_pattern`, Gemma 2's alternation, Qwen2's `use_sliding_window`, a
 bare window on every layer (Mistral-7B-v0.1, Phi-3), Qwen3.5's
 `full_attention_interval`, MoE field names (`num_experts`, `num_local_experts`,
-`n_routed_experts`), DeepSeek's MLA and `first_k_dense_replace`. Unknown extra fields are ignored.
+`n_routed_experts`), DeepSeek's MLA and `first_k_dense_replace`, and the checkpoint's native weight
+format from `quantization_config` (gpt-oss's MXFP4, Kimi-K2.5's INT4 compressed-tensors, FP8 blocks,
+ModelOpt NVFP4), recorded in `checkpoint_weight_format`. Unknown extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -121,6 +123,46 @@ def _moe_fields(cfg: dict, num_layers: int, where: str) -> dict:
     )
 
 
+SIXTEEN_BIT_DTYPES = {"bfloat16", "float16", "bf16", "fp16", "half"}
+
+
+def _quantized_format(quant: dict) -> str:
+    """A `quantization_config` table -> bf16 | fp8 | nvfp4 | mxfp4 | int4 | other."""
+    method = str(quant.get("quant_method", "")).lower()
+    if method in ("mxfp4", "fp8", "fbgemm_fp8"):
+        return "mxfp4" if method == "mxfp4" else "fp8"
+    if method == "modelopt":  # ModelOpt names its algorithm: FP8, NVFP4, ...
+        algo = str(quant.get("quant_algo", "")).lower()
+        return {"fp8": "fp8", "nvfp4": "nvfp4"}.get(algo, "other")
+    if method in ("awq", "gptq", "gptq_marlin", "awq_marlin") and quant.get("bits") == 4:
+        return "int4"
+    if method == "compressed-tensors":
+        # the weight scheme of its config groups: num_bits 4 + type int (Kimi-K2.5's INT4 QAT experts),
+        # num_bits 8 + type float (FP8), num_bits 4 + type float (NVFP4)
+        groups = quant.get("config_groups")
+        schemes = {
+            (weights.get("num_bits"), weights.get("type"))
+            for group in (groups.values() if isinstance(groups, dict) else [])
+            if isinstance(group, dict) and isinstance(weights := group.get("weights"), dict)
+        }
+        known = {(4, "int"): "int4", (8, "float"): "fp8", (4, "float"): "nvfp4"}
+        formats = {known.get(scheme, "other") for scheme in schemes}
+        return formats.pop() if len(formats) == 1 else "other"
+    return "other"
+
+
+def _checkpoint_weight_format(raw: dict, cfg: dict) -> str:
+    """The native weight format of the checkpoint this config.json ships with ("" when it does not say).
+
+    `quantization_config` may sit at the top or in `text_config` (Kimi-K2.5); without one, a 16-bit
+    `torch_dtype` / `dtype` means bf16 weights."""
+    quant = _get(cfg, "quantization_config", default=raw.get("quantization_config"))
+    if isinstance(quant, dict):
+        return _quantized_format(quant)
+    dtype = _get(cfg, "torch_dtype", "dtype", default=_get(raw, "torch_dtype", "dtype"))
+    return "bf16" if isinstance(dtype, str) and dtype.lower() in SIXTEEN_BIT_DTYPES else ""
+
+
 def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "") -> ModelSpec:
     """Build a ModelSpec from a parsed config.json (text_config is used when present)."""
     where = f"config {source or name}"
@@ -173,6 +215,7 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
             v_head_dim=_int_field(cfg, where, "v_head_dim", default=0),
         )
     fields.update(_moe_fields(cfg, num_layers, where))
+    fields["checkpoint_weight_format"] = _checkpoint_weight_format(raw, cfg)
     return ModelSpec(**fields)
 
 

@@ -46,6 +46,9 @@ NON_NEGATIVE_INT_FIELDS = (
     "num_shared_experts",
     "first_dense_layers",
 )
+# Native weight format of the checkpoint an hf_id names ("" = not recorded). Recorded, not planned with:
+# the physics plans the weight dtypes of the search space (bf16 | fp8 | nvfp4); mxfp4 and int4 are not modeled.
+CHECKPOINT_WEIGHT_FORMATS = ("", "bf16", "fp8", "nvfp4", "mxfp4", "int4", "other")
 # Guards against absurd inputs (a 10^30-parameter model): generous upper bounds.
 MAX_DIM = 1 << 20
 MAX_LAYERS = 4096
@@ -92,6 +95,7 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     first_dense_layers: int = 0
+    checkpoint_weight_format: str = ""
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -140,6 +144,11 @@ class ModelSpec:
                 raise bad_value("first_dense_layers", self.first_dense_layers, f"must be <= num_layers = {self.num_layers}", where=where)
         if self.is_mla and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) <= 0:
             raise bad_value("qk_rope_head_dim", self.qk_rope_head_dim, "MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim > 0", where=where)
+        if self.checkpoint_weight_format not in CHECKPOINT_WEIGHT_FORMATS:
+            raise bad_value(
+                "checkpoint_weight_format", self.checkpoint_weight_format,
+                f"use one of {', '.join(repr(f) for f in CHECKPOINT_WEIGHT_FORMATS)}", where=where,
+            )
         if self.total_params > MAX_PARAMS:
             raise PlanError(f"{where}: {self.total_params:.3g} parameters is implausible (limit {MAX_PARAMS:.0e}); check the config's sizes")
 
@@ -271,8 +280,11 @@ class ModelSpec:
         if self.linear_attention_layers:
             kinds.append(f"{self.linear_attention_layers} linear-attention")
         ffn = f"MoE {self.experts_per_token}/{self.num_experts} experts" if self.is_moe else "dense FFN"
+        checkpoint = ""
+        if self.checkpoint_weight_format in ("mxfp4", "int4", "other"):  # what the planned dtypes cannot reproduce
+            checkpoint = f", {self.checkpoint_weight_format} checkpoint (not modeled)"
         return (
             f"{self.name}: {self.total_params / 1e9:.1f}B params ({self.active_params / 1e9:.1f}B active), "
-            f"{self.num_layers} layers ({', '.join(kinds)}), {ffn}"
+            f"{self.num_layers} layers ({', '.join(kinds)}), {ffn}{checkpoint}"
         )
 

@@ -525,7 +525,7 @@ def test_a_file_jaxplan_wrote_reads_back_without_its_predictions(tmp_path):
     read back as input (their predictions dropped, to be recomputed), while an unknown column is
     still an error that suggests the closest name."""
     from jaxplan.calibrate.residuals import PREDICTION_COLUMNS
-    from jaxplan.predict import OUTPUT_COLUMNS
+    from jaxplan.prediction import OUTPUT_COLUMNS
 
     assert set(OUTPUT_COLUMNS) | set(PREDICTION_COLUMNS) == set(R.WRITTEN_COLUMNS)
     assert not set(R.WRITTEN_COLUMNS) & set(R.COLUMNS)

@@ -45,7 +45,7 @@ def predict(
 ) -> None:
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV (or measured vllm bench runs)."""
     from jaxplan.calibrate.rows import write_predict_csv
-    from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
+    from jaxplan.prediction import OUTPUT_COLUMNS, predict_rows
 
     settings = engine_settings.given([input_csv], locals())
     check_limit(max_seconds)
@@ -79,7 +79,7 @@ def simulate(
     from rich.table import Table
 
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
-    from jaxplan.predict import OUTPUT_COLUMNS
+    from jaxplan.prediction import OUTPUT_COLUMNS
 
     check_limit(max_seconds)
     check_writable(output, "-o")
@@ -120,7 +120,7 @@ def replay_rows_with_progress(rows: list[dict], label: str, *, source: str, **kw
     keyword is one limit for all the rows together."""
     import time
 
-    from jaxplan.predict import replay_predict_rows, row_batches
+    from jaxplan.prediction import replay_predict_rows, row_batches
 
     row_batches(rows, source)
     kwargs.setdefault("started_at", time.perf_counter())

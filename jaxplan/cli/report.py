@@ -107,7 +107,7 @@ def report(
     from jaxplan.plots.figures import count_sweep, sensitivity_figures, sweep_figures, write_figures
     from jaxplan.report.html import write_report
     from jaxplan.report.vllm_command import vllm_serve_command
-    from jaxplan.sensitivity import for_rows
+    from jaxplan.elasticity import for_rows
 
     check_writable(output, "-o")
     if plot:

@@ -58,7 +58,7 @@ def sensitivity(
     from rich.table import Table
 
     from jaxplan.plots.labels import split_label
-    from jaxplan.sensitivity import for_rows
+    from jaxplan.elasticity import for_rows
 
     check_writable(json_path, "--json")
     params_path = str(params) if params else None

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli import engine_settings
-from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar
+from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar, write_plots
 from jaxplan.cli.engine_settings import (
     DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
     PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
@@ -105,7 +105,6 @@ def simulate(
         write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS, drop_blank=True)
         out.print(f"wrote {output}")
     if plot:
-        from jaxplan.cli.report import write_plots
         from jaxplan.plots.figures import simulate_figures
         from jaxplan.plots.traces import csv_traces
 

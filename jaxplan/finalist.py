@@ -66,27 +66,31 @@ class Finalist:
     reason: int
     digits: tuple[int, ...]  # the candidate's index along each grid axis
     replay: ReplayMetrics | None = None
+    extra: tuple[tuple[str, object], ...] = ()  # row keys this class does not name, kept in order for `to_row`
 
     @classmethod
     def from_row(cls, row: Mapping) -> Finalist:
         """A sweep row (with `replay_*` keys after stage 7; a JSON row may carry null for inf)."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "replay"]
-        replay_names = [f.name for f in dataclasses.fields(ReplayMetrics)]
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("replay", "extra")]
+        replay_names = [REPLAY_PREFIX + f.name for f in dataclasses.fields(ReplayMetrics)]
         missing = [n for n in names if n not in row]
-        unknown = [k for k in row if k not in names and not (k.startswith(REPLAY_PREFIX) and k[len(REPLAY_PREFIX):] in replay_names)]
-        if missing or unknown:
-            raise PlanError(f"a finalist row {'lacks ' + ', '.join(missing) if missing else 'has unknown keys ' + ', '.join(unknown)}; pass rows a sweep wrote (jaxplan sweep --json)")
+        if missing:
+            raise PlanError(f"a finalist row lacks {', '.join(missing)}; pass rows a sweep wrote (jaxplan sweep --json)")
         values = {n: _number(row[n]) for n in names}
         values["digits"] = tuple(int(d) for d in row["digits"])
         replay = None
-        if any(k.startswith(REPLAY_PREFIX) for k in row):
-            replay = ReplayMetrics(**{n: _number(row.get(REPLAY_PREFIX + n)) for n in replay_names})
-        return cls(**values, replay=replay)
+        if any(n in row for n in replay_names):
+            if lacking := [n for n in replay_names if n not in row]:
+                raise PlanError(f"a replayed finalist row lacks {', '.join(lacking)}; pass rows a sweep wrote (jaxplan sweep --json)")
+            replay = ReplayMetrics(*(_number(row[n]) for n in replay_names))
+        extra = tuple((k, v) for k, v in row.items() if k not in names and k not in replay_names)
+        return cls(**values, replay=replay, extra=extra)
 
     def to_row(self) -> dict:
         """The row as the funnel and the replay write it (`replay_*` keys when replayed; digits a list)."""
-        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "replay"}
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("replay", "extra")}
         row["digits"] = list(self.digits)
+        row.update(self.extra)
         if self.replay is not None:
             row.update({REPLAY_PREFIX + f.name: getattr(self.replay, f.name) for f in dataclasses.fields(ReplayMetrics)})
         return row

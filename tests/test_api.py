@@ -217,3 +217,15 @@ def test_sensitivity_needs_a_live_plan(plan):
         jaxplan.sensitivity(Plan.from_json(plan.to_json()))
     with pytest.raises(PlanError, match="either a plan or sweep options"):
         jaxplan.sensitivity(plan, model="llama-3.1-8b")
+
+
+def test_a_finalist_row_round_trips_and_keeps_keys_it_does_not_name(plan):
+    row = plan.finalists[0].to_row()
+    assert Finalist.from_row(row) == plan.finalists[0]
+    assert list(row)[-len(dataclasses.fields(ReplayMetrics)):] == [f"replay_{f.name}" for f in dataclasses.fields(ReplayMetrics)]
+    newer = dict(row, some_new_column=7)  # a funnel that writes one more column
+    assert Finalist.from_row(newer).to_row() == newer
+    with pytest.raises(PlanError, match="lacks num_gpus"):
+        Finalist.from_row({k: v for k, v in row.items() if k != "num_gpus"})
+    with pytest.raises(PlanError, match="lacks replay_score"):
+        Finalist.from_row({k: v for k, v in row.items() if k != "replay_score"})

@@ -90,7 +90,7 @@ class Plan:
 
         if isinstance(source, Mapping):
             return plan_from_dict(source, "the plan")
-        if isinstance(source, Path) or not str(source).lstrip().startswith("{"):
+        if isinstance(source, Path) or not str(source).lstrip().startswith(("{", "[")):
             where = str(source)
             try:
                 text = Path(source).read_text(encoding="utf-8")

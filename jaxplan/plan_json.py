@@ -31,8 +31,8 @@ def plan_from_dict(payload: Mapping, where: str):
         raise PlanError(f"{where}: not a `jaxplan sweep --json` file (no {', '.join(missing)}); give a file the sweep wrote")
     try:
         inputs = Inputs(
-            _spec(ModelSpec, payload["model"], f"{where}: model"), tuple(_spec(GpuSpec, g, f"{where}: gpus") for g in payload["gpus"]),
-            _spec(Workload, payload["workload"], f"{where}: workload"), _spec(SearchSpace, payload["space"], f"{where}: space"),
+            _spec(ModelSpec, payload["model"], "model"), tuple(_spec(GpuSpec, g, "gpus") for g in payload["gpus"]),
+            _spec(Workload, payload["workload"], "workload"), _spec(SearchSpace, payload["space"], "space"),
             str(payload["space"].get("name", "")),
         )
         shortlist = tuple(Finalist.from_row(r) for r in payload["shortlist"])

@@ -229,3 +229,15 @@ def test_a_finalist_row_round_trips_and_keeps_keys_it_does_not_name(plan):
         Finalist.from_row({k: v for k, v in row.items() if k != "num_gpus"})
     with pytest.raises(PlanError, match="lacks replay_score"):
         Finalist.from_row({k: v for k, v in row.items() if k != "replay_score"})
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: [1, 2], "not a `jaxplan sweep --json` file"),
+    (lambda d: dict(d, model=dict(d["model"], num_layers="x")), "model: num_layers = 'x': must be an integer"),
+    (lambda d: dict(d, workload=dict(d["workload"], arrival="poison")), "unknown arrival"),
+    (lambda d: dict(d, funnel=[{"x": 1}]), "malformed sweep JSON"),
+])
+def test_from_json_of_an_edited_file_is_one_line(plan, edit, fragment):
+    with pytest.raises(PlanError) as error:
+        Plan.from_json(json.dumps(edit(json.loads(plan.to_json()))))
+    assert fragment in str(error.value) and str(error.value).startswith("the plan: ") and "\n" not in str(error.value)

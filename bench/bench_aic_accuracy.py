@@ -110,7 +110,7 @@ def jaxplan_rows(results: list[dict], which: str) -> list[dict]:
     """The rows aiconfigurator answered, with jaxplan's stage-4 TTFT/TPOT in its place: `which` is
     "in sample" (the shipped fit) or "held out" (each GPU priced by the fit that did not see it)."""
     from jaxplan.physics.params import validate
-    from jaxplan.predict import predict_rows
+    from jaxplan.prediction import predict_rows
 
     report = json.loads((Path(__file__).resolve().parent.parent / "docs" / "calibration_report.json").read_text())
     efficiency = {g: validate(g, v, "report") for g, v in report["held_out_params"].items()} if which == "held out" else None

@@ -31,7 +31,7 @@ import jax
 import machine
 
 from jaxplan.funnel.sweep import run_sweep
-from jaxplan.sensitivity import for_rows
+from jaxplan.elasticity import for_rows
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 from jaxplan.winner_map import winner_map
 

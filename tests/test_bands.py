@@ -151,7 +151,7 @@ def test_the_bundled_bands_cover_every_class_with_p10_below_p90():
 def test_predict_rows_carry_their_band_and_class():
     """H200 and B200 are fitted, H100 has kernel tables, MI300X only its spec sheet; p10 and p90 are the
     prediction times the class's ratio quantiles as the bundled file states them."""
-    from jaxplan.predict import predict_rows
+    from jaxplan.prediction import predict_rows
 
     common = {"tensor_parallel_size": 8, "weight_dtype": "fp8", "kv_cache_dtype": "fp8", "isl": 1000, "osl": 500, "concurrency": 16}
     rows = [{**common, "model": SEEN, "gpu": H200}, {**common, "model": SEEN, "gpu": H100}, {**common, "model": SEEN, "gpu": MI300X, "weight_dtype": "bf16", "kv_cache_dtype": "auto"},
@@ -269,7 +269,7 @@ def test_the_bundled_residuals_are_what_the_shared_data_and_the_shipped_fit_give
         pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
     from jaxplan.calibrate.run import FIT_BACKEND, measured_rows
     from jaxplan.calibrate.serving import load_serving_rows
-    from jaxplan.predict import predict_rows
+    from jaxplan.prediction import predict_rows
 
     residuals = [r for r in bundled_residuals() if r["gpu"] == "a100_sxm" or (r["gpu"], r["model_class"], r["evidence"]) == (H200, "unseen", "calibrated")]
     assert len(residuals) == 16 + 21
@@ -327,7 +327,7 @@ def test_the_regime_of_a_prediction_is_the_one_calibrate_gives_its_measured_row(
     from jaxplan.calibrate.run import FIT_BACKEND, kv_holds_concurrency, measured_rows
     from jaxplan.calibrate.serving import load_serving_rows
     from jaxplan.physics.params import efficiency_for
-    from jaxplan.predict import predict_rows
+    from jaxplan.prediction import predict_rows
 
     rows = measured_rows([r for r in load_serving_rows() if r.get("backend") == FIT_BACKEND])
     expected = kv_holds_concurrency(rows, efficiency_for({r["gpu"] for r in rows}))

@@ -27,7 +27,7 @@ def test_pad_repeats_the_last_row_and_unpad_cuts_it_off():
 def test_predict_rows_do_not_depend_on_their_neighbours():
     """Three rows alone (bucket 256) and among 297 others (bucket 512): the same answers, so no
     padding row and no other row leaks into a row's prediction."""
-    from jaxplan.predict import OUTPUT_COLUMNS, PREDICT_MIN_ROWS, predict_rows
+    from jaxplan.prediction import OUTPUT_COLUMNS, PREDICT_MIN_ROWS, predict_rows
 
     assert bucket_size(3, PREDICT_MIN_ROWS) < bucket_size(300, PREDICT_MIN_ROWS)
     base = dict(model="llama-3.1-8b", gpu="h100_sxm", weight_dtype="bf16", kv_cache_dtype="auto", osl=200.0)

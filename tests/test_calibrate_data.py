@@ -526,7 +526,7 @@ def test_a_file_jaxplan_wrote_reads_back_without_its_predictions(tmp_path):
     still an error that suggests the closest name."""
     from jaxplan.bands import COLUMNS as BAND_COLUMNS
     from jaxplan.calibrate.residuals import PREDICTION_COLUMNS
-    from jaxplan.predict import OUTPUT_COLUMNS
+    from jaxplan.prediction import OUTPUT_COLUMNS
 
     assert set(OUTPUT_COLUMNS) | set(BAND_COLUMNS) | set(PREDICTION_COLUMNS) == set(R.WRITTEN_COLUMNS)
     assert not set(R.WRITTEN_COLUMNS) & set(R.COLUMNS)

@@ -36,7 +36,7 @@ from typer.testing import CliRunner
 
 from jaxplan.calibrate.rows import COLUMNS
 from jaxplan.cli import app
-from jaxplan.predict import OUTPUT_COLUMNS
+from jaxplan.prediction import OUTPUT_COLUMNS
 from time_limit import Hang, time_limit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -399,7 +399,7 @@ def install_stub_fit(monkeypatch):
     from jaxplan.calibrate import run
     from jaxplan.calibrate.fit import fit_data
     from jaxplan.physics.params import load_efficiency
-    from jaxplan.predict import predict_rows
+    from jaxplan.prediction import predict_rows
     from jaxplan.specs import known
 
     def fake(rows, *, data_root=None, steps=None, log=print, folds=1, held_out_predictions=None):

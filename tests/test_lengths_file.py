@@ -14,7 +14,7 @@ import pytest
 from jaxplan.calibrate.rows import read_predict_csv
 from jaxplan.errors import PlanError
 from jaxplan.physics.traffic import length_shape, workload_params
-from jaxplan.predict import _row_workload, predict_rows, replay_predict_rows, row_batches
+from jaxplan.prediction import _row_workload, predict_rows, replay_predict_rows, row_batches
 from jaxplan.replay import sample_requests
 from jaxplan.specs.lengths import read_lengths
 from jaxplan.specs.loader import load_workload

@@ -4,7 +4,7 @@ it is concurrency / num_requests of the run (jaxplan.physics.steady_state, jaxpl
 import numpy as np
 import pytest
 
-from jaxplan.predict import predict_rows, replay_predict_rows
+from jaxplan.prediction import predict_rows, replay_predict_rows
 
 ROW = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
            weight_dtype="bf16", kv_cache_dtype="auto", isl=2048, osl=64, concurrency=32)

@@ -202,7 +202,7 @@ def test_predicts_replay_of_a_sliding_window_model_holds_what_stage_4_holds():
     cache; with the window counted the replay delivers 0.87 of stage 4's throughput (1,945 against
     2,225 tok/s; a closed loop's first wave and preemptions cost the rest), where counting every layer
     at the full context gave 0.66 (1,464)."""
-    from jaxplan.predict import predict_rows, replay_predict_rows
+    from jaxplan.prediction import predict_rows, replay_predict_rows
 
     row = dict(model="gemma-3-27b", gpu="h100_sxm", tensor_parallel_size=1, weight_dtype="fp8", kv_cache_dtype="fp8",
                isl=3000, osl=1000, concurrency=256, num_prompts=512, max_num_seqs=256)
@@ -242,7 +242,7 @@ def test_a_row_vllm_refuses_at_its_defaults_fits_with_fewer_seqs(method):
     At 64 the sampler profile shrinks from 4.8 GiB to 0.4 GiB, the forward's 2.06 GiB becomes the peak,
     and 0.9 x 0.99 x 80 - 67.66 - 2.06 - 0.15 = 1.41 GiB hold 9,200 tokens of FP8 KV (163,840 B each).
     The status says what holds the memory and names max_num_seqs as a fix."""
-    from jaxplan.predict import predict_rows, replay_predict_rows
+    from jaxplan.prediction import predict_rows, replay_predict_rows
 
     run = predict_rows if method == "analytical" else replay_predict_rows
     row = dict(model="llama-3.1-70b", gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
@@ -259,7 +259,7 @@ def test_predict_reports_the_kv_cache_vllm_would_log(method):
     """`kv_cache_tokens` is vLLM's "GPU KV cache size": Llama-3.1-8B BF16 on one H100 logged 51.38 GiB
     of KV cache (VLLM_H100_LOGS), i.e. 51.38 GiB / 131,072 B per token (32 layers x 2 x 8 heads x 128 x
     2 B) = 420,905 tokens; the same 2% as above."""
-    from jaxplan.predict import predict_rows, replay_predict_rows
+    from jaxplan.prediction import predict_rows, replay_predict_rows
 
     run = predict_rows if method == "analytical" else replay_predict_rows
     row = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,

@@ -183,7 +183,7 @@ def test_timeline_figures(result, replayed, tmp_path):
 
 def test_tornado_sorted_by_magnitude(result, tmp_path):
     from jaxplan.plots.figures import sensitivity_figures
-    from jaxplan.sensitivity import for_rows
+    from jaxplan.elasticity import for_rows
 
     sens = for_rows(result, result.shortlist)
     fig = sensitivity_figures(sens, result.shortlist)["tornado"]

@@ -12,7 +12,7 @@ from jaxplan.errors import PlanError
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import hardware_table, take
-from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, predict_rows, replay_predict_rows, row_batches
+from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import load_gpu
 
 GIB = 1024**3

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxplan.errors import PlanError
-from jaxplan.predict import _row_workload, predict_rows, replay_predict_rows, row_batches
+from jaxplan.prediction import _row_workload, predict_rows, replay_predict_rows, row_batches
 from jaxplan.replay import sample_requests
 from jaxplan.specs.workload import LengthDistribution
 

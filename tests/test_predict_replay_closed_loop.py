@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxplan.calibrate import _data
-from jaxplan.predict import predict_rows, replay_predict_rows
+from jaxplan.prediction import predict_rows, replay_predict_rows
 
 ROW = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
            weight_dtype="bf16", kv_cache_dtype="auto", isl=2048, osl=64, concurrency=32, num_prompts=192)

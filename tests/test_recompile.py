@@ -90,7 +90,7 @@ def test_sweep_does_not_recompile(sweeps):
 
 
 def test_sensitivity_does_not_recompile(sweeps):
-    from jaxplan.sensitivity import for_rows
+    from jaxplan.elasticity import for_rows
 
     a, b = sweeps
     k = min(len(a.shortlist), len(b.shortlist), 3)
@@ -109,7 +109,7 @@ def rows(isl: float, rate: float, gpu: str, model: str = "llama-3.1-8b") -> list
 
 def test_predict_analytical_does_not_recompile():
     """Nor for another model: the model shape is traced."""
-    from jaxplan.predict import predict_rows
+    from jaxplan.prediction import predict_rows
 
     a, b = assert_no_recompilation(lambda: predict_rows(rows(1000.0, 2.0, "h100_sxm")), lambda: predict_rows(rows(3000.0, 5.0, "a100_sxm", "qwen3-32b")), "predict_rows")
     assert a[0]["tpot_ms_mean"] != b[0]["tpot_ms_mean"]
@@ -119,7 +119,7 @@ def test_predict_replay_does_not_recompile():
     """Nor for another model or request count: the replay's step function is one for every model
     (`physics_step`), the model shape a traced parameter, and request counts in one bucket
     (`replay.traffic.request_bucket`: 20 and 30 in 256) share the padded request arrays."""
-    from jaxplan.predict import replay_predict_rows
+    from jaxplan.prediction import replay_predict_rows
     from jaxplan.replay.traffic import request_bucket
 
     assert request_bucket(20) == request_bucket(30)
@@ -133,7 +133,7 @@ def test_predict_replay_of_a_burst_starts_with_enough_slot_rows(monkeypatch):
     """A burst of 200 requests on one replica (max_num_seqs 256) starts with 256 slot rows instead of
     running its first steps on 32 and then growing (a loop program each width), and gets the same
     answer as the grown replay."""
-    from jaxplan import predict
+    from jaxplan import prediction as predict
     from jaxplan.replay import driver
 
     row = dict(rows(1000.0, 2.0, "h100_sxm")[0], request_rate="inf", num_prompts=200)
@@ -154,7 +154,7 @@ def test_predict_replay_of_a_short_poisson_row_starts_with_a_slot_row_per_reques
     256 slot rows, where growing from 32 compiled a loop program at 64, 128 and 256; the answer is the
     same. A longer Poisson row (more requests than that bucket per replica) still starts small:
     its replay's cost is its steps, not compiling."""
-    from jaxplan import predict
+    from jaxplan import prediction as predict
     from jaxplan.replay import driver
     from jaxplan.replay.traffic import MIN_REQUEST_BUCKET
 

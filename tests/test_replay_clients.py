@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxplan.replay.clients as clients
-from jaxplan.predict import replay_predict_rows
+from jaxplan.prediction import replay_predict_rows
 from jaxplan.replay import sample_requests
 from jaxplan.replay.clients import DESYNC_SPREAD, output_length_shape
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload

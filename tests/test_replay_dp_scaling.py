@@ -33,7 +33,7 @@ from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_con
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import hardware_table, take
-from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, row_batches
+from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, row_batches
 from jaxplan.replay import sample_requests, simulate
 from jaxplan.specs.workload import Arrival, Workload
 

@@ -279,7 +279,7 @@ def test_finalists_run_in_chunks_when_all_at_once_would_not_fit():
 
 
 def test_predict_passes_routing_through():
-    from jaxplan.predict import replay_predict_rows
+    from jaxplan.prediction import replay_predict_rows
 
     # Llama-3.1-8B on 2 x A100 (dp 2) at 2 req/s: light load, so both routings give about the same TPOT.
     row = {"model": "llama-3.1-8b", "gpu": "a100_sxm", "data_parallel_size": 2, "isl": 1000, "osl": 100, "request_rate": 2.0}

@@ -36,7 +36,7 @@ def test_replay_is_deterministic(chat_sweep):
 
 
 def test_predict_replay_agrees_with_analytical_at_light_load_and_flags_misfits():
-    from jaxplan.predict import predict_rows, replay_predict_rows
+    from jaxplan.prediction import predict_rows, replay_predict_rows
 
     rows = [
         # Llama-3.1-8B on one A100 at 2 req/s of 1,000/100 tokens: lightly loaded, no queueing.
@@ -68,7 +68,7 @@ def test_pipeline_stages_carry_a_budget_each_in_replay_and_stage_four():
     """PP 4 with a 256-token budget and 8,000-token prompts at 2.2 req/s: 17,600 prompt tokens/s.
     One budget per step (the replay before PP micro-batches had their own) prefills ~10,000 tokens/s
     and the queue grows without bound; four budgets per step keep up, as stage 4 assumes."""
-    from jaxplan.predict import predict_rows, replay_predict_rows
+    from jaxplan.prediction import predict_rows, replay_predict_rows
 
     row = {"model": "llama-3.1-70b", "gpu": "h200_sxm", "tensor_parallel_size": 1, "pipeline_parallel_size": 4, "weight_dtype": "fp8", "kv_cache_dtype": "fp8",
            "isl": 8000, "osl": 300, "request_rate": 2.2, "num_prompts": 400, "max_num_seqs": 32, "max_num_batched_tokens": 256}  # fmt: skip

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from jaxplan.predict import weight_only_note
+from jaxplan.prediction import weight_only_note
 from jaxplan.report.vllm_command import vllm_serve_command
 from jaxplan.specs import load_gpu, load_model
 

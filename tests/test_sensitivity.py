@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxplan.physics import efficiency_for, hardware_table, make_layout, model_shape, take, workload_params
-from jaxplan.sensitivity import METRICS, PARAMETERS, metrics_of as _metrics_of, sensitivities
+from jaxplan.elasticity import METRICS, PARAMETERS, metrics_of as _metrics_of, sensitivities
 
 metrics_of = jax.jit(_metrics_of, static_argnames=("model",))
 from jaxplan.specs import load_gpu, load_model, load_workload

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxplan.funnel.sweep import run_sweep
-from jaxplan.sensitivity import METRICS, for_rows
+from jaxplan.elasticity import METRICS, for_rows
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 
 SLOW = pytest.mark.slow  # a default-space sweep each (~10-40 s on 2 cores); coding runs by default

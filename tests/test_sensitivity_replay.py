@@ -35,7 +35,7 @@ from jaxplan.physics import (
 )
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.replay import sample_requests, simulate
-from jaxplan.sensitivity import METRICS, PARAMETERS, sensitivities
+from jaxplan.elasticity import METRICS, PARAMETERS, sensitivities
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from jaxplan import bands
 from jaxplan.calibrate import fit, run
 from jaxplan.physics.params import DEFAULTS
-from jaxplan.predict import predict_rows
+from jaxplan.prediction import predict_rows
 
 NO_TABLES = run.PRIOR_SOURCES[2]  # a GPU whose priors are the defaults: no kernel tables
 

@@ -35,7 +35,7 @@ from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.physics.params import BOUNDS, DEFAULTS
 from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
 from jaxplan.physics.steady_state import estimate
-from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, GPU_OVERRIDES, RowBatch, row_batches
+from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, GPU_OVERRIDES, RowBatch, row_batches
 from jaxplan.specs import load_gpu
 
 FIT_FIELDS = (

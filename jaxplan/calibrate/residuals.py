@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jaxplan.calibrate.rows import write_predict_csv
 from jaxplan.physics.params import DEFAULTS
-from jaxplan.predict import predict_rows
+from jaxplan.prediction import predict_rows
 
 PREDICTION_COLUMNS = (
     "fitted", "kv_fits", "ttft_ms_mean", "tpot_ms_mean", "output_tok_s", "status",

@@ -34,7 +34,7 @@ from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
 from jaxplan.physics.shapes import hardware_table, model_shape, take
-from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, replay_predict_rows, row_batches
+from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
 
 FIT_BACKEND = "vllm"

@@ -45,7 +45,7 @@ def calibrate(
     from jaxplan.calibrate._data import data_root_exists
     from jaxplan.calibrate.run import FIT_BACKEND, calibrate as run_calibration, evaluated_rows, fit_excluded, measured_rows, output_path, provenance, replay_check as run_replay_check, write_params
     from jaxplan.calibrate.serving import load_serving_rows
-    from jaxplan.predict import resolve_capped_rates
+    from jaxplan.prediction import resolve_capped_rates
 
     paths = [*(files or []), *(measurements or [])]
     settings = engine_settings.given(paths, locals())

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import enum
 import functools
-import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -18,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jaxplan.errors import PlanError, bad_value, short_repr
+from jaxplan.jsonio import finite, json_default, json_text  # noqa: F401 - re-exported for the commands
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan LLM serving deployments on a CPU: how many GPUs, arranged how, for what traffic.")
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -123,93 +122,73 @@ def _os_error_text(error: Exception) -> str:
 
 
 def parse_prices(text: str | None) -> dict[str, float]:
-    """'h100_sxm=2.5,h200_sxm=3.1' -> {name: USD per GPU-hour}."""
-    prices = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        name, _, value = item.partition("=")
-        try:
-            price = float(value)
-        except ValueError:
-            raise bad_value("--price", item, "use GPU=USD_PER_HOUR, e.g. h100_sxm=2.5") from None
-        if not math.isfinite(price) or price <= 0:
-            raise bad_value("--price", item, "the price must be a positive number of USD per GPU-hour")
-        prices[name.strip()] = price
-    return prices
+    """'h100_sxm=2.5,h200_sxm=3.1' -> {name: USD per GPU-hour} (errors name --price)."""
+    from jaxplan.inputs import parse_prices as parse
+
+    return parse(text, "--price")
 
 
 def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
 
-UNMODELED_WEIGHT_FORMATS = ("mxfp4", "int4")
+def load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None):
+    """The inputs shared by sweep, report, size and sensitivity (`jaxplan.inputs.load_inputs`, errors naming the --flags)."""
+    from jaxplan.inputs import CLI_LABELS, load_inputs
 
-
-def dtype_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    """'bf16, fp8' -> ('bf16', 'fp8'); one line naming `option` for an empty, unknown or repeated value."""
-    values = tuple(v.strip().lower() for v in text.split(",") if v.strip())
-    bad = [v for v in values if v not in allowed]
-    if not values or bad or len(set(values)) != len(values):
-        problem = f"{bad[0]!r} is not one of them" if bad else "name each at most once" if values else "name at least one"
-        if bad and bad[0] in UNMODELED_WEIGHT_FORMATS:  # a checkpoint's native format (gpt-oss, Kimi-K2.5)
-            problem += " (MXFP4 and int4 are not modeled)"
-        raise bad_value(option, text, f"use comma-separated values from {', '.join(allowed)}; {problem}")
-    return values
+    return load_inputs(
+        model, gpus, workload, space, budget=budget, target_throughput=target_throughput, rate=rate, price=price,
+        weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, labels=CLI_LABELS,
+    )
 
 
 def sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None):
-    """Load and validate the inputs shared by sweep, report, size and sensitivity."""
-    from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
-    from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
-    from jaxplan.specs.workload import Arrival
-
-    model_spec = load_model(model)
-    gpu_specs = parse_gpu_list(gpus)
-    prices = parse_prices(price)
-    unknown = set(prices) - {g.name for g in gpu_specs}
-    if unknown:
-        raise bad_value("--price", sorted(unknown)[0], f"not among --gpus ({gpus})")
-    gpu_specs = tuple(g.with_price(prices[g.name]) if g.name in prices else g for g in gpu_specs)
-    workload_spec = load_workload(workload)
-    changes = {}
-    if target_throughput is not None:
-        if not target_throughput > 0:  # sizing needs a target; 0 used to fail only after the whole sweep
-            raise bad_value("--target-throughput", target_throughput, "must be > 0 output tokens/s; leave it out for the workload's own target")
-        changes["target_output_tokens_per_s"] = target_throughput
-    if rate is not None:
-        changes.update(arrival=Arrival.POISSON, request_rate_per_s=rate)
-    if changes:
-        workload_spec = dataclasses.replace(workload_spec, **changes)
-        workload_spec.check_target_is_offered()
-    space_spec = load_space(space)
-    if budget is not None:
-        space_spec = space_spec.replace(gpu_budget=budget)
-    if weight_dtypes is not None:
-        space_spec = space_spec.replace(weight_dtype=dtype_list(weight_dtypes, "--weight-dtypes", WEIGHT_DTYPES))
-    if kv_cache_dtypes is not None:
-        space_spec = space_spec.replace(kv_cache_dtype=dtype_list(kv_cache_dtypes, "--kv-cache-dtypes", KV_CACHE_DTYPES))
-    return model_spec, gpu_specs, workload_spec, space_spec
+    """(model, gpus, workload, space) specs of `load_cli_inputs`."""
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    return inputs.model, inputs.gpus, inputs.workload, inputs.space
 
 
-def run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size=1 << 16, params=None, max_seconds=None, max_memory_gib=None):
-    """The funnel with a progress bar; refused up front when its estimated time or memory exceeds
-    --max-seconds / --max-memory-gib (default: the machine's available memory)."""
-    from jaxplan.system import available_memory_bytes
-    from jaxplan.funnel.sweep import run_sweep
+def plan_with_progress(inputs, on_funnel=None, **options):
+    """`jaxplan.plan.run_plan` with the inputs described, a progress bar over the sweep (closed
+    before `on_funnel(sweep_result)`, which may print) and a spinner during the replay."""
+    from jaxplan.plan import run_plan
 
-    max_memory_bytes = gib_bytes(max_memory_gib) if max_memory_gib is not None else available_memory_bytes()
+    out.print(f"[bold]{inputs.model.describe()}[/]", highlight=False)
+    out.print(inputs.workload.describe(), highlight=False)
+    with contextlib.ExitStack() as bar:
+        progress = bar.enter_context(progress_bar())
+        task = progress.add_task("sweeping", total=inputs.space.size(len(inputs.gpus)))
 
-    out.print(f"[bold]{model_spec.describe()}[/]", highlight=False)
-    out.print(workload_spec.describe(), highlight=False)
+        def funnel_done(result) -> None:
+            bar.close()  # one live display at a time: the replay's spinner comes next
+            if on_funnel is not None:
+                on_funnel(result)
+
+        return run_plan(inputs, progress=lambda done, total: progress.update(task, completed=done), on_funnel=funnel_done, replay_status=err.status, **options)
+
+
+def write_plots(make, total: int, directory: Path) -> list[Path]:
+    """Draw with `make(step)` -> {name: Figure} and write PNG + SVG under `directory`, with a progress bar."""
+    from jaxplan.plots.figures import write_figures
+    from jaxplan.plots.save import plot_dir
+
+    plot_dir(directory)
     with progress_bar() as progress:
-        task = progress.add_task("sweeping", total=space_spec.size(len(gpu_specs)))
-        return run_sweep(
-            model_spec, gpu_specs, workload_spec, space_spec, top_k=top, chunk_size=chunk_size,
-            params_path=str(params) if params else None,
-            progress=lambda done, total: progress.update(task, completed=done),
-            max_seconds=max_seconds, max_memory_bytes=max_memory_bytes,
-        )
+        figures = make(progress_steps(progress, "drawing", total))
+        paths = write_figures(figures, directory, progress_steps(progress, "writing", len(figures)))
+    out.print(f"wrote {len(figures)} figures (PNG + SVG) to {directory}")
+    return paths
+
+
+def progress_steps(progress, description: str, total: int):
+    """A `step(text)` that advances a new task of `progress` by one and shows `text`."""
+    task = progress.add_task(description, total=total)
+
+    def step(text: str) -> None:
+        progress.update(task, description=text)
+        progress.advance(task)
+
+    return step
 
 
 def gib_bytes(max_memory_gib: float | None) -> float | None:
@@ -217,51 +196,3 @@ def gib_bytes(max_memory_gib: float | None) -> float | None:
     from jaxplan.funnel.budget import GIB
 
     return None if max_memory_gib is None else max_memory_gib * GIB
-
-
-def stage7_deadline(max_seconds: float | None, started: float, finalists: int, requests: int):
-    """The `progress` that stops stage 7 once the whole command (begun at `started`, perf_counter)
-    projects past --max-seconds; None without a limit."""
-    if max_seconds is None:
-        return None
-    from jaxplan.deadline import Deadline
-
-    return Deadline(
-        max_seconds, start=started, what=f"stage 7 (the replay of {finalists} finalists x {requests:,} requests)", unit="output tokens",
-        fix="use fewer --replay-requests, a smaller --top or --no-replay",
-    )
-
-
-def json_default(value):
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    if hasattr(value, "value"):
-        return value.value
-    return str(value)
-
-
-def finite(value):
-    """JSON has no inf: write null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def json_text(payload) -> str:
-    """`payload` as strict JSON (indent 2): dataclasses and enums as `json_default` writes them, and
-    every non-finite float (an unbounded SLO, a burst's request rate) as null, never `Infinity`,
-    which JSON parsers other than Python's reject."""
-
-    def plain(value):
-        if isinstance(value, dict):
-            return {key: plain(v) for key, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, float):
-            return finite(value)
-        if value is None or isinstance(value, (str, int, bool)):
-            return value
-        converted = json_default(value)
-        return plain(converted) if converted is not value else str(value)
-
-    return json.dumps(plain(payload), indent=2, allow_nan=False)

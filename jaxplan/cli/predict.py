@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli import engine_settings
-from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar
+from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar, write_plots
 from jaxplan.cli.engine_settings import (
     DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
     PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
@@ -46,7 +46,7 @@ def predict(
     """Predict TTFT, TPOT and throughput for explicit configurations in a CSV (or measured vllm bench runs)."""
     from jaxplan.bands import COLUMNS as BAND_COLUMNS, with_bands
     from jaxplan.calibrate.rows import write_predict_csv
-    from jaxplan.predict import OUTPUT_COLUMNS, predict_rows
+    from jaxplan.prediction import OUTPUT_COLUMNS, predict_rows
 
     settings = engine_settings.given([input_csv], locals())
     check_limit(max_seconds)
@@ -82,7 +82,7 @@ def simulate(
 
     from jaxplan.bands import COLUMNS as BAND_COLUMNS, with_bands
     from jaxplan.calibrate.rows import read_predict_csv, write_predict_csv
-    from jaxplan.predict import OUTPUT_COLUMNS
+    from jaxplan.prediction import OUTPUT_COLUMNS
 
     check_limit(max_seconds)
     check_writable(output, "-o")
@@ -113,7 +113,6 @@ def simulate(
         write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS + BAND_COLUMNS, drop_blank=True)
         out.print(f"wrote {output}")
     if plot:
-        from jaxplan.cli.report import write_plots
         from jaxplan.plots.figures import simulate_figures
         from jaxplan.plots.traces import csv_traces
 
@@ -128,7 +127,7 @@ def replay_rows_with_progress(rows: list[dict], label: str, *, source: str, **kw
     keyword is one limit for all the rows together."""
     import time
 
-    from jaxplan.predict import replay_predict_rows, row_batches
+    from jaxplan.prediction import replay_predict_rows, row_batches
 
     row_batches(rows, source)
     kwargs.setdefault("started_at", time.perf_counter())

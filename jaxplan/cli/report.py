@@ -1,7 +1,5 @@
-"""`jaxplan report`: the sweep, its replay and sensitivities as one self-contained HTML file.
-
-Also the figure-writing glue that `sweep --plot`, `simulate --plot` and `sensitivity --plot` share.
-"""
+"""`jaxplan report`: the sweep, its replay and sensitivities as one self-contained HTML file, or
+(`--from sweep.json`) a saved sweep rendered without recomputing."""
 
 from __future__ import annotations
 
@@ -28,56 +26,26 @@ from jaxplan.cli.common import (
     app,
     check_writable,
     clean_errors,
-    err,
     gib_bytes,
+    load_cli_inputs,
     out,
+    plan_with_progress,
     progress_bar,
-    run_sweep,
-    stage7_deadline,
-    sweep_options,
+    progress_steps,
     WeightDtypesOption,
 )
+from jaxplan.cli.sweep import print_winner
 from jaxplan.errors import PlanError
 
 PlotOption = Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write the figures here as PNG and SVG (created if needed).")]
-
-
-def _steps(progress, description: str, total: int):
-    task = progress.add_task(description, total=total)
-
-    def step(text: str) -> None:
-        progress.update(task, description=text)
-        progress.advance(task)
-
-    return step
-
-
-def write_plots(make, total: int, directory: Path) -> list[Path]:
-    """Draw with `make(step)` -> {name: Figure} and write PNG + SVG under `directory`, with a progress bar."""
-    from jaxplan.plots.figures import write_figures
-    from jaxplan.plots.save import plot_dir
-
-    plot_dir(directory)
-    with progress_bar() as progress:
-        figures = make(_steps(progress, "drawing", total))
-        paths = write_figures(figures, directory, _steps(progress, "writing", len(figures)))
-    out.print(f"wrote {len(figures)} figures (PNG + SVG) to {directory}")
-    return paths
-
-
-def plot_sweep(result, replayed, directory: Path, *, replay_seconds: float | None = None, seed: int = 0) -> list[Path]:
-    """`sweep --plot DIR`: the funnel, the frontier, the splits at the winner's GPU count, and the top
-    finalists' replay timelines (when stage 7 ran)."""
-    from jaxplan.plots.figures import count_sweep, sweep_figures
-
-    replay = (len(replayed), replayed[0]["replay_requests"], replay_seconds or 0.0) if replayed else None
-    return write_plots(lambda step: sweep_figures(result, replayed, replay=replay, seed=seed, step=step), count_sweep(replayed), directory)
+FROM_JSON_NOTE = "rendered from a saved sweep (--from): figures, replay timelines and sensitivities need the live sweep; run jaxplan report without --from for them"
 
 
 @app.command()
 @clean_errors
 def report(
     output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False, help="The HTML file to write (self-contained, opens offline).")] = Path("report.html"),
+    from_json: Annotated[Optional[Path], typer.Option("--from", exists=True, dir_okay=False, help="Render this saved `jaxplan sweep --json` file instead of sweeping (no figures or sensitivities).")] = None,
     model: ModelOption = "llama-3.1-70b",
     gpus: GpusOption = "h100_sxm,h200_sxm",
     workload: WorkloadOption = "coding",
@@ -102,55 +70,61 @@ def report(
 ) -> None:
     """One self-contained HTML report of a sweep: inputs, winner (`vllm serve`), funnel, frontier,
     the same GPUs arranged differently, replay timelines and sensitivities."""
-    from jaxplan.cli.sweep import sweep_report
-    from jaxplan.funnel.replay_stage import replay_rows
-    from jaxplan.plots.figures import count_sweep, sensitivity_figures, sweep_figures, write_figures
     from jaxplan.report.html import write_report
-    from jaxplan.report.vllm_command import vllm_serve_command
-    from jaxplan.sensitivity import for_rows
 
     check_writable(output, "-o")
+    if from_json is not None:
+        from jaxplan.plan import Plan
+
+        plan = Plan.from_json(from_json)
+        write_report(output, plan, {}, None, note=FROM_JSON_NOTE)
+        if plan.winner:
+            print_winner(plan.winner)
+        out.print(f"wrote {output}")
+        return
     if plot:
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     started = time.perf_counter()
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
-    if not result.shortlist:
-        raise PlanError(result.empty_explanation())
-    replayed, replay_info = None, None
-    if replay:
-        t0 = time.perf_counter()
-        with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
-            deadline = stage7_deadline(max_seconds, started, len(result.shortlist), replay_requests)
-            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value, progress=deadline)
-        replay_info = (len(replayed), replayed[0]["replay_requests"], time.perf_counter() - t0)
-    final = replayed or result.shortlist
+    plan = plan_with_progress(
+        inputs, top=top, params=params, replay=replay, replay_requests=replay_requests, seed=seed, routing=routing.value,
+        max_seconds=max_seconds, max_memory_gib=max_memory_gib,
+    )
+    if not plan.winner:
+        raise PlanError(plan.empty_explanation)
+    figures, sens = draw_report(plan, timelines, map_axes, started=started, max_seconds=max_seconds, max_memory_gib=max_memory_gib, params=params)
+    write_report(output, plan, figures, sens)
+    print_winner(plan.winner)
+    out.print(f"wrote {output}")
+    if plot:
+        from jaxplan.plots.figures import write_figures
+
+        write_figures(figures, plot)
+        out.print(f"wrote {len(figures)} figures (PNG + SVG) to {plot}")
+
+
+def draw_report(plan, timelines: int, map_axes: str | None, *, started: float, max_seconds, max_memory_gib, params):
+    """The report's figures and the finalists' sensitivities (winner first), under a progress bar."""
+    from jaxplan.api import sensitivity
+    from jaxplan.plots.figures import count_sweep, plan_figures, sensitivity_figures, winner_map_figures
+
+    rows = [f.to_row() for f in plan.finalists]
     with progress_bar() as progress:
-        step = _steps(progress, "drawing", count_sweep(replayed, timelines) + 2 + (map_axes is not None))
-        figures = sweep_figures(result, replayed, replay=replay_info, seed=seed, timelines=timelines, step=step)
+        step = progress_steps(progress, "drawing", count_sweep(rows if plan.replayed else None, timelines) + 2 + (map_axes is not None))
+        figures = plan_figures(plan, timelines=timelines, step=step)
         step("sensitivities of the winner")
-        sens = for_rows(result, final)  # all finalists: the same shapes as `jaxplan sensitivity --top K`
-        figures.update(sensitivity_figures(sens, final))
+        sens = sensitivity(plan)  # all finalists: the same shapes as `jaxplan sensitivity --top K`
+        figures.update(sensitivity_figures(sens, rows))
         if map_axes is not None:
-            from jaxplan.cli.sensitivity import winner_map_plot
             from jaxplan.winner_map import parse_axes, winner_map
 
             step("the winner map")
             wmap = winner_map(
-                model_spec, gpu_specs, workload_spec, space_spec, parse_axes(map_axes),
+                plan.model, plan.gpus, plan.workload, plan.space, parse_axes(map_axes),
                 max_seconds=max_seconds, started=started, max_memory_bytes=gib_bytes(max_memory_gib), params_path=str(params) if params else None,
             )
-            figures["winner_map"] = winner_map_plot(wmap)
+            figures.update(winner_map_figures(wmap))
         step("writing the HTML report")
-        summary = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
-        write_report(output, result, summary, figures, sens, space_name=space)
-    from jaxplan.cli.sweep import print_winner
-
-    print_winner(summary["winner"])
-    out.print(f"wrote {output}")
-    if plot:
-        write_figures(figures, plot)
-        out.print(f"wrote {len(figures)} figures (PNG + SVG) to {plot}")
-
+    return figures, sens

@@ -24,9 +24,10 @@ from jaxplan.cli.common import (
     clean_errors,
     err,
     json_text,
+    load_cli_inputs,
     out,
-    run_sweep,
-    sweep_options,
+    plan_with_progress,
+    write_plots,
     WeightDtypesOption,
 )
 from jaxplan.errors import PlanError
@@ -57,28 +58,29 @@ def sensitivity(
     throughput, TTFT, TPOT and cost to ISL, OSL, arrival rate / concurrency and prefix hit rate."""
     from rich.table import Table
 
+    from jaxplan.api import sensitivity as sensitivities
     from jaxplan.plots.labels import split_label
-    from jaxplan.sensitivity import for_rows
 
     check_writable(json_path, "--json")
     params_path = str(params) if params else None
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     if plot:
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)  # a bad --plot fails now, not after the sweep
     if map_axes is not None:
-        wmap = print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes, json_path, max_seconds, max_memory_gib, params_path)
+        wmap = print_winner_map(inputs.model, inputs.gpus, inputs.workload, inputs.space, map_axes, json_path, max_seconds, max_memory_gib, params_path)
         if plot:
-            from jaxplan.cli.report import write_plots
+            from jaxplan.plots.figures import winner_map_figures
 
-            write_plots(lambda step: {"winner_map": winner_map_plot(wmap)}, 1, plot)
+            write_plots(lambda step: winner_map_figures(wmap), 1, plot)
         return
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params_path, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
-    if not result.shortlist:
-        raise PlanError(result.empty_explanation())
-    with err.status(f"sensitivities of {len(result.shortlist)} finalists (forward-mode AD)"):
-        sens = for_rows(result, result.shortlist)
+    plan = plan_with_progress(inputs, top=top, params=params_path, replay=False, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
+    if not plan.winner:
+        raise PlanError(plan.empty_explanation)
+    rows = [f.to_row() for f in plan.finalists]
+    with err.status(f"sensitivities of {len(rows)} finalists (forward-mode AD)"):
+        sens = sensitivities(plan)
     short = {"isl_tokens": "ISL", "osl_tokens": "OSL", "request_rate_per_s": "rate", "prefix_hit_rate": "hit +10pt", "concurrency": "conc"}
     for m, metric in enumerate(sens.metrics):
         table = Table(title=f"Elasticity of {metric} (d log {metric} / d log parameter; 0.5 = +1% parameter -> +0.5%)")
@@ -87,23 +89,22 @@ def sensitivity(
         table.add_column(f"{metric}", justify="right")
         for p in sens.parameters:
             table.add_column(short[p], justify="right")
-        for i, row in enumerate(result.shortlist):
+        for i, row in enumerate(rows):
             cells = [f"{sens.elasticity[i, m, k]:+.2f}" for k in range(len(sens.parameters))]
             table.add_row(str(i + 1), f"{row['gpu']} {split_label(row)}", f"{sens.values[i, m]:.4g}", *cells)
         out.print(table)
     if json_path:
         payload = {
             "parameters": list(sens.parameters), "metrics": list(sens.metrics),
-            "finalists": [{k: v for k, v in r.items() if k != "digits"} for r in result.shortlist],
+            "finalists": [{k: v for k, v in r.items() if k != "digits"} for r in rows],
             "values": sens.values.tolist(), "derivative": sens.derivative.tolist(), "elasticity": sens.elasticity.tolist(),
         }
         json_path.write_text(json_text(payload))
         out.print(f"wrote {json_path}")
     if plot:
-        from jaxplan.cli.report import write_plots
         from jaxplan.plots.figures import sensitivity_figures
 
-        write_plots(lambda step: sensitivity_figures(sens, result.shortlist, step=step), 1, plot)
+        write_plots(lambda step: sensitivity_figures(sens, rows, step=step), 1, plot)
 
 
 def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes: str, json_path, max_seconds: float | None = None, max_memory_gib: float | None = None,
@@ -131,15 +132,3 @@ def print_winner_map(model_spec, gpu_specs, workload_spec, space_spec, map_axes:
         json_path.write_text(json_text(wmap.to_json()))
         out.print(f"wrote {json_path}")
     return wmap
-
-
-def winner_map_plot(wmap):
-    """The heat map of a WinnerMap's plane at the current workload."""
-    from jaxplan.plots.sensitivity import winner_map_figure
-
-    plane = wmap.plane()
-    title = f"Which layout wins where ({wmap.workload.name})" + (f", {plane.z_name} = {plane.z_value:g}" if plane.z_name else "")
-    return winner_map_figure(
-        plane.x_label, plane.x_values, plane.y_label if plane.y_name else "", plane.y_values, plane.winner_labels, plane.margin,
-        current=plane.current, title=title,
-    )

@@ -24,9 +24,9 @@ from jaxplan.cli.common import (
     clean_errors,
     err,
     json_text,
+    load_cli_inputs,
     out,
-    run_sweep,
-    sweep_options,
+    plan_with_progress,
     WeightDtypesOption,
 )
 
@@ -56,15 +56,16 @@ def size(
     from jaxplan.sizing import size_deployments, sizing_table
 
     check_writable(json_path, "--json")
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
-    if workload_spec.target_output_tokens_per_s <= 0:
-        raise PlanError(f"workload {workload_spec.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, 1, params=params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
-    sizing = size_deployments(result, rollout_prompts=rollout_prompts)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    if inputs.workload.target_output_tokens_per_s <= 0:
+        raise PlanError(f"workload {inputs.workload.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
+    plan = plan_with_progress(inputs, top=1, params=params, replay=False, size=True, rollout_prompts=rollout_prompts, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
+    # Nothing survived: the plan has no sizing; the empty one says so per GPU type.
+    sizing = plan.sizing or size_deployments(plan.sweep, rollout_prompts=rollout_prompts)
     out.print(sizing_table(sizing))
     if json_path:
         json_path.write_text(json_text(sizing.to_json()))
         out.print(f"wrote {json_path}")
     if not sizing.per_gpu:
-        err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]{plan.sweep.empty_explanation()}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,12 +25,10 @@ from jaxplan.cli.common import (
     check_writable,
     clean_errors,
     err,
-    finite,
-    json_text,
+    load_cli_inputs,
     out,
-    run_sweep,
-    stage7_deadline,
-    sweep_options,
+    plan_with_progress,
+    write_plots,
     WeightDtypesOption,
 )
 from jaxplan.report.vllm_command import HEAD_ADDRESS
@@ -65,93 +61,47 @@ def sweep(
 ) -> None:
     """Search the whole grid: funnel counts, the top configurations and a ready `vllm serve` command."""
     from jaxplan.report.tables import funnel_table, rows_table
-    from jaxplan.report.vllm_command import vllm_serve_command
 
     check_writable(json_path, "--json")
-    model_spec, gpu_specs, workload_spec, space_spec = sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
     if plot:
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)  # a bad --plot fails now, not after the sweep
-    import time as _time
-
-    started = _time.perf_counter()
-    result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, chunk_size, params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
-    out.print(funnel_table(result))
-    replayed = None
-    if replay and result.shortlist:
-        from jaxplan.funnel.replay_stage import replay_rows
-
-        t0 = _time.perf_counter()
-        with err.status(f"stage 7: replaying {len(result.shortlist)} finalists x {replay_requests:,} requests"):
-            deadline = stage7_deadline(max_seconds, started, len(result.shortlist), replay_requests)
-            replayed = replay_rows(result, result.shortlist, num_requests=replay_requests, seed=seed, routing=routing.value, progress=deadline)
-        replay_seconds = _time.perf_counter() - t0
-        from jaxplan.funnel.replay_stage import rank_agreement
-
-        agreement = rank_agreement(replayed)
+    plan = plan_with_progress(
+        inputs, on_funnel=lambda result: out.print(funnel_table(result)), top=top, chunk_size=chunk_size, params=params, replay=replay,
+        replay_requests=replay_requests, seed=seed, routing=routing.value, size=target_throughput is not None,
+        max_seconds=max_seconds, max_memory_gib=max_memory_gib,
+    )
+    if plan.replayed:
+        agreement = plan.replay_rank_correlation
         out.print(
-            f"7 replay: {len(replayed)} finalists x {replayed[0]['replay_requests']:,} requests in {_time.perf_counter() - t0:.1f} s; "
+            f"7 replay: {len(plan.finalists)} finalists x {plan.finalists[0].replay.requests:,} requests in {plan.replay_s:.1f} s; "
             f"re-ranked by replayed metrics (Spearman rank correlation with stage 4: {agreement:.2f})"
-            if math.isfinite(agreement) else "re-ranked by replayed metrics (rank correlation with stage 4: n/a, under 3 finalists or tied scores)",
+            if agreement is not None else "re-ranked by replayed metrics (rank correlation with stage 4: n/a, under 3 finalists or tied scores)",
             highlight=False,
         )
     elif not replay:
         out.print("7 replay: skipped (--no-replay); ranking is stage 4's.", style="dim")
-    report = sweep_report(result, space_spec.gpu_memory_utilization, vllm_serve_command, replayed)
-    if result.shortlist:
-        final = replayed or result.shortlist
-        title = "re-ranked by the replay" if replayed else "ranked by stage 4"
-        out.print(rows_table(final, f"Top {len(final)} configurations (one per GPU/TP/PP/DP layout), {title}", width=out.width))
-        print_winner(report["winner"])
+    if plan.winner:
+        title = "re-ranked by the replay" if plan.replayed else "ranked by stage 4"
+        out.print(rows_table([f.to_row() for f in plan.finalists], f"Top {len(plan.finalists)} configurations (one per GPU/TP/PP/DP layout), {title}", width=out.width))
+        print_winner(plan.winner)
     else:
-        err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
-    if target_throughput is not None and result.shortlist:  # sizing: per GPU type, the fewest GPUs and the cheapest per token
-        from jaxplan.sizing import size_deployments, sizing_table
+        err.print(f"[bold red]{plan.empty_explanation}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
+    if plan.sizing is not None:  # sizing: per GPU type, the fewest GPUs and the cheapest per token
+        from jaxplan.sizing import sizing_table
 
-        sizing = size_deployments(result)
-        out.print(sizing_table(sizing))
-        report["sizing"] = sizing.to_json()
+        out.print(sizing_table(plan.sizing))
     if json_path:
-        json_path.write_text(json_text(report))
+        json_path.write_text(plan.to_json())
         out.print(f"wrote {json_path}")
     if plot:
-        from jaxplan.cli.report import plot_sweep
+        from jaxplan.plots.figures import count_sweep, plan_figures
 
-        plot_sweep(result, replayed, plot, replay_seconds=replay_seconds if replayed else None, seed=seed)
-    if not result.shortlist:
+        write_plots(lambda step: plan_figures(plan, step=step), count_sweep(plan.finalists if plan.replayed else None), plot)
+    if not plan.winner:
         raise typer.Exit(code=2)
-
-
-def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:
-    from jaxplan.funnel.replay_stage import rank_agreement, replay_shortfalls
-    from jaxplan.report.vllm_command import kv_cache_check, other_node_commands
-
-    clean = lambda row: {k: finite(v) for k, v in row.items()}  # noqa: E731
-    best = replayed[0] if replayed else result.winner
-    block = result.grid.space.block_size_tokens
-    winner = dict(clean(best), vllm_serve=command(result.model, best, gpu_memory_utilization, block), kv_cache_check=kv_cache_check(best, block)) if best else None
-    if winner:  # replicas on several nodes: the head node's line above, the others' here
-        winner["vllm_serve_other_nodes"] = other_node_commands(winner["vllm_serve"], best)
-    if winner and replayed:  # the replay ranks passing finalists first: a winner that fails means all do
-        winner["replay_shortfalls"] = replay_shortfalls(best, result.workload)
-    return {
-        "model": dataclasses.asdict(result.model),
-        "workload": dataclasses.asdict(result.workload),
-        "space": dataclasses.asdict(result.grid.space),
-        "gpus": [dataclasses.asdict(g) for g in result.grid.gpus],
-        "grid_size": result.grid.size,
-        "funnel": [dataclasses.asdict(s) for s in result.stages],
-        "replay": [clean(r) for r in replayed] if replayed else None,
-        "replay_rank_correlation_with_stage4": finite(rank_agreement(replayed)) if replayed else None,
-        "compile_s": result.compile_s,
-        "run_s": result.run_s,
-        "num_devices": result.num_devices,
-        "shortlist": [clean(r) for r in result.shortlist],
-        "frontier": [clean(r) for r in result.frontier],
-        "winner": winner,
-        "empty_explanation": None if result.shortlist else result.empty_explanation(),
-    }
 
 
 def replay_warning(shortfalls: list[str]) -> str:
@@ -163,15 +113,15 @@ def replay_warning(shortfalls: list[str]) -> str:
     )
 
 
-def print_winner(winner: dict) -> None:
+def print_winner(winner) -> None:
     """The winner's `vllm serve` line (the head node's, then one per other node when its replicas span
     nodes), the KV cache to check in its log, and the replay's warning when it misses the workload."""
-    others = winner.get("vllm_serve_other_nodes") or []
-    out.print("[bold]Winner:[/] " + ("(head node) " if others else "") + winner["vllm_serve"], highlight=False, soft_wrap=True)
+    others = winner.other_node_commands
+    out.print("[bold]Winner:[/] " + ("(head node) " if others else "") + winner.serve_command, highlight=False, soft_wrap=True)
     for node, line in enumerate(others, start=1):
         out.print(f"[bold]Node {node}:[/] {line}", highlight=False, soft_wrap=True)
     if others:
         out.print(f"(replicas on {len(others) + 1} nodes: vLLM's multi-node data parallelism; put the head node's address for {HEAD_ADDRESS})", style="dim", highlight=False, soft_wrap=True)
-    out.print(winner["kv_cache_check"], style="dim", highlight=False, soft_wrap=True)
-    if winner.get("replay_shortfalls"):
-        out.print(replay_warning(winner["replay_shortfalls"]), style="bold yellow", highlight=False, soft_wrap=True)
+    out.print(winner.kv_cache_check, style="dim", highlight=False, soft_wrap=True)
+    if winner.replay_shortfalls:
+        out.print(replay_warning(list(winner.replay_shortfalls)), style="bold yellow", highlight=False, soft_wrap=True)

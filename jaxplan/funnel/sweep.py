@@ -43,7 +43,7 @@ PAGES_PER_CHUNK = 4  # stages 3-4 run on survivors in pages of chunk / devices /
 STAGE_NAMES = {1: "structure", 2: "memory", 3: "capacity", 4: "estimate", 5: "frontier", 6: "shortlist"}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StageCount:
     stage: int
     name: str
@@ -253,8 +253,7 @@ def finish(grid: Grid, model: ModelSpec, workload: Workload, ctx: SweepContext, 
     t2 = time.perf_counter()
     stages = stage_table(grid, reason_counts, len(front), len(short))
     # Stages 1-4 run fused in one kernel per chunk: they share the streamed time.
-    for stage, seconds in zip(stages, (part.run_s, None, None, None, t1 - t0, t2 - t1)):
-        stage.seconds = seconds
+    stages = [dataclasses.replace(stage, seconds=seconds) for stage, seconds in zip(stages, (part.run_s, None, None, None, t1 - t0, t2 - t1))]
     return SweepResult(grid, model, workload, ctx, stages, reason_counts, short, front, part.compile_s, part.run_s, part.num_devices, part.chunk_size)
 
 

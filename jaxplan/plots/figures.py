@@ -87,6 +87,30 @@ def sensitivity_figures(sens, rows: list[dict], index: int = 0, step: Callable[[
     return {"tornado": tornado_figure(sens, index, f"#{index + 1} {layout_label(rows[index])}")}
 
 
+def plan_figures(plan, *, timelines: int = DEFAULT_TIMELINES, step: Callable[[str], None] = _noop) -> dict:
+    """`sweep_figures` of a live `jaxplan.plan.Plan` (one read from JSON has no sweep to draw from)."""
+    from jaxplan.errors import PlanError
+
+    if plan.sweep is None:
+        raise PlanError("this plan was read from JSON: its figures need the live sweep; run jaxplan.sweep (or jaxplan sweep --plot)")
+    replayed = [f.to_row() for f in plan.finalists] if plan.replayed else None
+    replay = (len(replayed), plan.finalists[0].replay.requests, plan.replay_s or 0.0) if replayed else None
+    return sweep_figures(plan.sweep, replayed, replay=replay, seed=plan.seed, timelines=timelines, step=step)
+
+
+def winner_map_figures(wmap) -> dict:
+    """winner_map: the heat map of a WinnerMap's plane at the current workload."""
+    from jaxplan.plots.sensitivity import winner_map_figure
+
+    plane = wmap.plane()
+    title = f"Which layout wins where ({wmap.workload.name})" + (f", {plane.z_name} = {plane.z_value:g}" if plane.z_name else "")
+    figure = winner_map_figure(
+        plane.x_label, plane.x_values, plane.y_label if plane.y_name else "", plane.y_values, plane.winner_labels, plane.margin,
+        current=plane.current, title=title,
+    )
+    return {"winner_map": figure}
+
+
 def offered_tokens_per_s(workload) -> float | None:
     """Mean output tokens/s the traffic asks for (Poisson), else the throughput target, else None."""
     rate = getattr(workload, "request_rate_per_s", math.inf)

@@ -23,7 +23,7 @@ CELL_TEXT_MAX = 14  # cells per axis up to which the margin is written in each c
 
 
 def tornado_figure(sens, index: int, label: str, *, title: str | None = None):
-    """One panel per metric: finalist `index`'s elasticities (a `jaxplan.sensitivity.Sensitivity`),
+    """One panel per metric: finalist `index`'s elasticities (a `jaxplan.elasticity.Sensitivity`),
     largest magnitude on top; blue = the metric rises with the parameter, vermillion = it falls."""
     metrics = list(sens.metrics)
     ncols = 2 if len(metrics) > 1 else 1

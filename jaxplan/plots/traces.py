@@ -27,7 +27,7 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
     from jaxplan.physics.memory import replay_kv_blocks
     from jaxplan.physics.params import efficiency_for
     from jaxplan.physics.shapes import hardware_table, take
-    from jaxplan.predict import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, _row_workload, row_batches
+    from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, _row_workload, row_batches
     from jaxplan.replay import sample_requests, simulate_trace
 
     out = []

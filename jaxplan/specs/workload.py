@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import math
 
-from jaxplan.errors import PlanError, bad_value
+from jaxplan.errors import PlanError, bad_value, unknown_name
 from jaxplan.specs.lengths import RequestLengths, read_lengths
 
 
@@ -101,13 +101,21 @@ class Workload:
 
     def __post_init__(self) -> None:
         where = f"workload {self.name!r}"
+        # A Workload built in Python may name its enums as text ("poisson"); store the enum, so every
+        # comparison and table lookup sees one type, and refuse a misspelt name here.
+        try:
+            object.__setattr__(self, "arrival", Arrival(self.arrival))
+        except ValueError:
+            raise unknown_name(f"arrival in {where}", str(self.arrival), [a.value for a in Arrival]) from None
         for field in ("isl_mean_tokens", "osl_mean_tokens"):
             value = getattr(self, field)
             if not _finite(value) or not 1 <= value <= 1e7:
                 raise bad_value(field, value, "must be a token count in 1..10,000,000", where=where)
         if not _finite(self.prefix_hit_rate) or not 0 <= self.prefix_hit_rate < 1:
             raise bad_value("prefix_hit_rate", self.prefix_hit_rate, "must be in [0, 1)", where=where)
-        length_fields({f: getattr(self, f) for f in ("isl_distribution", "isl_spread", "osl_distribution", "osl_spread", "lengths_file")}, where)
+        lengths = length_fields({f: getattr(self, f) for f in ("isl_distribution", "isl_spread", "osl_distribution", "osl_spread", "lengths_file")}, where)
+        for field in ("isl_distribution", "osl_distribution"):
+            object.__setattr__(self, field, lengths[field])
         for field in ("ttft_slo_s", "tpot_slo_s"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:

@@ -37,7 +37,7 @@ from jaxplan.cli.common import (
     sweep_options,
     WeightDtypesOption,
 )
-from jaxplan.errors import PlanError
+from jaxplan.errors import NothingSurvived
 
 PlotOption = Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write the figures here as PNG and SVG (created if needed).")]
 
@@ -118,7 +118,7 @@ def report(
     started = time.perf_counter()
     result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     if not result.shortlist:
-        raise PlanError(result.empty_explanation())
+        raise NothingSurvived(result.empty_explanation())
     replayed, replay_info = None, None
     if replay:
         t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from jaxplan.cli.common import (
     sweep_options,
     WeightDtypesOption,
 )
-from jaxplan.errors import PlanError
+from jaxplan.errors import NothingSurvived
 
 
 @app.command()
@@ -76,7 +76,7 @@ def sensitivity(
         return
     result = run_sweep(model_spec, gpu_specs, workload_spec, space_spec, top, params=params_path, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     if not result.shortlist:
-        raise PlanError(result.empty_explanation())
+        raise NothingSurvived(result.empty_explanation())
     with err.status(f"sensitivities of {len(result.shortlist)} finalists (forward-mode AD)"):
         sens = for_rows(result, result.shortlist)
     short = {"isl_tokens": "ISL", "osl_tokens": "OSL", "request_rate_per_s": "rate", "prefix_hit_rate": "hit +10pt", "concurrency": "conc"}

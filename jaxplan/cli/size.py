@@ -29,6 +29,7 @@ from jaxplan.cli.common import (
     sweep_options,
     WeightDtypesOption,
 )
+from jaxplan.cli.exit_codes import ExitCode
 
 
 @app.command()
@@ -67,4 +68,4 @@ def size(
         out.print(f"wrote {json_path}")
     if not sizing.per_gpu:
         err.print(f"[bold red]{result.empty_explanation()}[/]", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=ExitCode.NOTHING_SURVIVED)

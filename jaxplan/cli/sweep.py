@@ -35,6 +35,7 @@ from jaxplan.cli.common import (
     sweep_options,
     WeightDtypesOption,
 )
+from jaxplan.cli.exit_codes import ExitCode
 from jaxplan.report.vllm_command import HEAD_ADDRESS
 
 
@@ -120,7 +121,7 @@ def sweep(
 
         plot_sweep(result, replayed, plot, replay_seconds=replay_seconds if replayed else None, seed=seed)
     if not result.shortlist:
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=ExitCode.NOTHING_SURVIVED)
 
 
 def sweep_report(result, gpu_memory_utilization: float, command, replayed=None) -> dict:

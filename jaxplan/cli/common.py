@@ -152,7 +152,7 @@ def sweep_options(model, gpus, workload, space, budget, target_throughput, rate,
     workload_spec = load_workload(workload)
     changes = {}
     if target_throughput is not None:
-        if not target_throughput > 0:  # sizing needs a target; 0 used to fail only after the whole sweep
+        if not target_throughput > 0:  # sizing needs a target: refuse 0 here, before the sweep, not in the sizing after it
             raise bad_value("--target-throughput", target_throughput, "must be > 0 output tokens/s; leave it out for the workload's own target")
         changes["target_output_tokens_per_s"] = target_throughput
     if rate is not None:

@@ -17,6 +17,9 @@ from typer.core import TyperGroup
 from jaxplan.errors import NothingSurvived, PlanError, TimeLimitExceeded
 
 
+MAX_USAGE_CHARS = 800
+
+
 class ExitCode(enum.IntEnum):
     OK = 0
     BAD_INPUT = 1  # a PlanError, an unreadable file, or a command-line usage error
@@ -65,6 +68,8 @@ class ExitCodeGroup(TyperGroup):
             ctx = getattr(error, "ctx", None)
             path = ctx.command_path if ctx is not None else "jaxplan"
             message = " ".join(str(error.format_message()).split())
+            if len(message) > MAX_USAGE_CHARS:  # click quotes the value given, which may be megabytes
+                message = f"{message[:MAX_USAGE_CHARS // 2]} ... ({len(message):,} chars) ... {message[-MAX_USAGE_CHARS // 4:]}"
             print(f"error: {message} (see '{path} --help')", file=sys.stderr)
             sys.exit(ExitCode.BAD_INPUT)
         except (typer.Abort, KeyboardInterrupt):

@@ -219,7 +219,7 @@ def _estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadP
 
 
 # Rows per stage-4 program at least: every CSV, campaign or fold up to this many rows shares one
-# compilation (~5.6 s on 2 cores); one row padded to 256 costs ~7 ms more than padded to 8.
+# compilation, which costs far more than evaluating the padding rows.
 PREDICT_MIN_ROWS = 256
 
 

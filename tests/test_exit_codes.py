@@ -128,3 +128,22 @@ def test_internal_error_is_70(runner, monkeypatch):
     lines = stderr_lines(result)
     assert result.exit_code == ExitCode.INTERNAL_ERROR, result.output
     assert len(lines) == 1 and lines[0].startswith("internal error") and "ZeroDivisionError: planted" in lines[0]
+
+
+def test_the_library_tells_a_time_limit_from_bad_input():
+    """Deadline raises TimeLimitExceeded (a PlanError, so callers catching PlanError still do), and a
+    bad --max-seconds value is plain bad input."""
+    from jaxplan.cli.exit_codes import exit_code_for
+    from jaxplan.deadline import Deadline, check_limit
+    from jaxplan.errors import NothingSurvived, PlanError, TimeLimitExceeded
+
+    clock = iter([0.0, 0.0, 10.0]).__next__  # start, first report, second report
+    deadline = Deadline(1.0, clock=clock)
+    deadline(1, 100)
+    with pytest.raises(TimeLimitExceeded, match="beyond --max-seconds = 1") as stopped:
+        deadline(2, 100)
+    assert isinstance(stopped.value, PlanError) and exit_code_for(stopped.value) == ExitCode.TIME_LIMIT
+    with pytest.raises(PlanError) as bad:
+        check_limit(-1.0)
+    assert exit_code_for(bad.value) == ExitCode.BAD_INPUT
+    assert exit_code_for(NothingSurvived("no configuration survived")) == ExitCode.NOTHING_SURVIVED

@@ -2,7 +2,7 @@
 
 A job reports `progress(done, total)` in its own units (candidates, output tokens); the first report
 follows compilation, so the rate is measured from it on, for at least REFINE_AFTER_S, and the job is
-stopped (one-line PlanError) when its projection exceeds the limit by REFINE_SLACK, or once the limit
+stopped (one-line TimeLimitExceeded, a PlanError) when its projection exceeds the limit by REFINE_SLACK, or once the limit
 has passed. Several jobs can share one limit: give each the same `start`.
 """
 
@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable
 
-from jaxplan.errors import PlanError
+from jaxplan.errors import PlanError, TimeLimitExceeded
 
 REFINE_AFTER_S = 2.0  # measure at least this long before trusting the measured rate
 REFINE_SLACK = 1.25  # stop only when the projection exceeds the limit by 25%
@@ -25,7 +25,7 @@ def check_limit(value, option: str = "--max-seconds") -> None:
 
 
 class Deadline:
-    """A `progress(done, total)` wrapper that raises PlanError when the measured rate projects past
+    """A `progress(done, total)` wrapper that raises TimeLimitExceeded (a PlanError) when the measured rate projects past
     `max_seconds` (by REFINE_SLACK) from `start` (default: now), or when `max_seconds` has passed.
 
     what: the job, for the message ("the sweep", "the replay of row 3"); unit: what done/total count;
@@ -65,7 +65,7 @@ class Deadline:
             projected = elapsed + (total - done) / rate if now - t1 >= REFINE_AFTER_S and rate > 0 else None
         if elapsed > self.max_seconds or (projected is not None and projected > REFINE_SLACK * self.max_seconds):
             rate_text = f"; at the measured {rate:,.0f} {self.unit}/s the whole needs about {projected:,.0f} s" if projected else ""
-            raise PlanError(
+            raise TimeLimitExceeded(
                 f"stopped {self.what} after {elapsed:,.1f} s at {done:,} of {total:,} {self.unit}{rate_text}, "
                 f"beyond {self.option} = {self.max_seconds:g}; {self.fix}, or raise {self.option}"
             )

@@ -1,4 +1,5 @@
-"""One error type for bad user input: a one-line message naming field, value and fix."""
+"""Errors a user can act on, each one line: bad input (PlanError, naming field, value and fix), a job
+past its time limit (TimeLimitExceeded) and a search that left nothing (NothingSurvived)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ class PlanError(ValueError):
 
     def __init__(self, message: object = "", *args: object) -> None:
         super().__init__(" ".join(str(message).splitlines()), *args)
+
+
+class TimeLimitExceeded(PlanError):
+    """A job stopped, or refused before it started, because it would run past its time limit
+    (--max-seconds); the CLI exits 3. The input may be fine: a larger limit or a smaller job runs."""
+
+
+class NothingSurvived(PlanError):
+    """The search ran and no configuration survived the funnel; the CLI exits 2. The message says
+    which stage removed the last candidates and what to relax."""
 
 
 def short_repr(value: object) -> str:

@@ -219,7 +219,7 @@ def _estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadP
 
 
 # Rows per stage-4 program at least: every CSV, campaign or fold up to this many rows shares one
-# compilation (~5.6 s on 2 cores); one row padded to 256 costs ~7 ms more than padded to 8.
+# compilation, which costs far more than evaluating the padding rows.
 PREDICT_MIN_ROWS = 256
 
 
@@ -290,11 +290,32 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
     Efficiency parameters: `efficiency` (GPU -> fields) if given, else the TOML at `params_path`,
     else the bundled calibration."""
     work, notes = resolve_capped_rates(rows, params_path=params_path, source=source, efficiency=efficiency)
-    return with_notes(rows, _predict_rows(work, params_path, source, efficiency), notes)
+    results, all_at_once = _predict_rows(work, params_path, source, efficiency)
+    if all_at_once:  # overloaded, but every prompt finds a slot: the run is one wave of clients that start together
+        bursts, _ = _predict_rows([{**work[i], "request_rate": None, "concurrency": work[i]["num_prompts"]} for i in all_at_once], params_path, source, efficiency)
+        for (i, note), burst in zip(all_at_once.items(), bursts):
+            results[i] = {**burst, "request_rate": work[i]["request_rate"], "concurrency": work[i].get("concurrency"), "status": note + str(burst["status"]).removeprefix("ok")}
+    return with_notes(rows, results, notes)
 
 
-def _predict_rows(rows: list[dict], params_path: str | None, source: str, efficiency: dict | None) -> list[dict]:
-    results = [dict(row) for row in rows]
+def overloaded_status(rate: float, capacity: float, num_prompts: float, slots: float, given: bool) -> str:
+    """The status of an open-loop row whose arrivals (`rate`, requests/s) outpace the `capacity` it
+    serves at full load. No steady state exists, so no steady-state TTFT: a run of `num_prompts` that
+    all fit in the `slots` (requests in flight, all replicas) is predicted as that many clients that
+    start together and send one prompt each, the first wave of a closed loop (its TTFT is an upper
+    bound: the real prompts arrive spread over num_prompts / rate); a longer run
+    reports the capacity as its throughput, and its queue, hence TTFT, grows throughout the run."""
+    head = f"overloaded: requests arrive at {rate:.4g}/s, above the {capacity:.4g}/s this deployment serves at full load"
+    if given and num_prompts <= slots:
+        return f"{head}; its {num_prompts:,.0f} prompts all fit in its {slots:,.0f} slots: predicted as all arriving at once (TTFT an upper bound)"
+    run = f"the queue grows by {rate - capacity:.3g} requests/s while its {num_prompts:,.0f} prompts arrive" if given else "the queue grows for as long as requests arrive"
+    return f"{head}; output_tok_s and request_s are that capacity; no TTFT: {run} (--method replay times such a run)"
+
+
+def _predict_rows(rows: list[dict], params_path: str | None, source: str, efficiency: dict | None) -> tuple[list[dict], dict[int, str]]:
+    """(results, all_at_once): the rows with their stage-4 predictions, and the overloaded open-loop
+    rows whose prompts all fit in the slots (index -> status), for `predict_rows` to predict as bursts."""
+    results, all_at_once = [dict(row) for row in rows], {}
     invalid = invalid_rows(rows, source)
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
@@ -312,6 +333,14 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS, status=DOES_NOT_FIT)
                 continue
             overloaded = batch.workload.arrival_code[k] == 0 and est.utilization[k] >= 1.0
+            status = "ok"
+            if overloaded:
+                given = rows[i].get("num_prompts") not in (None, "")
+                slots = float(est.max_concurrency_per_replica[k]) * float(batch.layout.data_parallel_size[k])
+                num_prompts = float(batch.workload.num_requests[k])
+                status = overloaded_status(float(batch.workload.request_rate_per_s[k]), float(est.requests_per_s[k]), num_prompts, slots, given)
+                if given and num_prompts <= slots:
+                    all_at_once[i] = status
             results[i].update(
                 ttft_ms_mean=None if overloaded else float(est.ttft_mean_s[k]) * 1e3,
                 ttft_ms_p99=None if overloaded else float(est.ttft_p99_s[k]) * 1e3,
@@ -320,9 +349,9 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
                 output_tok_s=float(est.output_tokens_per_s[k]),
                 request_s=float(est.requests_per_s[k]),
                 kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS,
-                status=("overloaded: the arrival rate exceeds what this deployment serves; TTFT grows without bound" if overloaded else "ok") + _row_note(batch, k, rows[i]),
+                status=status + _row_note(batch, k, rows[i]),
             )
-    return results
+    return results, all_at_once
 
 
 

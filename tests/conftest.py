@@ -43,10 +43,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and SHARED_CACHE_ENV not in os.environ:
         config._jaxplan_cache = tempfile.mkdtemp(prefix="jaxplan-test-xla-")
         os.environ[SHARED_CACHE_ENV] = config._jaxplan_cache
-    if hasattr(config.option, "loadscopereorder"):
-        # pytest-xdist's --dist loadfile hands out modules in its own order (most tests first) unless
-        # told not to; keep the collection order, which puts SLOWEST_MODULES first (below).
-        config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -106,37 +102,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked `slow`")
 
 
-# The slowest modules, slowest first (worker seconds of a clean-clone 2-worker run at -O0 without
-# ../shared, 2026-12-02 afternoon; earlier figures were serial runs before the compile sharing).
-# They start first, so that under pytest-xdist's --dist loadfile no worker picks up a long module
-# while the others have run out of work; every other module follows in file order.
-SLOWEST_MODULES = (
-    "test_fuzz_cli.py",  # 82 s
-    "test_solver.py",  # 58
-    "test_replay_routing.py",  # 55
-    "test_replay_devices.py",  # 54
-    "test_physics_step_time.py",  # 48
-    "test_funnel_invariance.py",  # 43
-    "test_winner_map.py",  # 39
-    "test_replay_split.py",  # 38
-    "test_sensitivity_grids.py",  # 37
-    "test_funnel_reference.py",  # 35
-    "test_report_html.py",  # 33
-    "test_calibrate_accuracy.py",  # 29 (more with ../shared)
-    "test_cli.py",  # 26
-    "test_replay.py",  # 26
-    "test_plots.py",  # 22
-    "test_replay_reference.py",  # 21
-    "test_replay_padding.py",  # 20
-    "test_replay_stage.py",  # 19
-    "test_recompile.py",  # 17
-    "test_predict_replay_closed_loop.py",  # skips without ../shared; ~45 with it
-)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: k for k, name in enumerate(SLOWEST_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order within a rank
     if config.getoption("--run-slow"):
         return
     skip_slow = pytest.mark.skip(reason="slow: opt in with --run-slow")

@@ -100,9 +100,9 @@ def test_unknown_names_exit_1_with_one_line(runner, option, value, closest):
     assert result.stdout == ""  # nothing was swept
 
 
-def test_empty_result_exits_nonzero_and_explains(runner):
+def test_empty_result_exits_2_and_explains(runner):
     result = runner.invoke(app, ["sweep", "--model", "deepseek-v3", "--space", "small", "--budget", "1", "--workload", "chat", "--no-replay"])
-    assert result.exit_code != 0
+    assert result.exit_code == 2
     assert "Traceback" not in result.output
     explanation = [line for line in result.stderr.splitlines() if line.startswith("no configuration survived")]
     assert len(explanation) == 1, result.stderr
@@ -167,7 +167,7 @@ def test_simulate_routes_least_loaded_on_request(runner, tmp_path):
 
 
 def test_max_seconds_stops_a_long_replay_with_one_line(runner, tmp_path, monkeypatch):
-    """predict, simulate and sweep's stage 7 stop a replay past --max-seconds: exit 1 and one line
+    """predict, simulate and sweep's stage 7 stop a replay past --max-seconds: exit 3 and one line
     naming the job, the limit and the fix. The same predict with room finishes."""
     from jaxplan.funnel import budget
     from jaxplan.replay import driver
@@ -178,7 +178,7 @@ def test_max_seconds_stops_a_long_replay_with_one_line(runner, tmp_path, monkeyp
     for command in (["predict", str(csv), "-o", str(tmp_path / "out.csv")], ["simulate", str(csv)]):
         res = runner.invoke(app, [*command, "--max-seconds", "0.001"])
         lines = [line for line in res.output.splitlines() if line.strip()]
-        assert res.exit_code == 1 and len(lines) == 1, res.output
+        assert res.exit_code == 3 and len(lines) == 1, res.output
         assert lines[0].startswith(f"error: stopped the replay of {csv} row 1 (50 requests) after "), lines[0]
         assert "output tokens, beyond --max-seconds = 0.001; replay fewer requests" in lines[0] and lines[0].endswith("or raise --max-seconds")
     res = runner.invoke(app, ["predict", str(csv), "-o", str(tmp_path / "out.csv"), "--max-seconds", "600"])
@@ -186,11 +186,11 @@ def test_max_seconds_stops_a_long_replay_with_one_line(runner, tmp_path, monkeyp
     monkeypatch.setattr(budget, "COMPILE_S", 0.0)  # the sweep's up-front estimate would refuse 1 s
     res = runner.invoke(app, [*SMALL[:-1], "--top", "2", "--replay-requests", "20000", "--max-seconds", "1"])  # SMALL's funnel: compiled already
     lines = [line for line in res.output.splitlines() if line.strip()]
-    assert res.exit_code == 1 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
+    assert res.exit_code == 3 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
     assert "use fewer --replay-requests, a smaller --top or --no-replay, or raise --max-seconds" in lines[-1]
     res = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--space", "small", "--top", "2", "--replay-requests", "20000", "--max-seconds", "1"])
     lines = [line for line in res.output.splitlines() if line.strip()]
-    assert res.exit_code == 1 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
+    assert res.exit_code == 3 and lines[-1].startswith("error: stopped stage 7 (the replay of 2 finalists x 20,000 requests) after "), res.output
     assert not (tmp_path / "r.html").exists()
 
 

@@ -35,3 +35,20 @@ def test_this_run_compiles_fast_unless_opted_out():
     flags = os.environ.get("XLA_FLAGS", "")
     if os.environ.get(FAST_COMPILE_ENV, "fast") == "fast":
         assert "xla_backend_optimization_level" in flags
+
+
+def test_collection_keeps_the_file_order():
+    """No hand-kept timing list steers the order: collection returns the items in file order (the
+    slow marker aside), and pytest-xdist's --dist loadfile schedules the modules itself."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import conftest
+
+    names = ["test_a.py", "test_cli.py", "test_fuzz_cli.py", "test_solver.py", "test_z.py"]
+    items = [SimpleNamespace(path=Path("tests") / name, keywords={}) for name in names]
+    config = SimpleNamespace(getoption=lambda name: True, option=SimpleNamespace(loadscopereorder=True))
+    conftest.pytest_collection_modifyitems(config, items)
+    assert [item.path.name for item in items] == names
+    conftest.pytest_configure(config)
+    assert config.option.loadscopereorder is True

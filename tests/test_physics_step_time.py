@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from exercised import counted, exercised
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -391,6 +392,7 @@ def test_p99_tpot_never_exceeds_a_step_that_carries_a_chunk(shapes, hardware):
             assert np.any(p99[ok] == np.maximum(chunk_s, mean)[ok]), "the cut should bind for 2 output tokens"
 
 
+@counted
 @SETTINGS
 @given(model=st.sampled_from(DENSE), gpu=st.integers(0, len(GPUS) - 1), seed=st.integers(0, 2**31 - 1),
        arrival=st.sampled_from(["poisson", "closed", "burst"]))
@@ -400,6 +402,7 @@ def test_throughput_never_beats_streaming_the_weights(shapes, hardware, model, g
     m, hw, layout, w = random_estimate_inputs(shapes, hardware, model, gpu, seed, arrival)
     est, slots = _estimate_jit(m, hw, layout, w)
     fits = np.asarray(slots) >= 1.0
+    exercised(fits.any(), "layouts that fit")
     per_replica = np.asarray(est.output_tokens_per_s) / np.asarray(layout.data_parallel_size)
     step_floor_s = np.asarray(weight_bytes_per_gpu(m, layout)) / np.asarray(hw.hbm_bandwidth_bytes_per_s)
     bound = np.asarray(est.concurrency_per_replica) / step_floor_s
@@ -410,6 +413,7 @@ def test_throughput_never_beats_streaming_the_weights(shapes, hardware, model, g
         assert np.all(np.asarray(est.output_tokens_per_s)[fits] <= offered * (1 + 1e-5))
 
 
+@counted
 @SETTINGS
 @given(model=st.sampled_from(MODELS), gpu=st.integers(0, len(GPUS) - 1), seed=st.integers(0, 2**31 - 1))
 def test_poisson_concurrency_satisfies_littles_law(shapes, hardware, model, gpu, seed):
@@ -423,6 +427,7 @@ def test_poisson_concurrency_satisfies_littles_law(shapes, hardware, model, gpu,
     held = np.asarray(_held_jit(m, hw, layout, w, b))
     b = np.asarray(b)
     stable = (np.asarray(slots) >= 1.0) & (np.asarray(est.utilization) < 0.98) & (b < 0.999 * np.asarray(slots))
+    exercised(stable.any(), "stable layouts")
     # The solver runs a fixed number of bracketing steps on a kinked function: within 5% of b.
     bad = stable & (np.abs(held - b) > 0.05 * b)
     assert not bad.any(), f"{model} on {GPUS[gpu]}: b={b[bad][:4]}, rate x slot(b)={held[bad][:4]}"

@@ -124,7 +124,7 @@ def fake_trace(**fields):
     """A ReplayTrace-like record with just the fields the timeline reads (one finalist)."""
     from typing import NamedTuple
 
-    names = ("arrival_s", "admit_s", "ttft_s", "e2e_s", "prompt_tokens", "output_tokens", "replica_active", "replica_clock_s", "num_kv_blocks")
+    names = ("arrival_s", "admit_s", "ttft_s", "e2e_s", "replica", "prompt_tokens", "output_tokens", "replica_active", "replica_clock_s", "replica_peak_kv_blocks", "num_kv_blocks")
     Trace = NamedTuple("Trace", [(n, object) for n in names])
     return Trace(**{n: np.asarray(fields[n]) for n in names})
 
@@ -133,8 +133,8 @@ def test_timeline_of_one_known_request():
     from jaxplan.replay.timeline import timeline
 
     # arrives at 0, admitted at 1, first token at 1.5, last (4th) token at 6; the replay ends at 10
-    trace = fake_trace(arrival_s=[[0.0]], admit_s=[[1.0]], ttft_s=[[1.5]], e2e_s=[[6.0]], prompt_tokens=[160], output_tokens=[4],
-                       replica_active=[[True]], replica_clock_s=[[10.0]], num_kv_blocks=[100])
+    trace = fake_trace(arrival_s=[[0.0]], admit_s=[[1.0]], ttft_s=[[1.5]], e2e_s=[[6.0]], replica=[[0]], prompt_tokens=[160], output_tokens=[4],
+                       replica_active=[[True]], replica_clock_s=[[10.0]], replica_peak_kv_blocks=[[11]], num_kv_blocks=[100])
     tl = timeline(trace, points=10, block_size=16)  # bins of 1 s, centres 0.5 .. 9.5
     np.testing.assert_allclose(tl.time_s[0], np.arange(10) + 0.5)
     np.testing.assert_allclose(tl.queue_length[0], [1, 0, 0, 0, 0, 0, 0, 0, 0, 0])

@@ -14,7 +14,9 @@ Issue #8's properties and where each is tested:
   same seed, same requests                             here (the replay's request sample)
 Random models are bundled ones (dense, MoE, MLA, hybrid) plus dense models of random shape; random GPUs
 are bundled ones with HBM, bandwidth and FLOP/s scaled. Examples are derandomized (reproducible);
---run-slow runs 10x as many.
+--run-slow runs 10x as many. A property over candidates holds vacuously when none passes the stages
+it is about, as many random examples have; each such test counts the examples that had some (`exercised`,
+a hypothesis event too) and fails unless most did (tests/exercised.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exercised import counted, exercised
 from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
@@ -121,11 +124,13 @@ def check_more_hbm(model, gpu, w, seed, factor):
     big = funnel_stages(m, hw._replace(hbm_bytes=hw.hbm_bytes * factor), layout, w)
     fits_small = feasible(small[0]) & feasible(small[1])
     fits_big = feasible(big[0]) & feasible(big[1])
+    exercised(fits_small.any(), "fit stages 2-3 on the smaller HBM")
     assert not (fits_small & ~fits_big).any(), f"{model.name} on {name} x{factor:.2f} HBM: {np.flatnonzero(fits_small & ~fits_big)}"
     assert np.all(np.asarray(big[3]) >= np.asarray(small[3])), "KV blocks shrank with more HBM"
     assert np.all(np.asarray(big[4]) >= np.asarray(small[4]) * (1 - ULPS)), "concurrent slots shrank with more HBM"
 
 
+@counted
 @FAST
 @given(model=models(), gpu=gpus(), w=workloads(), seed=st.integers(0, 2**31 - 1), factor=st.floats(1.0, 8.0))
 def test_more_hbm_never_shrinks_the_feasible_set(model, gpu, w, seed, factor):
@@ -135,6 +140,7 @@ def test_more_hbm_never_shrinks_the_feasible_set(model, gpu, w, seed, factor):
     check_more_hbm(model, gpu, w, seed, factor)
 
 
+@counted
 @pytest.mark.slow
 @SLOW
 @given(model=models(), gpu=gpus(), w=workloads(), seed=st.integers(0, 2**31 - 1), factor=st.floats(1.0, 8.0))
@@ -152,6 +158,7 @@ def check_faster(model, gpu, w, seed, factor, fields):
     ok_base = feasible(base[0]) & feasible(base[1]) & feasible(base[2])
     ok_fast = feasible(fast[0]) & feasible(fast[1]) & feasible(fast[2])
     lost = ok_base & ~ok_fast
+    exercised(ok_base.any(), "admitted by stages 2-4 on the slower GPU")
     label = f"{model.name} on {name}, {fields} x{factor:.2f}"
     assert not lost.any(), f"{label}: feasible only on the slower GPU: {np.flatnonzero(lost)}"
     both = ok_base & ok_fast
@@ -166,6 +173,7 @@ def check_faster(model, gpu, w, seed, factor, fields):
     assert np.all(tpot_fast[both] <= tpot_base[both] * (1 + 2e-3)), f"{label}: p99 TPOT rose"
 
 
+@counted
 @FAST
 @given(model=models(), gpu=gpus(), w=workloads(), seed=st.integers(0, 2**31 - 1), factor=st.floats(1.0, 8.0),
        fields=st.sampled_from([("hbm_bandwidth_bytes_per_s",), ("bf16_flops_per_s", "fp8_flops_per_s")]))
@@ -175,6 +183,7 @@ def test_faster_hardware_never_shrinks_the_feasible_set(model, gpu, w, seed, fac
     check_faster(model, gpu, w, seed, factor, fields)
 
 
+@counted
 @pytest.mark.slow
 @SLOW
 @given(model=models(), gpu=gpus(), w=workloads(), seed=st.integers(0, 2**31 - 1), factor=st.floats(1.0, 8.0),
@@ -190,6 +199,7 @@ def check_finite(model, gpu, w, seed):
     (name, hw), m, layout = gpu, traced(model_shape(model)), layouts(seed)
     s2, s3, s4, blocks, slots, est, score = jax.device_get(funnel_stages(m, hw, layout, w))
     admitted = feasible(s2) & feasible(s3) & feasible(s4)
+    exercised(admitted.any(), "admitted by stages 2-4")
     label = f"{model.name} on {name}"
     for name, value in est._asdict().items():
         value = np.asarray(value)
@@ -200,6 +210,7 @@ def check_finite(model, gpu, w, seed):
     assert (np.asarray(slots)[admitted] >= 1).all()
 
 
+@counted
 @FAST
 @given(model=models(), gpu=gpus(), w=workloads(), seed=st.integers(0, 2**31 - 1))
 def test_no_nan_reaches_an_output(model, gpu, w, seed):
@@ -208,6 +219,7 @@ def test_no_nan_reaches_an_output(model, gpu, w, seed):
     check_finite(model, gpu, w, seed)
 
 
+@counted
 @pytest.mark.slow
 @SLOW
 @given(model=models(), gpu=gpus(), w=workloads(), seed=st.integers(0, 2**31 - 1))
@@ -251,3 +263,27 @@ def test_sweep_answer_does_not_depend_on_chunk_size_or_rerun(model, workload, tp
     for res in results:
         for row in res.shortlist + res.frontier:
             assert all(np.isfinite(v) for k, v in row.items() if isinstance(v, float)), row
+
+
+# ---- the guard itself ---------------------------------------------------------------------------------------
+
+
+def test_a_property_checked_on_no_candidate_fails():
+    """`counted` fails a property test whose examples all had empty sets, and passes one where most did."""
+
+    @counted
+    @settings(max_examples=10, deadline=None, derandomize=True)
+    @given(x=st.integers(0, 9))
+    def vacuous(x):
+        exercised(False, "nothing")
+
+    with pytest.raises(AssertionError, match="only 0 of 10 examples had candidates"):
+        vacuous()
+
+    @counted
+    @settings(max_examples=10, deadline=None, derandomize=True)
+    @given(x=st.integers(0, 9))
+    def mostly(x):
+        exercised(x != 3, "x is not 3")
+
+    mostly()

@@ -201,6 +201,23 @@ def test_kv_never_exceeds_capacity_and_preempts_only_when_tight(chat):
     assert (np.asarray(metrics.mean_batch_size) >= 1).all()
 
 
+def test_timeline_kv_never_exceeds_what_the_replay_held(chat):
+    """The timeline reconstructs KV use from request times; on the tight finalists (which preempt)
+    that overstates it. Each replica's series stays at or under the most blocks it held in one step,
+    so the deployment's never exceeds its capacity."""
+    from jaxplan.replay.timeline import timeline
+
+    _, config, _, _, trace, _ = chat
+    tl = timeline(trace, points=200, block_size=16)
+    held = np.where(np.asarray(trace.replica_active), np.asarray(trace.replica_peak_kv_blocks), 0).sum(1)
+    capacity = np.asarray(tl.capacity_blocks)
+    np.testing.assert_array_equal(capacity, np.asarray(config.num_kv_blocks) * np.asarray(config.data_parallel_size))
+    assert (tl.kv_utilization >= 0).all()
+    assert (tl.kv_utilization <= (held / capacity)[:, None] + 1e-9).all() and (tl.kv_utilization <= 1.0).all()
+    assert (tl.kv_utilization[2:].max(axis=1) > 0.5 * held[2:] / capacity[2:]).all()  # the tight ones run near what they held
+    assert (np.asarray(trace.preemptions)[2:].sum(1) > 0).all()
+
+
 def test_queue_length_series(chat):
     _, _, _, _, _trace, metrics = chat
     queue = np.asarray(metrics.queue_length)

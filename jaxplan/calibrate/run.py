@@ -61,7 +61,7 @@ KERNEL_FIELDS = (
 # Kernel fields an unfitted GPU takes as its prior times what serving reaches of the tables on the
 # fitted GPUs (`serving_ratios`): NVIDIA's GEMM tables time each GEMM alone at its best kernel, and
 # both serving fits land below them (H200 0.88, B200 0.97 of the table's FP8/BF16 efficiency). Without
-# it an H100 (no serving rows, the H200's silicon) prefilled faster than the H200 (found by an audit).
+# it an H100 (no serving rows, the H200's silicon) would prefill faster than the H200.
 SERVING_RATIO_FIELDS = ("gemm_flops_efficiency",)
 
 # (dataset, model) campaigns that are evaluated but not fitted, with the reason.

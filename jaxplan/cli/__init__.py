@@ -1,9 +1,8 @@
-"""The `jaxplan` command line (typer). Bad input: one line on stderr, exit code 1 (a usage error: 2), no traceback.
+"""The `jaxplan` command line (typer). Bad input: one line on stderr, exit code 1, no traceback; every
+exit code is defined once in `jaxplan.cli.exit_codes`.
 
 One module per command; importing them registers the commands on `app`.
 """
-
-import sys
 
 # Importing a command module registers its command; the order here is the order in --help.
 from jaxplan.cli import sweep  # noqa: F401,I001
@@ -21,20 +20,7 @@ from jaxplan.cpu_devices import enable as enable_cpu_devices
 def main() -> None:
     enable_compilation_cache()  # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not)
     enable_cpu_devices()  # one XLA CPU device per core (JAXPLAN_CPU_DEVICES=1: one in all)
-    try:
-        code = app(standalone_mode=False)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as error:  # typer's usage errors (its vendored click's): one line, not a box
-        if not (hasattr(error, "format_message") and hasattr(error, "exit_code")):
-            raise
-        ctx = getattr(error, "ctx", None)
-        path = ctx.command_path if ctx is not None else "jaxplan"
-        message = " ".join(str(error.format_message()).split())
-        print(f"error: {message} (see '{path} --help')", file=sys.stderr)
-        sys.exit(error.exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
+    app()  # exits with an ExitCode (jaxplan.cli.exit_codes), usage errors included
 
 
 __all__ = ["app", "main"]

@@ -15,10 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+from jaxplan.cli.exit_codes import ExitCode, ExitCodeGroup, exit_code_for
 from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.jsonio import finite, json_default, json_text  # noqa: F401 - re-exported for the commands
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan LLM serving deployments on a CPU: how many GPUs, arranged how, for what traffic.")
+app = typer.Typer(cls=ExitCodeGroup, add_completion=False, no_args_is_help=True, help="Plan LLM serving deployments on a CPU: how many GPUs, arranged how, for what traffic.")
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
@@ -91,7 +92,8 @@ def _name_max(folder: Path) -> int:
 
 
 def clean_errors(command):
-    """Turn PlanError (and a few OS errors) into one stderr line and exit code 1."""
+    """Turn PlanError (and a few OS errors) into one stderr line and its exit code (`ExitCode`):
+    1 bad input, 2 nothing survived, 3 past --max-seconds; any other exception is a bug: 70."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -99,17 +101,17 @@ def clean_errors(command):
             return command(*args, **kwargs)
         except PlanError as error:
             err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)  # [gpu.x] is text, not markup
-            raise typer.Exit(code=1) from None
+            raise typer.Exit(code=exit_code_for(error)) from None
         except (OSError, UnicodeDecodeError) as error:
             err.print(f"[bold red]error:[/] {escape(_os_error_text(error))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(code=1) from None
+            raise typer.Exit(code=ExitCode.BAD_INPUT) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as error:  # a bug: one line, and the traceback on request
             if os.environ.get("JAXPLAN_DEBUG"):
                 raise
             err.print(f"[bold red]internal error[/] (a bug in jaxplan, please report it): {type(error).__name__}: {escape(str(error))}. Rerun with JAXPLAN_DEBUG=1 for the traceback.", highlight=False, soft_wrap=True)
-            raise typer.Exit(code=3) from None
+            raise typer.Exit(code=ExitCode.INTERNAL_ERROR) from None
 
     return wrapper
 

@@ -35,7 +35,7 @@ from jaxplan.cli.common import (
     WeightDtypesOption,
 )
 from jaxplan.cli.sweep import print_winner
-from jaxplan.errors import PlanError
+from jaxplan.errors import NothingSurvived, PlanError
 
 PlotOption = Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write the figures here as PNG and SVG (created if needed).")]
 FROM_JSON_NOTE = "rendered from a saved sweep (--from): figures, replay timelines and sensitivities need the live sweep; run jaxplan report without --from for them"
@@ -93,7 +93,7 @@ def report(
         max_seconds=max_seconds, max_memory_gib=max_memory_gib,
     )
     if not plan.winner:
-        raise PlanError(plan.empty_explanation)
+        raise NothingSurvived(plan.empty_explanation)
     figures, sens = draw_report(plan, timelines, map_axes, started=started, max_seconds=max_seconds, max_memory_gib=max_memory_gib, params=params)
     write_report(output, plan, figures, sens)
     print_winner(plan.winner)

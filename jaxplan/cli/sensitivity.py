@@ -30,7 +30,7 @@ from jaxplan.cli.common import (
     write_plots,
     WeightDtypesOption,
 )
-from jaxplan.errors import PlanError
+from jaxplan.errors import NothingSurvived
 
 
 @app.command()
@@ -77,7 +77,7 @@ def sensitivity(
         return
     plan = plan_with_progress(inputs, top=top, params=params_path, replay=False, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     if not plan.winner:
-        raise PlanError(plan.empty_explanation)
+        raise NothingSurvived(plan.empty_explanation)
     rows = [f.to_row() for f in plan.finalists]
     with err.status(f"sensitivities of {len(rows)} finalists (forward-mode AD)"):
         sens = sensitivities(plan)

@@ -29,6 +29,7 @@ from jaxplan.cli.common import (
     plan_with_progress,
     WeightDtypesOption,
 )
+from jaxplan.cli.exit_codes import ExitCode
 
 
 @app.command()
@@ -68,4 +69,4 @@ def size(
         out.print(f"wrote {json_path}")
     if not sizing.per_gpu:
         err.print(f"[bold red]{plan.sweep.empty_explanation()}[/]", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=ExitCode.NOTHING_SURVIVED)

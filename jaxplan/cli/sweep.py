@@ -31,6 +31,7 @@ from jaxplan.cli.common import (
     write_plots,
     WeightDtypesOption,
 )
+from jaxplan.cli.exit_codes import ExitCode
 from jaxplan.report.vllm_command import HEAD_ADDRESS
 
 
@@ -101,7 +102,7 @@ def sweep(
 
         write_plots(lambda step: plan_figures(plan, step=step), count_sweep(plan.finalists if plan.replayed else None), plot)
     if not plan.winner:
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=ExitCode.NOTHING_SURVIVED)
 
 
 def replay_warning(shortfalls: list[str]) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxplan.deadline import check_limit
-from jaxplan.errors import PlanError
+from jaxplan.errors import PlanError, TimeLimitExceeded
 from jaxplan.grid import AXES, DP_AXIS, Grid
 
 GIB = 1024**3
@@ -89,7 +89,7 @@ def check_limits(grid: Grid, chunk_size: int, *, max_seconds: float | None = Non
             f"fewer TP/PP/DP values (the table keeps one entry per GPU x TP x PP x DP layout), or raise --max-memory-gib"
         )
     if max_seconds is not None and estimate.seconds > max_seconds:
-        raise PlanError(
+        raise TimeLimitExceeded(
             f"refusing the sweep: {estimate.describe()} (at a conservative {CANDIDATES_PER_S:,.0f} candidates/s), "
             f"above --max-seconds = {max_seconds:g}; use {_fixes(grid, estimate)}, or raise --max-seconds"
         )

@@ -68,8 +68,8 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "p2p_latency_s": (20e-6, 0.0, 1e-2),
     "request_overhead_s": (0.02, 0.0, 2.0),
 }
-# Fields of older parameter files that the physics no longer reads; accepted and dropped.
-# closed_loop_sync_fraction (until 2026-12-02): a closed loop's first wave is now concurrency / num_requests.
+# Fields that parameter files may hold but the physics does not read; accepted and dropped, so such a
+# file still loads. closed_loop_sync_fraction: a closed loop's first wave is concurrency / num_requests, not fitted.
 RETIRED = frozenset({"closed_loop_sync_fraction"})
 DEFAULTS = {field: bounds[0] for field, bounds in BOUNDS.items()}
 FILE_SECTIONS = frozenset({"record", "gpu", "prior"})  # what `jaxplan calibrate` writes

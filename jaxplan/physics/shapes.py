@@ -2,9 +2,9 @@
 
 `ModelShape` is a model reduced to per-layer-kind counts, as Python floats:
 hashable, so the sweep's chunk kernels (over millions of candidates) take it as
-a static argument and XLA folds the model's constants into the kernel (one
-compilation per model; traced scalars made the headline bench grid 1.5x slower,
-28.8 s against 19.1 s on 2026-12-02, and 1.8x before).
+a static argument and XLA folds the model's constants into the kernel: one
+compilation per model buys a kernel with the per-model arithmetic done at compile time,
+which pays off over millions of candidates.
 Kernels over a few rows (predict, the calibration fit, the replay, report rows,
 sensitivities) pass it `traced` instead: one compilation serves every model.
 `Hardware` is a GPU type plus its

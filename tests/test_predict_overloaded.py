@@ -1,0 +1,49 @@
+"""An analytical (stage-4) prediction of an open-loop row whose arrivals outpace the deployment.
+
+No steady state exists: the row's throughput is the capacity (and the status says so) and it has no
+steady-state TTFT; a run whose prompts all find a slot at once is predicted as that one wave."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jaxplan.predict import predict_rows
+
+ROW = {"model": "llama-3.1-8b", "gpu": "h100_sxm", "tensor_parallel_size": 1, "isl": 1000, "osl": 200}
+
+
+@pytest.fixture(scope="module")
+def predicted():
+    rates_and_prompts = [(0.05, 50), (20, 1000), (60, 1000), (1000, 5000), (1000, 50)]
+    rows = [dict(ROW, request_rate=rate, num_prompts=n) for rate, n in rates_and_prompts]
+    return dict(zip(rates_and_prompts, predict_rows(rows)))
+
+
+def test_an_overloaded_long_run_reports_the_capacity_and_no_ttft(predicted):
+    stable, over, far_over = predicted[(20, 1000)], predicted[(60, 1000)], predicted[(1000, 5000)]
+    assert stable["status"] == "ok" and stable["request_s"] == pytest.approx(20.0, rel=1e-5)
+    capacity = over["request_s"]
+    assert capacity > 20.0  # the stable row is below it ...
+    assert far_over["request_s"] == pytest.approx(capacity, rel=1e-5)  # ... and past it, the arrival rate no longer matters
+    assert over["output_tok_s"] == pytest.approx(capacity * ROW["osl"], rel=1e-5)
+    for row, rate, n in ((over, 60, 1000), (far_over, 1000, 5000)):
+        assert row["ttft_ms_mean"] is None and row["ttft_ms_p99"] is None, row
+        status = row["status"]
+        assert status.startswith(f"overloaded: requests arrive at {rate:g}/s, above the {capacity:.4g}/s"), status
+        assert "output_tok_s and request_s are that capacity" in status and f"its {n:,} prompts arrive" in status, status
+        assert f"grows by {rate - capacity:.3g} requests/s" in status and "grows without bound" not in status
+
+
+def test_an_overloaded_run_whose_prompts_all_fit_is_one_wave(predicted):
+    """50 prompts at 1000/s on a replica with hundreds of slots: all 50 run together, none queues for
+    a slot. Its TTFT is finite and no shorter than a prompt's alone (one every 20 s), its throughput
+    that of 50 in flight: under the capacity, above one request's."""
+    wave, alone, capacity = predicted[(1000, 50)], predicted[(0.05, 50)], predicted[(60, 1000)]["request_s"]
+    assert wave["status"].startswith("overloaded: requests arrive at 1000/s") and "its 50 prompts all fit in its" in wave["status"]
+    assert "predicted as all arriving at once (TTFT an upper bound)" in wave["status"]
+    assert wave["ttft_ms_mean"] is not None and math.isfinite(wave["ttft_ms_mean"]), wave
+    assert wave["ttft_ms_mean"] > alone["ttft_ms_mean"] and wave["ttft_ms_p99"] >= wave["ttft_ms_mean"]
+    assert alone["status"] == "ok" and 0.05 * 1.5 < wave["request_s"] < capacity
+    assert wave["request_rate"] == 1000 and wave.get("concurrency") is None  # the row as given, not the wave it was predicted as

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from jaxplan.predict import predict_rows
+from jaxplan.prediction import predict_rows
 
 ROW = {"model": "llama-3.1-8b", "gpu": "h100_sxm", "tensor_parallel_size": 1, "isl": 1000, "osl": 200}
 

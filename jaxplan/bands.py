@@ -295,7 +295,7 @@ def ratio_table(classes: np.ndarray, bands: dict) -> np.ndarray:
     names, index = np.unique(np.asarray(classes, dtype=str).reshape(-1), return_inverse=True)
     table = np.full((len(names), 2, len(METRICS)), np.nan)
     for c, name in enumerate(names):
-        entry = bands["classes"][name]
+        entry = bands["classes"].get(name, {})
         for j, m in enumerate(METRICS):
             if entry.get(m):
                 table[c, :, j] = entry[m]

@@ -96,6 +96,15 @@ class Finalist:
         return row
 
     @property
+    def band(self) -> dict | None:
+        """The p10-p90 band the plan gave this finalist (`jaxplan.plan_bands.BAND_KEYS`: its class, and
+        TTFT / TPOT means in s and output tokens/s at p10 and p90), or None."""
+        from jaxplan.plan_bands import BAND_KEYS
+
+        extra = dict(self.extra)
+        return {k: extra[k] for k in BAND_KEYS if k in extra} or None
+
+    @property
     def layout(self) -> str:
         """'4 x h100_sxm: TP2 x PP1 x DP2'."""
         return f"{self.num_gpus} x {self.gpu}: TP{self.tensor_parallel_size} x PP{self.pipeline_parallel_size} x DP{self.data_parallel_size}"

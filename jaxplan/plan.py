@@ -45,6 +45,7 @@ class Plan:
     empty_explanation: str | None
     replay_s: float | None = None  # wall time of stage 7
     seed: int = 0  # of the replay's request sample
+    verdict: object | None = None  # jaxplan.plan_bands.Verdict: does the winner's lead exceed the bands?
     sweep: object | None = dataclasses.field(default=None, compare=False, repr=False)
 
     model = property(lambda self: self.inputs.model)
@@ -73,6 +74,7 @@ class Plan:
             "shortlist": [f.to_row() for f in self.shortlist],
             "frontier": [f.to_row() for f in self.frontier],
             "winner": self.winner.to_row() if self.winner else None,
+            "winner_verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "empty_explanation": self.empty_explanation,
         }
         if self.sizing is not None:
@@ -192,15 +194,23 @@ def run_plan(
         from jaxplan.sizing import size_deployments
 
         sizing = size_deployments(result, rollout_prompts=rollout_prompts)
-    return plan_of(inputs, result, replayed, sizing, replay_s, seed)
+    return plan_of(inputs, result, replayed, sizing, replay_s, seed, params=params)
 
 
-def plan_of(inputs: Inputs, result, replayed: list[dict] | None, sizing=None, replay_s: float | None = None, seed: int = 0) -> Plan:
-    """Type a sweep result (and its replayed rows) as a Plan: the winner gets its launch lines."""
+def plan_of(inputs: Inputs, result, replayed: list[dict] | None, sizing=None, replay_s: float | None = None, seed: int = 0,
+            params: str | Path | None = None) -> Plan:
+    """Type a sweep result (and its replayed rows) as a Plan: each finalist gets its p10-p90 band
+    (`plan_bands`, from the bands that go with `params`), the winner its launch lines and a verdict on
+    its lead over the runner-up."""
     from jaxplan.funnel.replay_stage import rank_agreement
+    from jaxplan.plan_bands import verdict, with_bands
 
-    shortlist = tuple(Finalist.from_row(r) for r in result.shortlist)
-    finalists = tuple(Finalist.from_row(r) for r in replayed) if replayed else shortlist
+    def banded(rows):
+        return with_bands(rows, result.model.name, result.workload, result.grid.space.block_size_tokens, str(params) if params else None)
+
+    shortlist = tuple(Finalist.from_row(r) for r in banded(result.shortlist))
+    final_rows = banded(replayed) if replayed else [f.to_row() for f in shortlist]
+    finalists = tuple(Finalist.from_row(r) for r in final_rows) if replayed else shortlist
     agreement = rank_agreement(replayed) if replayed else math.nan
     return Plan(
         inputs=inputs, funnel=tuple(result.stages), grid_size=result.grid.size, shortlist=shortlist, finalists=finalists,
@@ -208,6 +218,7 @@ def plan_of(inputs: Inputs, result, replayed: list[dict] | None, sizing=None, re
         replay_rank_correlation=agreement if math.isfinite(agreement) else None, sizing=sizing,
         compile_s=result.compile_s, run_s=result.run_s, num_devices=result.num_devices,
         empty_explanation=None if result.shortlist else result.empty_explanation(), replay_s=replay_s, seed=seed, sweep=result,
+        verdict=verdict(final_rows, result.workload),
     )
 
 

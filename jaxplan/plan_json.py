@@ -45,11 +45,21 @@ def plan_from_dict(payload: Mapping, where: str):
             replay_rank_correlation=payload.get("replay_rank_correlation_with_stage4"),
             sizing=_sizing(payload.get("sizing"), inputs.workload), compile_s=payload.get("compile_s", 0.0), run_s=payload.get("run_s", 0.0),
             num_devices=payload.get("num_devices", 1), empty_explanation=payload.get("empty_explanation"),
+            verdict=_verdict(payload.get("winner_verdict")),
         )
     except PlanError as error:
         raise PlanError(f"{where}: {error}") from None
     except (TypeError, KeyError, ValueError, AttributeError) as error:
         raise PlanError(f"{where}: malformed sweep JSON ({type(error).__name__}: {error}); give a file `jaxplan sweep --json` wrote") from None
+
+
+def _verdict(data):
+    """The winner's verdict from its `to_dict` (None in a file written without bands)."""
+    if data is None:
+        return None
+    from jaxplan.plan_bands import Verdict
+
+    return Verdict(data.get("lead"), bool(data["close"]), tuple(str(n) for n in data["notes"]))
 
 
 def _spec(cls, data, where: str):

@@ -73,6 +73,14 @@ def test_finalists_are_ordered_and_the_winner_is_the_first(plan):
     assert "GPU KV cache size" in w.kv_cache_check and w.replay_shortfalls is not None
 
 
+def test_every_finalist_carries_its_band_and_the_winner_a_verdict(plan):
+    for f in plan.finalists:
+        band = f.band
+        assert band["band_class"].count("/") == 2
+        assert band["output_tokens_per_s_p10"] <= band["output_tokens_per_s_p90"] and band["tpot_mean_s_p10"] < band["tpot_mean_s_p90"]
+    assert plan.verdict is not None and json.loads(plan.to_json())["winner_verdict"]["close"] == plan.verdict.close
+
+
 def test_funnel_counts_shrink_stage_by_stage(plan):
     assert [s.stage for s in plan.funnel] == [1, 2, 3, 4, 5, 6]
     admitted = [s.admitted for s in plan.funnel]
@@ -111,6 +119,7 @@ def test_report_from_json_renders_without_recomputing(cli_json, tmp_path, monkey
     text = html.read_text()
     assert f"<code>{cli_json['winner']['vllm_serve']}" in text and "Re-ranked by the replay" in text
     assert "rendered from a saved sweep" in text and "<img" not in text  # figures need the live sweep: a note instead
+    assert f"p10-p90 ({cli_json['winner']['band_class']}" in text and "tok/s p10-p90" in text  # the bands travel in the JSON
     for needle in ("llama-3.1-8b", "h100_sxm", "chat:", "small:", f"{cli_json['grid_size']:,} configurations"):
         assert needle in text, needle
 

@@ -79,7 +79,7 @@ def report(
         plan = Plan.from_json(from_json)
         write_report(output, plan, {}, None, note=FROM_JSON_NOTE)
         if plan.winner:
-            print_winner(plan.winner)
+            print_winner(plan.winner, plan.verdict)
         out.print(f"wrote {output}")
         return
     if plot:
@@ -96,7 +96,7 @@ def report(
         raise NothingSurvived(plan.empty_explanation)
     figures, sens = draw_report(plan, timelines, map_axes, started=started, max_seconds=max_seconds, max_memory_gib=max_memory_gib, params=params)
     write_report(output, plan, figures, sens)
-    print_winner(plan.winner)
+    print_winner(plan.winner, plan.verdict)
     out.print(f"wrote {output}")
     if plot:
         from jaxplan.plots.figures import write_figures

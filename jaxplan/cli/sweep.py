@@ -87,7 +87,7 @@ def sweep(
     if plan.winner:
         title = "re-ranked by the replay" if plan.replayed else "ranked by stage 4"
         out.print(rows_table([f.to_row() for f in plan.finalists], f"Top {len(plan.finalists)} configurations (one per GPU/TP/PP/DP layout), {title}", width=out.width))
-        print_winner(plan.winner)
+        print_winner(plan.winner, plan.verdict)
     else:
         err.print(f"[bold red]{plan.empty_explanation}[/]", highlight=False, soft_wrap=True)  # one line, even when piped
     if plan.sizing is not None:  # sizing: per GPU type, the fewest GPUs and the cheapest per token
@@ -114,9 +114,13 @@ def replay_warning(shortfalls: list[str]) -> str:
     )
 
 
-def print_winner(winner) -> None:
+def print_winner(winner, verdict=None) -> None:
     """The winner's `vllm serve` line (the head node's, then one per other node when its replicas span
-    nodes), the KV cache to check in its log, and the replay's warning when it misses the workload."""
+    nodes), the KV cache to check in its log, its p10-p90 band, the replay's warning when it misses the
+    workload, and `verdict`'s notes (`plan_bands.Verdict`: a runner-up within the bands, an SLO or
+    target the band's far end misses)."""
+    from jaxplan.plan_bands import band_line
+
     others = winner.other_node_commands
     out.print("[bold]Winner:[/] " + ("(head node) " if others else "") + winner.serve_command, highlight=False, soft_wrap=True)
     for node, line in enumerate(others, start=1):
@@ -124,5 +128,10 @@ def print_winner(winner) -> None:
     if others:
         out.print(f"(replicas on {len(others) + 1} nodes: vLLM's multi-node data parallelism; put the head node's address for {HEAD_ADDRESS})", style="dim", highlight=False, soft_wrap=True)
     out.print(winner.kv_cache_check, style="dim", highlight=False, soft_wrap=True)
+    band = band_line(winner.finalist.band)
+    if band:
+        out.print("Band: " + band, highlight=False, soft_wrap=True)
     if winner.replay_shortfalls:
         out.print(replay_warning(list(winner.replay_shortfalls)), style="bold yellow", highlight=False, soft_wrap=True)
+    for note in verdict.notes if verdict is not None else ():
+        out.print(note, style="bold yellow", highlight=False, soft_wrap=True)

@@ -168,9 +168,11 @@ def _gpu_tables(target: Path, section: str) -> dict[str, dict[str, float]]:
 @functools.cache
 def load_priors(path: str | None = None) -> dict[str, dict[str, float]]:
     """GPU name -> the kernel-table priors a calibration file was fitted from (its [prior.<name>]
-    tables; {} for a file without them): what `jaxplan calibrate` starts from where NVIDIA's kernel
-    tables are not on disk, e.g. in a clone without ../shared."""
-    return _gpu_tables(Path(path) if path else PARAMS_PATH, "prior")
+    tables; {} for a file without them) of the file `path` or $JAXPLAN_PARAMS selects (`selected_path`):
+    what `jaxplan calibrate` starts from where NVIDIA's kernel tables are not on disk, e.g. in a clone
+    without ../shared, and which GPUs a prediction's band counts as priced from kernel tables."""
+    chosen = selected_path(path)
+    return _gpu_tables(Path(chosen) if chosen else PARAMS_PATH, "prior")
 
 
 def efficiency_for(gpu_names, path: str | None = None) -> dict[str, dict[str, float]]:

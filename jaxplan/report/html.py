@@ -142,8 +142,14 @@ def _winner(summary: dict) -> str:
         replay = (f"{w['replay_output_tokens_per_s']:,.0f} output tokens/s, p99 TTFT {_ms(w['replay_ttft_p99_s'])}, "
                   f"p99 TPOT {_ms(w['replay_tpot_p99_s'])}, {w['replay_slo_attainment']:.0%} of requests within the SLOs")
         facts.append(["replay", replay])
+    if w.get("output_tokens_per_s_p10") is not None:
+        from jaxplan.plan_bands import band_line
+
+        facts.append(["band", band_line(w)])
     if w.get("replay_shortfalls"):
         facts.append(["warning", "replayed step by step, no finalist meets the workload; the winner misses it by " + "; ".join(w["replay_shortfalls"])])
+    for note in (summary.get("winner_verdict") or {}).get("notes", []):
+        facts.append(["caution", note])
     lines = [w["vllm_serve"]] + [f"# node {k}:\n{line}" for k, line in enumerate(w.get("vllm_serve_other_nodes") or [], start=1)]
     return f"<pre><code>{_e(chr(10).join(lines))}</code></pre>" + _table([], facts, left=2)
 
@@ -169,6 +175,9 @@ def _rows_table(rows: list[dict], caption: str) -> str:
     header = ["#", "GPU", "layout", "GPUs", "seqs", "budget", "W/KV", "out tok/s", "tok/s/GPU", "TTFT p99", "TPOT p99", "$/M tok"]
     if replayed:
         header += ["replay tok/s", "replay TTFT p99", "replay TPOT p99", "SLO met"]
+    banded = "output_tokens_per_s_p10" in rows[0]
+    if banded:
+        header += ["tok/s p10-p90", "band class"]
     body = []
     for i, r in enumerate(rows, 1):
         cells = [i, r["gpu"], split_label(r), r["num_gpus"], r["max_num_seqs"],
@@ -176,6 +185,9 @@ def _rows_table(rows: list[dict], caption: str) -> str:
                  f"{r['output_tokens_per_s_per_gpu']:,.0f}", _ms(r["ttft_p99_s"]), _ms(r["tpot_p99_s"]), f"{r['cost_per_million_output_tokens_usd']:.2f}"]
         if replayed:
             cells += [f"{r['replay_output_tokens_per_s']:,.0f}", _ms(r["replay_ttft_p99_s"]), _ms(r["replay_tpot_p99_s"]), f"{r['replay_slo_attainment']:.0%}"]
+        if banded:
+            low, high = r.get("output_tokens_per_s_p10"), r.get("output_tokens_per_s_p90")
+            cells += ["-" if low is None or high is None else f"{low:,.0f}-{high:,.0f}", r.get("band_class") or "-"]
         body.append(cells)
     return _table(header, body, left=3, caption=caption)
 

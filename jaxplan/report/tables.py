@@ -53,6 +53,13 @@ _COLUMNS = (
     ("$/M\ntok", "right", lambda i, r: f"{r['cost_per_million_output_tokens_usd']:.2f}"),
     ("binds", "left", lambda i, r: BOUND_NAMES[r["bound"]]),
 )
+def _band(r: dict) -> str:
+    """Output tokens/s at p10-p90 of the row's band (`plan_bands`), '-' without one."""
+    low, high = r.get("output_tokens_per_s_p10"), r.get("output_tokens_per_s_p90")
+    return "-" if low is None or high is None else f"{low:,.0f}-{high:,.0f}"
+
+
+_BAND_COLUMNS = (("tok/s\np10-p90", "right", lambda i, r: _band(r)),)
 _REPLAY_COLUMNS = (
     ("replay\ntok/s", "right", lambda i, r: f"{r['replay_output_tokens_per_s']:,.0f}"),
     ("replay\nTTFT p99", "right", lambda i, r: _ms(r["replay_ttft_p99_s"])),
@@ -60,7 +67,7 @@ _REPLAY_COLUMNS = (
     ("SLO\nmet", "right", lambda i, r: f"{r['replay_slo_attainment']:.0%}"),
 )
 # Least needed first; stage 4's own metrics go before the replay's, which rank the finalists.
-DROP_ORDER = ("binds", "tok/s\n/GPU", "$/M\ntok", "#", "TTFT\np99 ms", "TPOT\np99 ms", "out\ntok/s", "budget", "GPUs")
+DROP_ORDER = ("binds", "tok/s\np10-p90", "tok/s\n/GPU", "$/M\ntok", "#", "TTFT\np99 ms", "TPOT\np99 ms", "out\ntok/s", "budget", "GPUs")
 
 
 def rows_table(rows: list[dict], title: str, width: int | None = None) -> Table:
@@ -68,7 +75,8 @@ def rows_table(rows: list[dict], title: str, width: int | None = None) -> Table:
     cut: where the table is wider than `width` columns (the terminal), columns leave in `DROP_ORDER`
     and the caption names them (the JSON and CSV outputs keep every field)."""
     replayed = bool(rows) and "replay_output_tokens_per_s" in rows[0]
-    columns = list(_COLUMNS + (_REPLAY_COLUMNS if replayed else ()))
+    banded = bool(rows) and "output_tokens_per_s_p10" in rows[0]
+    columns = list(_COLUMNS + (_REPLAY_COLUMNS if replayed else ()) + (_BAND_COLUMNS if banded else ()))
     dropped = []
     while True:
         table = Table(title=title)

@@ -1,0 +1,147 @@
+"""How sure a sweep's answer is: each finalist's p10-p90 band, and whether the winner's lead holds.
+
+The bands are `jaxplan.bands`' (measured / predicted over held-out rows, per prediction class),
+applied to what ranked the finalist: the replayed means where stage 7 ran, else stage 4's. The
+verdict compares the winner with the runner-up on the ranking's own quantity (`funnel.estimate.
+objective`): output tokens per dollar without a target, cost with one. Band ends of two finalists
+are compared as if their errors were independent, which overstates the doubt between layouts on
+the same GPU (their errors share a calibration) and is the cautious reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from jaxplan.specs.workload import Arrival
+
+# Row keys a finalist gains (SI units, like the sweep's own metrics).
+BAND_KEYS = (
+    "band_class", "ttft_mean_s_p10", "ttft_mean_s_p90", "tpot_mean_s_p10", "tpot_mean_s_p90",
+    "output_tokens_per_s_p10", "output_tokens_per_s_p90",
+)  # fmt: skip
+
+
+def _metric_values(row: dict) -> tuple[float, float, float]:
+    """(TTFT mean s, TPOT mean s, output tokens/s) that ranked `row`: replayed where it was replayed."""
+    if "replay_output_tokens_per_s" in row:
+        return row["replay_ttft_mean_s"], row["replay_tpot_mean_s"], row["replay_output_tokens_per_s"]
+    return row["ttft_mean_s"], row["tpot_mean_s"], row["output_tokens_per_s"]
+
+
+def kv_fits(rows: list[dict], workload, block_size_tokens: int) -> np.ndarray:
+    """[R] bool, `bands.kv_regime`'s rule for a sweep row: an open loop (Poisson, burst) counts as
+    fitting; a closed loop fits when one replica's KV cache holds its share of the clients' full
+    contexts (mean prompt + mean output)."""
+    if workload.arrival != Arrival.CLOSED:
+        return np.ones(len(rows), dtype=bool)
+    kv_tokens = np.array([r["kv_blocks_per_replica"] for r in rows], dtype=np.float64) * block_size_tokens
+    replicas = np.array([r["data_parallel_size"] for r in rows], dtype=np.float64)
+    demand = workload.concurrency / replicas * (workload.isl_mean_tokens + workload.osl_mean_tokens)
+    return kv_tokens >= demand
+
+
+def with_bands(rows: list[dict], model_name: str, workload, block_size_tokens: int, params_path: str | None = None,
+               table: dict | None = None) -> list[dict]:
+    """`rows` (sweep or replayed rows) with BAND_KEYS added; a band end is None where the class has
+    no band for that metric. table: `bands.load_bands`' dict (default: the bands that go with
+    `params_path`)."""
+    from jaxplan import bands
+    from jaxplan.physics.params import load_priors
+
+    if not rows:
+        return []
+    values = np.array([_metric_values(r) for r in rows], dtype=np.float64).reshape(len(rows), 3)
+    low, high, classes = bands.band_arrays(
+        [r["gpu"] for r in rows], [model_name] * len(rows), kv_fits(rows, workload, block_size_tokens), values,
+        table if table is not None else bands.bands_for(params_path), prior_gpus=load_priors(params_path),
+    )  # fmt: skip
+    if workload.arrival == Arrival.POISSON:  # no deployment serves more than is offered: cap the throughput's ends there
+        ceiling = np.maximum(values[:, 2], workload.request_rate_per_s * workload.osl_mean_tokens)
+        low[:, 2], high[:, 2] = np.minimum(low[:, 2], ceiling), np.minimum(high[:, 2], ceiling)
+    out = []
+    for i, row in enumerate(rows):
+        ends = [None if not math.isfinite(v) else float(v) for pair in zip(low[i], high[i]) for v in pair]
+        out.append({**row, **dict(zip(BAND_KEYS, (str(classes[i]), *ends)))})
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Whether the winner's lead over the runner-up exceeds their bands. lead: the winner's ranking
+    quantity over the runner-up's, minus 1 (None when it is not uncertain: ranked by cost alone);
+    close: the bands overlap, so the measured order could go either way; notes: one line each, for the
+    terminal, the JSON and the report."""
+
+    lead: float | None
+    close: bool
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {"lead": self.lead, "close": self.close, "notes": list(self.notes)}
+
+
+def band_line(band: dict | None) -> str | None:
+    """One line for a banded row: 'p10-p90 (class ...): TTFT mean a-b ms, TPOT mean c-d ms, e-f output tokens/s'."""
+    if not band or band.get("output_tokens_per_s_p10") is None:
+        return None
+    ms = lambda key: f"{band[key] * 1e3:,.1f}" if band.get(key) is not None else "?"  # noqa: E731
+    return (f"p10-p90 ({band['band_class']}, docs/uncertainty.md): TTFT mean {ms('ttft_mean_s_p10')}-{ms('ttft_mean_s_p90')} ms, "
+            f"TPOT mean {ms('tpot_mean_s_p10')}-{ms('tpot_mean_s_p90')} ms, "
+            f"{band['output_tokens_per_s_p10']:,.0f}-{band['output_tokens_per_s_p90']:,.0f} output tokens/s")
+
+
+def _thr(row: dict, end: str) -> float | None:
+    value = row.get(f"output_tokens_per_s_{end}")
+    return None if value is None else float(value)
+
+
+def verdict(rows: list[dict], workload) -> Verdict | None:
+    """Judge the first row (the winner) against the second (the runner-up, if any) and the workload's
+    SLOs and target. rows: banded rows best first. None without rows."""
+    if not rows:
+        return None
+    best = rows[0]
+    notes = []
+    lead, close = None, False
+    target = workload.target_output_tokens_per_s
+    if len(rows) > 1:
+        second = rows[1]
+        if target > 0 or workload.arrival == Arrival.POISSON:
+            # Ranked by cost, which is exact: the doubt is whether the winner keeps up, checked below.
+            pass
+        elif all(v is not None for v in (_thr(best, "p10"), _thr(second, "p90"))):
+            per_dollar = lambda row, thr: thr / row["hourly_usd"]  # noqa: E731
+            lead = per_dollar(best, _metric_values(best)[2]) / per_dollar(second, _metric_values(second)[2]) - 1
+            close = per_dollar(second, _thr(second, "p90")) >= per_dollar(best, _thr(best, "p10"))
+            if close:
+                notes.append(
+                    f"Too close to call: the runner-up ({_layout(second)}) is {lead:.0%} behind on output tokens per dollar, "
+                    "within the two predictions' p10-p90 bands; measure both before choosing."
+                )
+    low_thr = _thr(best, "p10")
+    if target > 0 and low_thr is not None and low_thr < target:
+        notes.append(f"At its band's low end (p10) the winner serves {low_thr:,.0f} output tokens/s, below the {target:,.0f} target; "
+                     "a larger --target-throughput margin or more GPUs covers it.")
+    for metric, slo, name in (("ttft", workload.ttft_slo_s, "TTFT"), ("tpot", workload.tpot_slo_s, "TPOT")):
+        ratio = _high_ratio(best, metric)
+        p99 = best.get(f"replay_{metric}_p99_s", best[f"{metric}_p99_s"])
+        if math.isfinite(slo) and ratio is not None and p99 * ratio > slo:
+            notes.append(f"At its band's high end (p90) the winner's p99 {name} would be {p99 * ratio * 1e3:,.0f} ms, past the "
+                         f"{slo * 1e3:,.0f} ms SLO.")
+    return Verdict(lead, close, tuple(notes))
+
+
+def _high_ratio(row: dict, metric: str) -> float | None:
+    """The band's high end over the prediction for `metric` (ttft, tpot), applied to the p99 as well."""
+    high = row.get(f"{metric}_mean_s_p90")
+    mean = row.get(f"replay_{metric}_mean_s", row[f"{metric}_mean_s"])
+    if high is None or not mean or not math.isfinite(mean):
+        return None
+    return high / mean
+
+
+def _layout(row: dict) -> str:
+    return f"{row['num_gpus']} x {row['gpu']}: TP{row['tensor_parallel_size']} x PP{row['pipeline_parallel_size']} x DP{row['data_parallel_size']}"

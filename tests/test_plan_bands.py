@@ -1,0 +1,91 @@
+"""A sweep's bands and the verdict on the winner's lead (jaxplan.plan_bands), on hand-made rows."""
+
+import dataclasses
+import math
+
+import pytest
+
+from jaxplan.plan_bands import band_line, kv_fits, verdict, with_bands
+from jaxplan.specs.workload import Arrival, Workload
+
+CLOSED = Workload(name="t", isl_mean_tokens=1000, osl_mean_tokens=500, arrival=Arrival.CLOSED, concurrency=64, num_requests=640)
+TABLE = {
+    "record": {"fitted_gpus": ["h200_sxm"], "fitted_models": ["llama-3.1-70b"], "prior_gpus": ["h100_sxm"]},
+    "classes": {
+        "calibrated/seen/kv_fits": {"ttft_ms_mean": [0.8, 1.25], "tpot_ms_mean": [0.9, 1.1], "output_tok_s": [0.9, 1.1]},
+        "calibrated/seen/kv_starved": {"ttft_ms_mean": [0.5, 8.0], "tpot_ms_mean": [0.8, 1.3], "output_tok_s": [0.7, 1.2]},
+        "kernel_tables/seen/kv_fits": {"ttft_ms_mean": [0.8, 1.6], "tpot_ms_mean": [0.85, 1.2], "output_tok_s": [0.8, 1.2]},
+    },
+}
+
+
+def row(gpu="h200_sxm", tokens_per_s=1000.0, hourly_usd=10.0, dp=1, kv_blocks=10_000, **changes) -> dict:
+    base = dict(
+        gpu=gpu, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=dp, num_gpus=dp, hourly_usd=hourly_usd,
+        output_tokens_per_s=tokens_per_s, ttft_mean_s=0.2, ttft_p99_s=0.5, tpot_mean_s=0.02, tpot_p99_s=0.03, kv_blocks_per_replica=kv_blocks,
+    )  # fmt: skip
+    return {**base, **changes}
+
+
+def banded(rows, workload=CLOSED):
+    return with_bands(rows, "llama-3.1-70b", workload, 16, table=TABLE)
+
+
+def test_a_closed_loop_fits_when_each_replica_holds_its_clients_contexts():
+    # 64 clients x 1,500 tokens = 96,000 tokens: 6,000 blocks of 16 on one replica, 3,000 each on two.
+    rows = [row(kv_blocks=6000), row(kv_blocks=5999), row(kv_blocks=3000, dp=2), row(kv_blocks=2999, dp=2)]
+    assert kv_fits(rows, CLOSED, 16).tolist() == [True, False, True, False]
+    poisson = dataclasses.replace(CLOSED, arrival=Arrival.POISSON, request_rate_per_s=1.0)
+    assert kv_fits(rows, poisson, 16).all()  # an open loop counts as fitting, as calibrate's rows do
+
+
+def test_each_row_gets_its_class_band_on_what_ranked_it():
+    fits, starved, replayed, priors_only = banded([
+        row(), row(kv_blocks=10), row(replay_output_tokens_per_s=500.0, replay_ttft_mean_s=0.4, replay_tpot_mean_s=0.05), row(gpu="h100_sxm"),
+    ])  # fmt: skip
+    assert fits["band_class"] == "calibrated/seen/kv_fits" and starved["band_class"] == "calibrated/seen/kv_starved"
+    assert fits["output_tokens_per_s_p10"] == pytest.approx(900) and fits["output_tokens_per_s_p90"] == pytest.approx(1100)
+    assert fits["ttft_mean_s_p10"] == pytest.approx(0.16) and fits["tpot_mean_s_p90"] == pytest.approx(0.022)
+    assert starved["ttft_mean_s_p90"] == pytest.approx(1.6)
+    assert replayed["output_tokens_per_s_p10"] == pytest.approx(450) and replayed["ttft_mean_s_p90"] == pytest.approx(0.5)  # the replay's means
+    assert priors_only["band_class"] == "kernel_tables/seen/kv_fits" and priors_only["output_tokens_per_s_p10"] == pytest.approx(800)
+    assert "docs/uncertainty.md" in band_line(fits) and "900-1,100 output tokens/s" in band_line(fits)
+
+
+def test_a_class_without_a_band_leaves_the_ends_empty():
+    (unknown,) = banded([row(gpu="mi355x")])
+    assert unknown["band_class"] == "spec_sheet/seen/kv_fits" and unknown["output_tokens_per_s_p10"] is None and band_line(unknown) is None
+
+
+def test_poisson_throughput_never_exceeds_what_is_offered():
+    poisson = dataclasses.replace(CLOSED, arrival=Arrival.POISSON, request_rate_per_s=2.0)  # 1,000 output tokens/s offered
+    (r,) = banded([row(tokens_per_s=1000.0)], poisson)
+    assert r["output_tokens_per_s_p10"] == pytest.approx(900) and r["output_tokens_per_s_p90"] == pytest.approx(1000)
+
+
+def test_a_runner_up_inside_the_bands_is_a_close_call():
+    # Tokens per dollar: 100 against 95 (5% ahead); the winner's p10 (90) is below the runner-up's p90 (104.5).
+    v = verdict(banded([row(tokens_per_s=1000.0), row(tokens_per_s=950.0)]), CLOSED)
+    assert v.close and v.lead == pytest.approx(1000 / 950 - 1) and "Too close to call" in v.notes[0]
+
+
+def test_a_lead_wider_than_the_bands_is_not():
+    # 100 against 70 per dollar: the winner's p10 (90) is above the runner-up's p90 (77).
+    v = verdict(banded([row(tokens_per_s=1000.0), row(tokens_per_s=700.0)]), CLOSED)
+    assert not v.close and v.lead == pytest.approx(1000 / 700 - 1) and v.notes == ()
+
+
+def test_ranked_by_cost_there_is_no_close_call_but_the_target_is_checked():
+    target = dataclasses.replace(CLOSED, target_output_tokens_per_s=950.0)
+    v = verdict(banded([row(tokens_per_s=1000.0), row(tokens_per_s=999.0)], target), target)
+    assert v.lead is None and not v.close
+    assert len(v.notes) == 1 and "below the 950 target" in v.notes[0]  # p10 = 900
+
+
+def test_an_slo_the_band_s_high_end_misses_is_said():
+    slo = dataclasses.replace(CLOSED, tpot_slo_s=0.032, ttft_slo_s=math.inf)
+    (v_note,) = verdict(banded([row()], slo), slo).notes  # p99 TPOT 30 ms x 1.1 = 33 ms > 32 ms
+    assert "p99 TPOT would be 33 ms" in v_note
+    looser = dataclasses.replace(slo, tpot_slo_s=0.034)
+    assert verdict(banded([row()], looser), looser).notes == ()
+    assert verdict([], CLOSED) is None

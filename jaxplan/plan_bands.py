@@ -87,7 +87,10 @@ def band_line(band: dict | None) -> str | None:
     """One line for a banded row: 'p10-p90 (class ...): TTFT mean a-b ms, TPOT mean c-d ms, e-f output tokens/s'."""
     if not band or band.get("output_tokens_per_s_p10") is None:
         return None
-    ms = lambda key: f"{band[key] * 1e3:,.1f}" if band.get(key) is not None else "?"  # noqa: E731
+    def ms(key: str) -> str:
+        value = band.get(key)
+        return "?" if value is None else f"{value * 1e3:,.0f}" if value >= 0.1 else f"{value * 1e3:,.1f}"
+
     return (f"p10-p90 ({band['band_class']}, docs/uncertainty.md): TTFT mean {ms('ttft_mean_s_p10')}-{ms('ttft_mean_s_p90')} ms, "
             f"TPOT mean {ms('tpot_mean_s_p10')}-{ms('tpot_mean_s_p90')} ms, "
             f"{band['output_tokens_per_s_p10']:,.0f}-{band['output_tokens_per_s_p90']:,.0f} output tokens/s")

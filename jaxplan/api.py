@@ -69,7 +69,8 @@ def predict(
     """TTFT, TPOT and throughput of explicit configurations, as `jaxplan predict` does: each row (a
     dict with the predict CSV's columns: model, gpu, tensor_parallel_size, isl, osl, request_rate or
     concurrency, ...) comes back with the output columns added (times in ms: ttft_ms_mean, ttft_ms_p99,
-    tpot_ms_mean, tpot_ms_p99, output_tok_s, request_s, kv_cache_tokens, status).
+    tpot_ms_mean, tpot_ms_p99, output_tok_s, request_s, kv_cache_tokens, status), each mean's p10-p90
+    band (`ttft_ms_mean_p10`, ..., `output_tok_s_p90`) and `prediction_class` (docs/uncertainty.md).
 
     rows: a list of dicts or a predict CSV path. method: "replay" (step by step per row) or
     "analytical" (stage 4's steady state, instant)."""
@@ -89,10 +90,14 @@ def predict(
     if not rows:
         raise bad_value("rows", [], "give at least one configuration")
     rows = [dict(r) for r in rows]
+    from jaxplan.bands import with_bands
+
     params_path = str(params) if params else None
     if method == "analytical":
-        return predict_rows(rows, params_path=params_path, source=source)
-    return replay_predict_rows(rows, params_path=params_path, source=source, num_requests=num_requests, seed=seed, routing=routing, max_seconds=max_seconds)
+        predicted = predict_rows(rows, params_path=params_path, source=source)
+    else:
+        predicted = replay_predict_rows(rows, params_path=params_path, source=source, num_requests=num_requests, seed=seed, routing=routing, max_seconds=max_seconds)
+    return with_bands(predicted, params_path)  # each metric's p10-p90 and the class it comes from, as the CLI writes
 
 
 def sensitivity(plan: Plan | None = None, *, top: int | None = None, **sweep_options):

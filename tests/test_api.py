@@ -185,10 +185,13 @@ ROWS = [
 
 
 def test_predict_wraps_the_row_predictors(tmp_path):
+    from jaxplan.bands import with_bands
     from jaxplan.prediction import predict_rows, replay_predict_rows
 
-    assert jaxplan.predict(ROWS, method="analytical") == predict_rows([dict(r) for r in ROWS])
-    assert jaxplan.predict(ROWS, num_requests=20) == replay_predict_rows([dict(r) for r in ROWS], num_requests=20)
+    analytical = jaxplan.predict(ROWS, method="analytical")
+    assert analytical == with_bands(predict_rows([dict(r) for r in ROWS]))  # the CLI's columns, bands included
+    assert all(r["output_tok_s_p10"] <= r["output_tok_s_p90"] and r["prediction_class"] for r in analytical)
+    assert jaxplan.predict(ROWS, num_requests=20) == with_bands(replay_predict_rows([dict(r) for r in ROWS], num_requests=20))
     csv = tmp_path / "rows.csv"
     columns = sorted({k for r in ROWS for k in r})
     csv.write_text(",".join(columns) + "\n" + "\n".join(",".join(str(r.get(c, "")) for c in columns) for r in ROWS) + "\n")

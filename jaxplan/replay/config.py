@@ -14,17 +14,13 @@ import jax
 import numpy as np
 
 from jaxplan.errors import bad_value
-from jaxplan.replay.routing import POLICIES, routing_policy
+from jaxplan.replay.routing import routing_policy
 
 # Most allowed per field. Token and block sums stay below 2**24 so that the
 # replay's float32 prefix sums are exact; 4,096 running requests per replica.
 LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024, "pipeline_parallel_size": 64}
-# How requests reach data-parallel replicas: the names of routing.POLICIES.
-ROUTINGS = tuple(POLICIES)
-
-
 def check_routing(routing) -> str:
-    """`routing` if it names a routing policy, else a one-line PlanError listing the known ones."""
+    """`routing` if it names a routing policy (routing.POLICIES), else a one-line PlanError listing the known ones."""
     return routing_policy(routing).name
 
 

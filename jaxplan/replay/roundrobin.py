@@ -44,7 +44,7 @@ def lane_demand(st: LaneState, lane: LaneInput):
 def widen_lanes(inputs: LaneInput, state: LaneState, extra: int):
     """The same lanes (leading axis [L]) with `extra` more slot rows."""
     e_i, e_f = jax.vmap(lambda _: empty_rows(extra))(state.n_run)
-    widen = lambda x, e: jnp.concatenate([x, e], axis=-1)  # noqa: E731
+    widen = lambda x, e: jnp.concatenate([x, e], axis=-1)
     pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
     pad_zero = jnp.zeros(inputs.stream.shape[:-1] + (extra,), jnp.int32)
     # A lane out of rows was frozen before its step, which it runs again now: that iteration did
@@ -75,11 +75,11 @@ def merge_lanes(inputs: LaneInput, state: LaneState, position, split, dp, lanes_
     d = jnp.arange(num_d, dtype=jnp.int32)
     lane_of = split.lane_of  # [F, D]
     real = split.first < split.end  # [L] padding lanes replay nothing
-    of_replica = lambda x: x[lane_of, d[None, :]]  # [L, D] -> [F, D]  # noqa: E731
+    of_replica = lambda x: x[lane_of, d[None, :]]  # [L, D] -> [F, D]
     i = jnp.arange(num_r, dtype=jnp.int32)
     pos_replica = jnp.zeros((num_f, num_r), jnp.int32).at[jnp.arange(num_f)[:, None], position].set(i[None, :] % dp[:, None])
     pos_lane = jnp.take_along_axis(lane_of, pos_replica, axis=1)  # [F, R] lane of each stream position
-    of_position = lambda x: x[pos_lane[:, None, :], jnp.arange(x.shape[1])[None, :, None], i[None, None, :]]  # [L, C, R] -> [F, C, R]  # noqa: E731
+    of_position = lambda x: x[pos_lane[:, None, :], jnp.arange(x.shape[1])[None, :, None], i[None, None, :]]  # [L, C, R] -> [F, C, R]
     arrival = of_position(state.arrival[:, None, num_s : num_s + num_r])[:, 0]
     owner = jnp.where(real, split.finalist, num_f)  # padding lanes go to a dropped segment
     merged = jax.tree.map(lambda x: x[lane_of[:, 0]], state)._replace(

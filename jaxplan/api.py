@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.inputs import load_inputs
-from jaxplan.plan import ROUTINGS, Plan, run_plan
+from jaxplan.plan import Plan, run_plan
 
 METHODS = ("replay", "analytical")
 
@@ -75,11 +75,11 @@ def predict(
     rows: a list of dicts or a predict CSV path. method: "replay" (step by step per row) or
     "analytical" (stage 4's steady state, instant)."""
     from jaxplan.prediction import predict_rows, replay_predict_rows
+    from jaxplan.replay.routing import routing_policy
 
     if method not in METHODS:
         raise bad_value("method", method, f"use one of {', '.join(METHODS)}")
-    if routing not in ROUTINGS:
-        raise bad_value("routing", routing, f"use one of {', '.join(ROUTINGS)}")
+    routing_policy(routing)
     source = "input"
     if isinstance(rows, (str, Path)):
         from jaxplan.calibrate.rows import read_predict_csv

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.errors import bad_value
-from jaxplan.funnel.estimate import HOUR_S
+from jaxplan.funnel.estimate import cost_per_million_tokens_usd
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams
@@ -46,7 +46,7 @@ def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParam
     """[F, M] stage-4 metrics (SI units; cost in USD per million output tokens)."""
     est = estimate(model, hw, layout, w, gpu_memory_utilization)
     hourly = layout.num_gpus * hw.price_usd_per_hour
-    cost = hourly / (est.output_tokens_per_s * HOUR_S) * 1e6
+    cost = cost_per_million_tokens_usd(hourly, est.output_tokens_per_s)
     return jnp.stack([est.output_tokens_per_s, est.ttft_mean_s, est.tpot_mean_s, cost], axis=-1)
 
 

@@ -19,7 +19,6 @@ from jaxplan.finalist import Finalist, Winner
 from jaxplan.inputs import Inputs
 from jaxplan.jsonio import json_text
 
-ROUTINGS = ("round_robin", "least_loaded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +119,9 @@ def check_options(*, top: int, chunk_size: int, replay_requests: int, seed: int,
     for name, value, low, high in (("top", top, 1, 1000), ("chunk_size", chunk_size, 1024, 1 << 24), ("replay_requests", replay_requests, 10, 1_000_000), ("seed", seed, 0, 2**63)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise bad_value(name, value, f"must be an integer in {low:,}..{high:,}")
-    if routing not in ROUTINGS:
-        raise bad_value("routing", routing, f"use one of {', '.join(ROUTINGS)}")
+    from jaxplan.replay.routing import routing_policy  # imports JAX, which the run needs anyway
+
+    routing_policy(routing)
 
 
 def stage7_deadline(max_seconds: float | None, started: float, finalists: int, requests: int):

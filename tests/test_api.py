@@ -169,7 +169,7 @@ def test_a_misspelt_arrival_is_refused():
     (dict(weight_dtypes=["fp16"]), "'fp16' is not one of them"),
     (dict(top=0), "top = 0: must be an integer in 1..1,000"),
     (dict(replay_requests=5), "replay_requests = 5"),
-    (dict(routing="random"), "round_robin, least_loaded"),
+    (dict(routing="random"), "Known: least_loaded, round_robin"),
     (dict(target_throughput=0), "target_throughput = 0"),
 ])
 def test_bad_sweep_input_is_a_one_line_plan_error(change, fragment):
@@ -204,7 +204,7 @@ def test_predict_wraps_the_row_predictors(tmp_path):
     (ROWS, dict(method="exact"), "method = 'exact'"),
     ([], {}, "at least one"),
     (ROWS[0], {}, "list of dicts"),
-    (ROWS, dict(routing="x"), "routing = 'x'"),
+    (ROWS, dict(routing="x"), "unknown routing 'x'"),
 ])
 def test_bad_predict_input_is_a_one_line_plan_error(rows, kwargs, fragment):
     with pytest.raises(PlanError, match=fragment):

@@ -12,6 +12,15 @@ from jaxplan.physics.traffic import WorkloadParams
 
 HOUR_S = 3600.0
 TIE_BREAK = 0.01  # weight of the secondary objective in the log score
+# A configuration that produces (next to) nothing costs hourly / this per token: finite, and 0 rather
+# than NaN at a zero price, where millions of stage-4 candidates include some with no throughput.
+MIN_OUTPUT_TOKENS_PER_HOUR = 1e-9
+
+
+def cost_per_million_tokens_usd(hourly_usd, output_tokens_per_s):
+    """USD per million output tokens (broadcast shape; traceable) from the hourly cost (USD/h) and
+    the output throughput (tokens/s), with throughput floored at MIN_OUTPUT_TOKENS_PER_HOUR."""
+    return hourly_usd / jnp.maximum(output_tokens_per_s * HOUR_S, MIN_OUTPUT_TOKENS_PER_HOUR) * 1e6
 
 
 def estimate_stage(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity, prepared=None):
@@ -21,7 +30,7 @@ def estimate_stage(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadP
     part (steady_state.prepare) when already computed."""
     est: Estimate = estimate(model, hw, layout, w, gpu_memory_utilization, capacity, prepared)
     hourly_usd = layout.num_gpus * hw.price_usd_per_hour
-    per_million = hourly_usd / jnp.maximum(est.output_tokens_per_s * HOUR_S, 1e-9) * 1e6
+    per_million = cost_per_million_tokens_usd(hourly_usd, est.output_tokens_per_s)
     reason = first_failure(
         [
             ((w.arrival_code == 0) & (est.utilization >= 1.0), Reason.OVERLOADED),

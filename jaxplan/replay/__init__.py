@@ -15,10 +15,12 @@ finalists run in one vmapped program: their capacities are traced values.
 
 Semantics: `scheduler.py` (what each step schedules) and `execute.py` (what
 a step does); `reference.py` is the same scheduler in plain Python, which the
-replay matches exactly. Requests go to replicas round-robin (`traffic.py`) or,
+replay matches exactly. Requests go to replicas round-robin (`roundrobin.py`) or,
 with `routing="least_loaded"` (a ReplayConfig field, or a simulate keyword), to
 the replica with the fewest waiting + running requests when they arrive
-(`balance.py`); each replica has its own scheduler and KV cache. The replay's
+(`balance.py`); each replica has its own scheduler and KV cache. A routing
+policy is one `routing.RoutingPolicy` (the functions the driver calls), looked
+up by name in `routing.POLICIES`. The replay's
 memory is estimated before it runs (`memory.py`): finalists that do not fit at
 once run in chunks, and a request count too large for one finalist is refused.
 """

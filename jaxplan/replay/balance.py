@@ -55,6 +55,7 @@ from jaxplan.replay.state import (
     empty_rows,
     init_lane,
 )
+from jaxplan.replay.traffic import Lanes, build_balanced_lanes
 
 # LaneState fields that hold one replica's scheduler; in least-loaded lanes they carry a leading [D] axis.
 BANK = ("run_i", "run_f", "n_run", "pq_i", "pq_f", "n_pq", "next_k", "clock_hi", "clock_lo", "steps")
@@ -229,3 +230,24 @@ def balanced_records(carry):
     ids = jnp.where(rt.routed >= 0, rt.routed, num_r).reshape(-1)
     replica = jnp.full(num_r, -1, I32).at[ids].set(jnp.repeat(jnp.arange(num_d, dtype=I32), rt.routed.shape[1]), mode="drop")
     return rec_i, rec_f, replica
+
+
+def start_balanced(requests, num_requests, config, closed_concurrency, split, *, max_dp: int, num_slots: int) -> tuple[Lanes, tuple, jnp.ndarray]:
+    """(lanes [F], their initial (LaneState, Route) [F], each request's stream position [F, R]) (traceable).
+    One lane per finalist: `split` has one lane each and is not needed."""
+    lanes, submitted = build_balanced_lanes(requests, config, closed_concurrency, max_dp, num_requests)
+    state = jax.vmap(lambda arr, sub: init_balanced(arr, sub, max_dp, num_slots))(lanes.arrival, submitted)
+    return lanes, state, lanes.position
+
+
+def balanced_lane_state(carry) -> LaneState:
+    """The LaneState of a (LaneState, Route) carry (one lane or [F])."""
+    return carry[0]
+
+
+def merge_balanced(inputs: LaneInput, carry, position, split, dp, lanes_done):
+    """The lanes' results [F] (one lane per finalist): (inputs, state), records rec_i, rec_f
+    [F, 3, R] by stream position, the replica of each request [F, R] and replica_done [F, D]."""
+    rec_i, rec_f, replica = jax.vmap(balanced_records)(carry)
+    state = carry[0]
+    return inputs, state, rec_i, rec_f, replica, lanes_done[:, None] | state.rep_stalled

@@ -14,20 +14,14 @@ import jax
 import numpy as np
 
 from jaxplan.errors import bad_value
+from jaxplan.replay.routing import routing_policy
 
 # Most allowed per field. Token and block sums stay below 2**24 so that the
 # replay's float32 prefix sums are exact; 4,096 running requests per replica.
 LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024, "pipeline_parallel_size": 64}
-# How requests reach data-parallel replicas: request i to replica i % dp, or to the replica with
-# the fewest outstanding (waiting + running) requests at its arrival, ties to the lowest index.
-ROUTINGS = ("round_robin", "least_loaded")
-
-
 def check_routing(routing) -> str:
-    """`routing` if it is one of ROUTINGS, else a one-line PlanError."""
-    if routing not in ROUTINGS:
-        raise bad_value("routing", routing, f"use one of {', '.join(ROUTINGS)}")
-    return routing
+    """`routing` if it names a routing policy (routing.POLICIES), else a one-line PlanError listing the known ones."""
+    return routing_policy(routing).name
 
 
 @jax.tree_util.register_dataclass
@@ -44,8 +38,9 @@ class ReplayConfig:
         token budget: pp x max_num_batched_tokens tokens in all, at most one budget per request
         (a request sits in one micro-batch), as stage 4 assumes.
     block_size: tokens per KV block (static, shared by all finalists).
-    routing: "round_robin" (request i to replica i % dp) or "least_loaded" (to the
-        replica with the fewest waiting + running requests at its arrival); static.
+    routing: the routing policy's name (routing.POLICIES): "round_robin" (request i to replica
+        i % dp) or "least_loaded" (to the replica with the fewest waiting + running requests at
+        its arrival); static.
     """
 
     max_num_seqs: np.ndarray

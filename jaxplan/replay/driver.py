@@ -1,10 +1,11 @@
 """Host driver: vmap the lane scheduler over every replica of every finalist.
 
-One `lax.while_loop` advances all lanes together (one lane per finalist, its
-replicas replayed one after the other under round-robin routing, or all
-together in time order under least-loaded routing, see balance.py) until
-every lane is done; a lane that
-is done stops changing. Round robin with a work estimate (`replica_steps_hint`)
+The routing policy (`routing.RoutingPolicy`, looked up once by name) supplies
+every function that depends on how requests reach replicas; the driver calls
+only those. One `lax.while_loop` advances all lanes together (one lane per
+finalist, its replicas replayed one after the other under round-robin routing,
+roundrobin.py, or all together in time order under least-loaded routing,
+balance.py) until every lane is done; a lane that is done stops changing. Round robin with a work estimate (`replica_steps_hint`)
 or `max_replicas_per_lane`: a finalist's replicas may be spread over several
 lanes, each a contiguous range of them (`LaneSplit`, chosen on the host by
 `choose_split`; lane counts padded to F or a power of two), so that the loop,
@@ -47,37 +48,18 @@ from jax.sharding import PartitionSpec as P
 from jaxplan.buckets import bucket_size
 from jaxplan.errors import bad_value
 from jaxplan.replay import memory
-from jaxplan.replay.balance import (
-    balanced_demand,
-    balanced_done,
-    balanced_records,
-    balanced_step,
-    balanced_widen,
-    init_balanced,
-)
-from jaxplan.replay.config import ReplayConfig, check_routing
+from jaxplan.replay.config import ReplayConfig
 from jaxplan.replay.metrics import ReplayMetrics, summarize
-from jaxplan.replay.scheduler import LaneInput, lane_done
-from jaxplan.replay.state import (
-    NPRE,
-    STEP_FIRST,
-    T_ADMIT,
-    TTFT,
-    K,
-    LaneState,
-    empty_rows,
-    init_lane,
-)
-from jaxplan.replay.step import lane_step
-from jaxplan.replay.traffic import (
-    Requests,
-    build_balanced_lanes,
-    build_lanes,
-    pad_requests,
-    request_bucket,
-    routing_dp,
-    split_lanes,
-)
+from jaxplan.replay.routing import RoutingPolicy, routing_policy
+from jaxplan.replay.scheduler import LaneInput
+from jaxplan.replay.split import LANE_OVERHEAD as LANE_OVERHEAD
+from jaxplan.replay.split import LaneSplit as LaneSplit
+from jaxplan.replay.split import choose_split as choose_split
+from jaxplan.replay.split import lane_count_bucket as lane_count_bucket
+from jaxplan.replay.split import lane_split as lane_split
+from jaxplan.replay.split import split_sizes as split_sizes
+from jaxplan.replay.state import LaneState
+from jaxplan.replay.traffic import Requests, pad_requests, request_bucket
 from jaxplan.specs.workload import Arrival, Workload
 
 DEFAULT_WINDOW = 128
@@ -115,31 +97,6 @@ class ReplayTrace(NamedTuple):
     itl_hist: jnp.ndarray  # [F, ITL_BINS] int32 inter-token gaps (all replicas)
 
 
-LEAST_LOADED = "least_loaded"
-
-
-class LaneSplit(NamedTuple):
-    """How finalists' replicas are spread over lanes (round robin): lane l replays the replicas
-    [first[l], end[l]) of finalist finalist[l], one after the other; end <= first is a padding lane."""
-
-    finalist: jnp.ndarray  # [L] int32
-    first: jnp.ndarray  # [L] int32
-    end: jnp.ndarray  # [L] int32
-    lane_of: jnp.ndarray  # [F, D] int32 lane that replays each finalist's replica (past dp: its last lane)
-
-
-# Host-side split: a lane costs about as much per loop iteration as any other (vmapped), plus a
-# fixed cost per iteration of about LANE_OVERHEAD lanes (measured on XLA:CPU, 1..96 lanes).
-LANE_OVERHEAD = 2.0
-
-
-def lane_count_bucket(lanes: int, num_finalists: int, devices: int = 1) -> int:
-    """Padded lane count: F when no finalist is split, else the next power of two (one program per
-    bucket); then rounded up to a multiple of `devices`, the devices the lanes are sharded over."""
-    padded = num_finalists if lanes <= num_finalists else _bucket(lanes)
-    return -(-padded // devices) * devices
-
-
 def lane_devices() -> int:
     """Local devices the lanes are sharded over (1: no sharding)."""
     return jax.local_device_count()
@@ -150,69 +107,6 @@ def _lane_mesh(num_lanes: int, devices: int) -> Mesh | None:
     if devices <= 1 or num_lanes % devices:
         return None
     return Mesh(np.array(jax.local_devices()[:devices]), ("lanes",))
-
-
-def split_sizes(dp, lanes_per_finalist) -> list[list[int]]:
-    """Replicas per lane: finalist f's dp[f] replicas in k[f] contiguous groups, the larger groups first."""
-    return [[n // k + (j < n % k) for j in range(k)] for n, k in zip((int(x) for x in dp), (int(x) for x in lanes_per_finalist))]
-
-
-def choose_split(dp, work=None, *, max_replicas_per_lane: int | None = None, lanes: int | None = None, devices: int = 1) -> np.ndarray:
-    """Lanes per finalist k [F] (1 = not split), chosen on the host before the replay.
-
-    dp: routed replicas [F]. work: estimated loop iterations per replica [F] (replicas of one
-    finalist see the same traffic, so about the same). The loop runs as long as the busiest lane
-    (k[f] lanes of finalist f hold ceil(dp / k) replicas each) and costs about
-    (padded lanes / devices + LANE_OVERHEAD) per iteration (each device loops over its share):
-    k minimises that product. `lanes` fixes the
-    padded lane count (memory chunks); max_replicas_per_lane: k = ceil(dp / it), no estimate.
-    Without either `work` or max_replicas_per_lane: k = 1 (the split pays only for a good estimate).
-    """
-    dp = np.maximum(np.asarray(dp, np.int64), 1)
-    num_f = dp.shape[0]
-    if max_replicas_per_lane is not None:
-        k = -(-dp // max_replicas_per_lane)
-        return k if lanes is None or k.sum() <= lanes else np.ones_like(dp)
-    if work is None:
-        return np.ones_like(dp)
-    w = np.maximum(np.asarray(work, np.float64), 1.0)
-    # Candidate lane loads: every finalist's work times a replica count; each gives the split
-    # with the fewest lanes that keeps every lane at or below it.
-    targets = np.unique(np.concatenate([w[f] * np.arange(1, dp[f] + 1) for f in range(num_f)]))
-    targets = targets[targets >= w.max() * (1 - 1e-9)]
-    per = np.clip(np.floor(targets[:, None] / w[None, :] * (1 + 1e-9)), 1, dp[None, :])  # [T, F] replicas per lane
-    k = -(-dp[None, :] // per.astype(np.int64))
-    load = np.max(-(-dp[None, :] // k) * w[None, :], axis=1)
-    count = k.sum(axis=1)
-    if lanes is None:
-        padded = np.array([lane_count_bucket(int(c), num_f, devices) for c in count], np.float64)
-        cost = (padded / devices + LANE_OVERHEAD) * load
-    else:
-        cost = np.where(count <= lanes, load, np.inf)
-    best = int(np.flatnonzero(cost <= np.min(cost) * (1 + 1e-9))[-1])  # ties: the largest target, fewest lanes
-    return k[best] if np.isfinite(cost[best]) else np.ones_like(dp)
-
-
-def lane_split(dp, lanes_per_finalist, max_dp: int, lanes: int | None = None) -> LaneSplit:
-    """The LaneSplit (numpy) for k [F] lanes per finalist, padded to `lanes` (default lane_count_bucket;
-    padding lanes replay nothing)."""
-    dp = np.asarray(dp, np.int64)
-    num_f = dp.shape[0]
-    sizes = split_sizes(dp, lanes_per_finalist)
-    count = sum(len(x) for x in sizes)
-    total = lane_count_bucket(count, num_f) if lanes is None else lanes
-    finalist, first, end = np.zeros(total, np.int32), np.zeros(total, np.int32), np.zeros(total, np.int32)
-    lane_of = np.zeros((num_f, max_dp), np.int32)
-    lane = 0
-    for f, groups in enumerate(sizes):
-        start = 0
-        for size in groups:
-            finalist[lane], first[lane], end[lane] = f, start, start + size
-            lane_of[f, start : start + size] = lane
-            start += size
-            lane += 1
-        lane_of[f, start:] = lane - 1
-    return LaneSplit(finalist, first, end, lane_of)
 
 
 # Loop iterations per request of one replica: 8 x (requests in flight)^(-1/3) x (1 + OSL / window)^(1/4).
@@ -253,17 +147,11 @@ def _on_lanes(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, lanes), tree)
 
 
-@functools.partial(jax.jit, static_argnames=("num_slots", "max_dp", "mesh"))
-def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, mesh: Mesh | None = None):
+@functools.partial(jax.jit, static_argnames=("num_slots", "max_dp", "policy", "mesh"))
+def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
     (its finalist's stream). `requests` [R] are padded; the first `num_requests` are real."""
-    if config.routing == LEAST_LOADED:
-        lanes, submitted = build_balanced_lanes(requests, config, closed_concurrency, max_dp, num_requests)
-        position = lanes.position
-    else:
-        lanes = build_lanes(requests, config, closed_concurrency, max_dp, num_requests)
-        position = lanes.position
-        lanes = split_lanes(lanes, split.finalist, split.first, split.end)
+    lanes, state, position = policy.start(requests, num_requests, config, closed_concurrency, split, max_dp=max_dp, num_slots=num_slots)
     pad = jnp.zeros((lanes.stream.shape[0], 3, num_slots), jnp.int32)
     inputs = LaneInput(
         jnp.concatenate([pad, jnp.swapaxes(lanes.stream, 1, 2), pad], axis=2),
@@ -278,36 +166,23 @@ def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concur
         lanes.num_kv_blocks,
         lanes.num_requests,
     )
-    if config.routing == LEAST_LOADED:
-        state = jax.vmap(lambda arr, sub: init_balanced(arr, sub, max_dp, num_slots))(lanes.arrival, submitted)
-    else:
-        state = jax.vmap(lambda arr, sub: init_lane(arr, sub, max_dp, num_slots))(lanes.arrival, lanes.seg_initial[:, 0])
-        # a lane starts at its first replica, as if the replicas before it had been replayed
-        first = split.first[:, None] == jnp.arange(max_dp)[None, :]
-        seg_first = jnp.sum(jnp.where(first, lanes.seg_start, 0), axis=1)
-        state = state._replace(replica=split.first, next_k=seg_first, submitted=seg_first + jnp.sum(jnp.where(first, lanes.seg_initial, 0), axis=1))
     return *_on_lanes((inputs, state), mesh), position
 
 
-def _lanes_done(state, inputs: LaneInput, routing: str):
-    """[F] bool: every lane that is done. `state` is a LaneState (round robin) or (LaneState, Route)."""
-    return jax.vmap(balanced_done if routing == LEAST_LOADED else lane_done)(state, inputs)
+def _lanes_done(state, inputs: LaneInput, policy: RoutingPolicy):
+    """[L] bool: every lane that is done."""
+    return jax.vmap(policy.done)(state, inputs)
 
 
-def _lane_state(state, routing: str) -> LaneState:
-    return state[0] if routing == LEAST_LOADED else state
-
-
-def _loop(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, routing: str):
+def _loop(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, policy: RoutingPolicy):
     """Up to `max_iterations` iterations of every lane; stops early when all are done,
     or (if `grow`) as soon as a lane is out of slot rows (it is frozen before that step).
     Returns (state, iterations run)."""
-    one = balanced_step if routing == LEAST_LOADED else lane_step
-    step = jax.vmap(functools.partial(one, step_time_fn=step_time_fn, window=window, block_size=block_size), in_axes=(0, 0, 0, None))
+    step = jax.vmap(functools.partial(policy.step, step_time_fn=step_time_fn, window=window, block_size=block_size), in_axes=(0, 0, 0, None))
 
     def cond(carry):
         st, it = carry
-        return (it < max_iterations) & ~jnp.all(_lanes_done(st, inputs, routing)) & ~(grow & jnp.any(_lane_state(st, routing).overflow))
+        return (it < max_iterations) & ~jnp.all(_lanes_done(st, inputs, policy)) & ~(grow & jnp.any(policy.lane_state(st).overflow))
 
     def body(carry):
         st, it = carry
@@ -316,16 +191,16 @@ def _loop(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_t
     return jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
 
 
-@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size", "routing", "mesh"), donate_argnames=("state",))
-def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, routing: str = "round_robin", mesh: Mesh | None = None):
+@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size", "policy", "mesh"), donate_argnames=("state",))
+def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """`_loop` over every lane; with a mesh, each device loops over its share of the lanes on its
     own (no synchronisation per iteration) and the iterations run are the most any device ran.
     Returns (state, iterations run, every lane done, a lane out of slot rows): the host reads
     scalars only."""
-    loop = functools.partial(_loop, step_time_fn=step_time_fn, window=window, block_size=block_size, routing=routing)
+    loop = functools.partial(_loop, step_time_fn=step_time_fn, window=window, block_size=block_size, policy=policy)
     if mesh is None:
         state, ran = loop(inputs, state, step_params, max_iterations, grow)
-        return state, ran, jnp.all(_lanes_done(state, inputs, routing)), jnp.any(_lane_state(state, routing).overflow)
+        return state, ran, jnp.all(_lanes_done(state, inputs, policy)), jnp.any(policy.lane_state(state).overflow)
 
     def local(inputs, state, step_params, max_iterations, grow):
         state, ran = loop(inputs, state, step_params, max_iterations, grow)
@@ -334,114 +209,27 @@ def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, ste
     lanes = P("lanes")
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(lanes, lanes, lanes, P(), P()), out_specs=(lanes, lanes), check_vma=False)
     state, ran = sharded(inputs, state, step_params, max_iterations, grow)
-    return state, jnp.max(ran), jnp.all(_lanes_done(state, inputs, routing)), jnp.any(_lane_state(state, routing).overflow)
+    return state, jnp.max(ran), jnp.all(_lanes_done(state, inputs, policy)), jnp.any(policy.lane_state(state).overflow)
 
 
-@functools.partial(jax.jit, static_argnames=("routing",))
-def _demand(inputs: LaneInput, state, *, routing: str = "round_robin"):
-    """Requests each lane wants in flight now: running, preempted, arrived and waiting. [F]."""
-    if routing == LEAST_LOADED:
-        return jax.vmap(balanced_demand)(state, inputs)
-    num_s = state.run_i.shape[-1]
-    num_r = state.rec_i.shape[-1]
-
-    def one(st: LaneState, lane: LaneInput):
-        hot = jnp.arange(st.rep_steps.shape[0]) == st.replica
-        seg_end = jnp.sum(jnp.where(hot, lane.seg_start + lane.seg_count, 0))
-        p = jnp.arange(num_r)
-        waiting = (p >= st.next_k) & (p < seg_end) & (st.arrival[num_s : num_s + num_r] <= st.clock_hi + st.clock_lo)
-        return st.n_run + st.n_pq + jnp.sum(waiting)
-
-    return jax.vmap(one)(state, inputs)
+@functools.partial(jax.jit, static_argnames=("policy",))
+def _demand(inputs: LaneInput, state, *, policy: RoutingPolicy):
+    """Most requests one replica of each lane wants in flight now: running, preempted, arrived and waiting. [L]."""
+    return jax.vmap(policy.demand)(state, inputs)
 
 
-@functools.partial(jax.jit, static_argnames=("num_slots", "routing", "mesh"))
-def _grow(inputs: LaneInput, state, *, num_slots: int, routing: str = "round_robin", mesh: Mesh | None = None):
+@functools.partial(jax.jit, static_argnames=("num_slots", "policy", "mesh"))
+def _grow(inputs: LaneInput, state, *, num_slots: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """The same lanes with `num_slots` slot rows (more than before); resumes exactly."""
-    return _on_lanes(_widen(inputs, state, num_slots=num_slots, routing=routing), mesh)
+    extra = num_slots - policy.lane_state(state).run_i.shape[-1]
+    return _on_lanes(policy.widen(inputs, state, extra), mesh)
 
 
-def _widen(inputs: LaneInput, state, *, num_slots: int, routing: str):
-    extra = num_slots - _lane_state(state, routing).run_i.shape[-1]
-    if routing == LEAST_LOADED:
-        return balanced_widen(inputs, state, extra)
-    e_i, e_f = jax.vmap(lambda _: empty_rows(extra))(state.n_run)
-    widen = lambda x, e: jnp.concatenate([x, e], axis=-1)
-    pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
-    pad_zero = jnp.zeros(inputs.stream.shape[:-1] + (extra,), jnp.int32)
-    # A lane out of rows was frozen before its step, which it runs again now: that iteration did
-    # nothing, so it does not count (replica_iterations then do not depend on when rows grow).
-    frozen = state.overflow[:, None] & (jnp.arange(state.rep_iterations.shape[1])[None, :] == state.replica[:, None])
-    state = state._replace(
-        rep_iterations=state.rep_iterations - frozen.astype(jnp.int32),
-        run_i=widen(state.run_i, e_i),
-        run_f=widen(state.run_f, e_f),
-        pq_i=widen(state.pq_i, e_i),
-        pq_f=widen(state.pq_f, e_f),
-        arrival=jnp.concatenate([pad_inf, state.arrival, pad_inf], axis=-1),
-        overflow=jnp.zeros_like(state.overflow),
-    )
-    return inputs._replace(stream=jnp.concatenate([pad_zero, inputs.stream, pad_zero], axis=-1)), state
-
-
-@functools.partial(jax.jit, static_argnames=("routing",))
-def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, routing: str = "round_robin") -> ReplayTrace:
-    """The trace [F, ...] of lanes [L]: round robin merges each finalist's lanes back (see `LaneSplit`)."""
-    num_r = requests.prompt_tokens.shape[0]
-    lanes_done = _lanes_done(state, inputs, routing)
-    if routing == LEAST_LOADED:
-        rec_i, rec_f, replica = jax.vmap(balanced_records)(state)
-        state = state[0]
-        replica_done = lanes_done[:, None] | state.rep_stalled
-        return _trace(requests, inputs, state, position, rec_i, rec_f, replica, replica_done)
-    num_d = state.rep_steps.shape[1]
-    num_s = state.run_i.shape[-1]
-    num_f = position.shape[0]
-    replica_done = lanes_done[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None])
-    rec_i, rec_f = _flush(state, num_r)  # [L, 3, R] by stream position of the lane's finalist
-    # Each finalist's replica d (and its stream positions) comes from the one lane that replayed it.
-    d = jnp.arange(num_d, dtype=jnp.int32)
-    lane_of = split.lane_of  # [F, D]
-    real = split.first < split.end  # [L] padding lanes replay nothing
-    of_replica = lambda x: x[lane_of, d[None, :]]  # [L, D] -> [F, D]
-    i = jnp.arange(num_r, dtype=jnp.int32)
-    pos_replica = jnp.zeros((num_f, num_r), jnp.int32).at[jnp.arange(num_f)[:, None], position].set(i[None, :] % dp[:, None])
-    pos_lane = jnp.take_along_axis(lane_of, pos_replica, axis=1)  # [F, R] lane of each stream position
-    of_position = lambda x: x[pos_lane[:, None, :], jnp.arange(x.shape[1])[None, :, None], i[None, None, :]]  # [L, C, R] -> [F, C, R]
-    arrival = of_position(state.arrival[:, None, num_s : num_s + num_r])[:, 0]
-    owner = jnp.where(real, split.finalist, num_f)  # padding lanes go to a dropped segment
-    merged = jax.tree.map(lambda x: x[lane_of[:, 0]], state)._replace(
-        arrival=jnp.pad(arrival, ((0, 0), (num_s, num_s)), constant_values=jnp.inf),
-        rep_steps=of_replica(state.rep_steps),
-        rep_iterations=of_replica(state.rep_iterations),
-        rep_clock=of_replica(state.rep_clock),
-        rep_preemptions=of_replica(state.rep_preemptions),
-        rep_tokens_out=of_replica(state.rep_tokens_out),
-        rep_peak_kv=of_replica(state.rep_peak_kv),
-        rep_stalled=of_replica(state.rep_stalled),
-        rep_batch=of_replica(state.rep_batch),
-        rep_kv=of_replica(state.rep_kv),
-        overflow=jax.ops.segment_max(state.overflow.astype(jnp.int32), owner, num_segments=num_f + 1)[:num_f] > 0,
-        itl_hist=jax.ops.segment_sum(state.itl_hist, owner, num_segments=num_f + 1)[:num_f],
-    )
-    fin_inputs = jax.tree.map(lambda x: x[lane_of[:, 0]], inputs)._replace(num_replicas=dp)
-    replica = i[None, :] % dp[:, None]
-    return _trace(requests, fin_inputs, merged, position, of_position(rec_i), of_position(rec_f), replica, of_replica(replica_done))
-
-
-def _flush(state: LaneState, num_r: int):
-    """Round robin: records [F, 3, R] with the current replicas' requests in flight flushed in."""
-
-    def flush(st: LaneState):  # records of requests still in flight
-        rec_i, rec_f = st.rec_i, st.rec_f
-        for ints, floats, count in ((st.run_i, st.run_f, st.n_run), (st.pq_i, st.pq_f, st.n_pq)):
-            live = jnp.arange(ints.shape[1]) < count
-            idx = jnp.where(live, ints[K], num_r)
-            rec_i = rec_i.at[:, idx].set(jnp.stack([ints[STEP_FIRST], jnp.full_like(ints[K], -1), ints[NPRE]]), mode="drop")
-            rec_f = rec_f.at[:, idx].set(jnp.stack([floats[TTFT], jnp.full_like(floats[TTFT], jnp.nan), floats[T_ADMIT]]), mode="drop")
-        return rec_i, rec_f
-
-    return jax.vmap(flush)(state)
+@functools.partial(jax.jit, static_argnames=("policy",))
+def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, policy: RoutingPolicy) -> ReplayTrace:
+    """The trace [F, ...] of lanes [L], merged back to one per finalist by the policy."""
+    merged = policy.merge(inputs, state, position, split, dp, _lanes_done(state, inputs, policy))
+    return _trace(requests, *merged[:2], position, *merged[2:])
 
 
 def _trace(requests: Requests, inputs: LaneInput, state: LaneState, position, rec_i, rec_f, replica, replica_done) -> ReplayTrace:
@@ -566,7 +354,8 @@ def simulate_trace(
         in `replica_overflow` (their results are then not exact).
     max_replicas: padded replica count (static); default max(data_parallel_size)
         rounded up to a power of two, so that nearby configs share one program.
-    routing: "round_robin" or "least_loaded"; default `configs.routing`.
+    routing: a routing policy's name (`routing.POLICIES`: "round_robin" or "least_loaded");
+        default `configs.routing`.
     memory_limit_bytes: most bytes the replay may use; default MEMORY_FRACTION of the
         machine's available memory. Finalists run in chunks that fit; a request
         count that does not fit for one finalist is a PlanError.
@@ -587,7 +376,7 @@ def simulate_trace(
     """
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
-    routing = check_routing(configs.routing if routing is None else routing)
+    policy = routing_policy(configs.routing if routing is None else routing)
     if not isinstance(window, int) or window < 1:
         raise bad_value("window", window, "must be an integer >= 1 steps")
     num_f = configs.num_finalists
@@ -596,7 +385,7 @@ def simulate_trace(
         raise bad_value("step_params", [np.shape(x) for x in leaves][:4], f"every leaf needs a leading finalist axis of {num_f}")
     closed = _closed_concurrency(workload)
     max_seqs = int(np.max(configs.max_num_seqs))
-    dp_routed = np.asarray(configs.data_parallel_size if routing == LEAST_LOADED else routing_dp(np.asarray(configs.data_parallel_size), closed, xp=np))
+    dp_routed = policy.routed_replicas(configs.data_parallel_size, closed)
     max_dp = _bucket(int(dp_routed.max())) if max_replicas is None else max_replicas
     if max_dp < int(dp_routed.max()):
         raise bad_value("max_replicas", max_replicas, f"must cover data_parallel_size {int(dp_routed.max())}")
@@ -613,20 +402,20 @@ def simulate_trace(
     num_r = requests_count(reqs)
     padded = _padded(reqs)
     devices = lane_devices()  # _lane_mesh shards only lane counts that split evenly over them
-    if routing == LEAST_LOADED or (replica_steps_hint is None and max_replicas_per_lane is None):
+    if replica_steps_hint is None and max_replicas_per_lane is None:
         work, lanes_per_f = None, np.ones(num_f, np.int64)
     else:
         work = replica_work(requests, dp_routed, window, replica_steps_hint, replica_concurrency_hint) if max_replicas_per_lane is None else None
-        lanes_per_f = choose_split(dp_routed, work, max_replicas_per_lane=max_replicas_per_lane, devices=devices)
-    num_lanes = num_f if routing == LEAST_LOADED else lane_count_bucket(int(lanes_per_f.sum()), num_f, devices)
+        lanes_per_f = policy.choose_split(dp_routed, work, max_replicas_per_lane=max_replicas_per_lane, devices=devices)
+    num_lanes = policy.lane_count(int(lanes_per_f.sum()), num_f, devices)
     shape = memory.ReplayShape(
-        num_f, num_r, max_dp, num_slots if num_slots is not None else _slot_bucket(min(max_seqs, num_r)), window, routing, num_lanes / num_f
+        num_f, num_r, max_dp, num_slots if num_slots is not None else _slot_bucket(min(max_seqs, num_r)), window, policy.name, num_lanes / num_f
     )  # fmt: skip
     per_call = memory.finalists_per_call(shape, memory_limit_bytes)
     tokens_per_finalist = int(np.sum(np.asarray(reqs.output_tokens, np.int64)))  # progress is counted in output tokens
     run = functools.partial(
         _replay, padded, num_r, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
-        num_slots=num_slots, max_dp=max_dp, routing=routing, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
+        num_slots=num_slots, max_dp=max_dp, policy=policy, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
         tokens_per_finalist=tokens_per_finalist,
     )  # fmt: skip
     parts_total = -(-num_f // per_call) * per_call * tokens_per_finalist  # finalists padded to whole calls
@@ -646,7 +435,7 @@ def simulate_trace(
         idx = np.minimum(np.arange(start, start + per_call), num_f - 1)
         sub_dp = dp_routed[idx]
         if chunk_lanes > per_call:
-            k = choose_split(sub_dp, None if work is None else work[idx], max_replicas_per_lane=max_replicas_per_lane, lanes=chunk_lanes)
+            k = policy.choose_split(sub_dp, None if work is None else work[idx], max_replicas_per_lane=max_replicas_per_lane, lanes=chunk_lanes)
         else:
             k = np.ones(per_call, np.int64)
         split = lane_split(sub_dp, k, max_dp, chunk_lanes)
@@ -672,23 +461,23 @@ def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, routing, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
+def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, policy: RoutingPolicy, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
     """One replay call over configs [F] on the lanes of `split` (see simulate_trace) of the first
     `num_r` of the padded requests `reqs` (the trace has those only), sharded over
     `devices` local devices when the lanes split evenly over them; `progress(done, total)` in output
     tokens (`tokens_per_finalist` each) after every loop call."""
     configs = ReplayConfig(
-        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=routing
+        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=policy.name
     )
     max_seqs = int(np.max(configs.max_num_seqs))
     slots = num_slots if num_slots is not None else min(_slot_bucket(max_seqs), _slot_bucket(initial_slots))
     finalist = np.asarray(split.finalist, np.int64)
     split = LaneSplit(*(np.asarray(x, np.int32) for x in split))
     closed_conc = np.int32(closed)
-    mesh = _lane_mesh(int(split.finalist.shape[0]) if routing != LEAST_LOADED else configs.num_finalists, devices)
-    inputs, state, position = _start(reqs, np.int32(num_r), configs, closed_conc, split, num_slots=slots, max_dp=max_dp, mesh=mesh)
+    mesh = _lane_mesh(int(split.finalist.shape[0]), devices)
+    inputs, state, position = _start(reqs, np.int32(num_r), configs, closed_conc, split, num_slots=slots, max_dp=max_dp, policy=policy, mesh=mesh)
     # params per lane (the lane's finalist's), gathered on the host and sent to the lanes' devices
-    step_params = jax.tree.map(lambda x: np.asarray(x)[finalist] if routing != LEAST_LOADED else np.asarray(x), jax.device_get(step_params))
+    step_params = jax.tree.map(lambda x: np.asarray(x)[finalist], jax.device_get(step_params))
     step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist
@@ -706,12 +495,12 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
             step_time_fn=step_time_fn,
             window=window,
             block_size=configs.block_size,
-            routing=routing,
+            policy=policy,
             mesh=mesh,
         )
         used += int(ran)
         if progress is not None:
-            produced = int(np.sum(np.asarray(_lane_state(state, routing).rep_tokens_out, np.int64)))
+            produced = int(np.sum(np.asarray(policy.lane_state(state).rep_tokens_out, np.int64)))
             progress(total_tokens if bool(done) else min(produced, total_tokens - 1), total_tokens)
             if time.perf_counter() - t0 < PROGRESS_CALL_S:
                 per_call = min(chunk, 2 * per_call)
@@ -719,10 +508,10 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
             break
         if grow and bool(overflow):
             # more requests in flight than rows: resume where it stopped, with more rows
-            slots = min(max(2 * slots, _slot_bucket(int(jnp.max(_demand(inputs, state, routing=routing))))), _slot_bucket(max_seqs))
-            inputs, state = _grow(inputs, state, num_slots=slots, routing=routing, mesh=mesh)
-    dp = jnp.asarray(routing_dp(np.asarray(configs.data_parallel_size), closed, xp=np) if routing != LEAST_LOADED else configs.data_parallel_size, jnp.int32)
-    return _real_requests(_finish(reqs, inputs, state, position, split, dp, routing=routing), num_r)
+            slots = min(max(2 * slots, _slot_bucket(int(jnp.max(_demand(inputs, state, policy=policy))))), _slot_bucket(max_seqs))
+            inputs, state = _grow(inputs, state, num_slots=slots, policy=policy, mesh=mesh)
+    dp = jnp.asarray(policy.routed_replicas(configs.data_parallel_size, closed), jnp.int32)
+    return _real_requests(_finish(reqs, inputs, state, position, split, dp, policy=policy), num_r)
 
 
 def simulate(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from jaxplan.errors import bad_value
+from jaxplan.replay.routing import routing_policy
 from jaxplan.replay.state import ITL_BINS, NF, NI
 from jaxplan.replay.traffic import request_bucket
 from jaxplan.system import available_memory_bytes
@@ -27,23 +28,23 @@ class ReplayShape(NamedTuple):
     max_replicas: int  # D (padded)
     num_slots: int  # S, the most slot rows per replica the call may grow to
     window: int  # decode-jump window
-    routing: str  # "round_robin" | "least_loaded"
+    routing: str  # the routing policy's name (routing.POLICIES)
     lanes_per_finalist: float = 1.0  # round robin: lanes (padded) / F when replicas are split over lanes
 
 
 def replay_bytes(shape: ReplayShape) -> tuple[int, int]:
     """(bytes per finalist, bytes shared by every finalist) of one replay call."""
     r, d, s = request_bucket(shape.num_requests), shape.max_replicas, shape.num_slots
-    balanced = shape.routing == "least_loaded"
+    policy = routing_policy(shape.routing)
     # Per request and finalist: lanes and padded stream, arrivals and records (loop carry twice),
     # the trace and its gathers, summarize's sorts and series. Measured on XLA:CPU (peak RSS growth
     # of 1M chat requests x 2..16 finalists, dp 4): ~580 bytes; 640 leaves a margin. Routing adds
-    # the per-replica routed lists (least loaded, int32 [D, R], carried twice) or [R, D] comparisons.
-    per_request = 640 + (8 * d if balanced else d)
+    # its own per-replica arrays (least loaded: routed lists; round robin: [R, D] comparisons).
+    per_request = 640 + policy.route_bytes_per_replica * d
     # Per slot row: the running and preempted tables (int32 NI + float32 NF, carry twice) of every
     # replica held at once (all of them when least-loaded, one otherwise), and ~64 [S] temporaries.
     tables = 2 * 2 * (NI + NF) * 4
-    per_slot = tables * (d if balanced else 1) + 64 * 4
+    per_slot = tables * (d if policy.tables_of_every_replica else 1) + 64 * 4
     per_finalist = r * per_request + s * per_slot + 2 * ITL_BINS * 4 + 64 * shape.window + 256 * d
     # Every lane past the first holds its own lane arrays: stream (padded copy too), arrivals,
     # records and positions (loop carry twice) per request, and its slot tables.

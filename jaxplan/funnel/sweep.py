@@ -195,19 +195,40 @@ def combine(parts: list[StreamedPart]) -> StreamedPart:
     first = parts[0]
     totals = sum((p.totals for p in parts[1:]), first.totals.copy())
     state = functools.reduce(lambda a, b: SweepState(merge_tables(a.layouts, b.layouts), merge_tables(a.frontier, b.frontier)), (p.state for p in parts))
-    return dataclasses.replace(first, totals=totals, state=state, run_s=max(p.run_s for p in parts), num_devices=sum(p.num_devices for p in parts))
+    return dataclasses.replace(
+        first, totals=totals, state=state, compile_s=max(p.compile_s for p in parts), run_s=max(p.run_s for p in parts),
+        num_devices=sum(p.num_devices for p in parts),
+    )
 
 
 def gather_hosts(local: StreamedPart) -> StreamedPart:
-    """With several JAX processes (jax.distributed.initialize), every host gets the combined result."""
+    """With several JAX processes (jax.distributed.initialize), every host gets the combined result.
+
+    The parts are small (the tables, a histogram, four numbers), so one all-gather of them is cheap.
+    The int64 histogram travels as pairs of uint32 words: without jax_enable_x64 an int64 array
+    would be cast to int32 and a count past 2**31 would wrap."""
     if jax.process_count() == 1:
         return local
     from jax.experimental import multihost_utils
 
-    gathered = multihost_utils.process_allgather((local.totals, local.state))
-    totals, state = jax.device_get(gathered)
+    words = np.ascontiguousarray(local.totals, np.int64).view(np.uint32)
+    shape = np.array([local.chunk_size, local.num_devices], np.int32)
+    seconds = np.array([local.compile_s, local.run_s], np.float32)
+    gathered = multihost_utils.process_allgather((words, local.state, shape, seconds))
+    words, state, shape, seconds = jax.device_get(gathered)
+    chunks = sorted({int(c) for c in shape[:, 0]})
+    if len(chunks) > 1:
+        # Host h streams chunks h, h + hosts, ... of its own size: equal sizes are what make the shares disjoint.
+        raise PlanError(
+            f"the {jax.process_count()} hosts streamed chunks of different sizes ({', '.join(f'{c:,}' for c in chunks)} candidates): "
+            f"their sweep device counts differ ({', '.join(str(int(d)) for d in shape[:, 1])}); give every host the same number "
+            f"of local devices, or the same $JAXPLAN_SWEEP_DEVICES"
+        )
     parts = [
-        dataclasses.replace(local, totals=totals[h], state=jax.tree.map(lambda x: x[h], state))
+        StreamedPart(
+            np.ascontiguousarray(words[h]).view(np.int64), jax.tree.map(lambda x: x[h], state),
+            float(seconds[h, 0]), float(seconds[h, 1]), int(shape[h, 1]), int(shape[h, 0]),
+        )
         for h in range(jax.process_count())
     ]
     return combine(parts)

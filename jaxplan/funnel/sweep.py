@@ -204,14 +204,12 @@ def combine(parts: list[StreamedPart]) -> StreamedPart:
 def gather_hosts(local: StreamedPart) -> StreamedPart:
     """With several JAX processes (jax.distributed.initialize), every host gets the combined result.
 
-    The parts are small (the tables, a histogram, four numbers), so one all-gather of them is cheap.
-    The int64 histogram travels as pairs of uint32 words: without jax_enable_x64 an int64 array
-    would be cast to int32 and a count past 2**31 would wrap."""
+    The parts are small (the tables, a histogram, four numbers), so one all-gather of them is cheap."""
     if jax.process_count() == 1:
         return local
     from jax.experimental import multihost_utils
 
-    words = np.ascontiguousarray(local.totals, np.int64).view(np.uint32)
+    words = count_words(local.totals)
     shape = np.array([local.chunk_size, local.num_devices], np.int32)
     seconds = np.array([local.compile_s, local.run_s], np.float32)
     gathered = multihost_utils.process_allgather((words, local.state, shape, seconds))
@@ -226,12 +224,23 @@ def gather_hosts(local: StreamedPart) -> StreamedPart:
         )
     parts = [
         StreamedPart(
-            np.ascontiguousarray(words[h]).view(np.int64), jax.tree.map(lambda x: x[h], state),
+            word_counts(words[h]), jax.tree.map(lambda x: x[h], state),
             float(seconds[h, 0]), float(seconds[h, 1]), int(shape[h, 1]), int(shape[h, 0]),
         )
         for h in range(jax.process_count())
     ]
     return combine(parts)
+
+
+def count_words(totals: np.ndarray) -> np.ndarray:
+    """int64 counts [N] as uint32 words [2N] for a collective: without jax_enable_x64 JAX casts an int64
+    array to int32, and a count past 2**31 (grids reach 1e12 candidates) would wrap."""
+    return np.ascontiguousarray(totals, np.int64).view(np.uint32)
+
+
+def word_counts(words: np.ndarray) -> np.ndarray:
+    """The inverse of `count_words`."""
+    return np.ascontiguousarray(words, np.uint32).view(np.int64)
 
 
 def run_sweep(

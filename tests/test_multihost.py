@@ -1,0 +1,137 @@
+"""Scale-out: two JAX processes on this machine (coordinator on localhost) sweep one grid between them
+and both end with the one-process result; the CLI's host variables are checked for bad values."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxplan
+from jaxplan.cli import hosts
+from jaxplan.errors import PlanError
+
+REPO = Path(__file__).resolve().parent.parent
+# 1,536 candidates in chunks of 1,024: host 0 streams chunk 0 (1,024), host 1 chunk 1 (512), so each
+# host alone sees a different funnel and only a correct gather gives both the one-process result.
+SWEEP = dict(model="llama-3.1-8b", gpus="h100_sxm,a100_sxm", workload="chat", space="small", chunk_size=1024)
+TIMING_KEYS = {"seconds", "compile_s", "run_s", "num_devices"}
+HOST_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def without_timings(value):
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k not in TIMING_KEYS}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def host_command(json_path: Path) -> list[str]:
+    """`jaxplan sweep ... --no-replay --json PATH`, the command a user runs on each host."""
+    return [
+        sys.executable, "-c", "from jaxplan.cli import main; main()", "sweep", "--model", SWEEP["model"], "--gpus", SWEEP["gpus"],
+        "--workload", SWEEP["workload"], "--space", SWEEP["space"], "--chunk-size", str(SWEEP["chunk_size"]), "--no-replay",
+        "--json", str(json_path),
+    ]
+
+
+def test_two_processes_sweep_to_the_one_process_result(tmp_path):
+    try:
+        port = free_port()
+    except OSError as error:
+        pytest.skip(f"cannot bind a localhost port for the coordinator: {error}")
+    one = json.loads(jaxplan.sweep(replay=False, **SWEEP).to_json())
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        JAXPLAN_CPU_DEVICES="1", JAXPLAN_SWEEP_DEVICES="1", JAXPLAN_COORDINATOR=f"127.0.0.1:{port}", JAXPLAN_NUM_PROCESSES="2",
+        # The session's compilation cache (tests/conftest.py): the hosts load the kernels this process compiled.
+        JAXPLAN_CACHE_DIR=os.environ.get("JAXPLAN_TEST_XLA_CACHE", "off"),
+    )
+    paths = [tmp_path / f"host{i}.json" for i in range(2)]
+    procs = [
+        subprocess.Popen(host_command(paths[i]), env=dict(env, JAXPLAN_PROCESS_ID=str(i)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=HOST_TIMEOUT_S)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for i, (proc, output) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"host {i} exited {proc.returncode}:\n{output[-3000:]}"
+    for i, path in enumerate(paths):
+        plan = json.loads(path.read_text())
+        assert plan["num_devices"] == 2, f"host {i}: the result should combine both hosts' devices"
+        assert plan["grid_size"] == 1536
+        for key in ("funnel", "shortlist", "frontier", "winner", "winner_verdict"):
+            assert without_timings(plan[key]) == without_timings(one[key]), f"host {i}: {key} differs from the one-process sweep"
+    # The comparison is not vacuous: the shortlist is full and every stage rejected or admitted something.
+    assert len(one["shortlist"]) == 20
+    assert sum(stage["rejected"] for stage in one["funnel"][:4]) > 0
+
+
+@pytest.mark.parametrize(
+    "environ, field",
+    [
+        ({"JAXPLAN_COORDINATOR": "localhost"}, "JAXPLAN_COORDINATOR"),
+        ({"JAXPLAN_COORDINATOR": "10.0.0.1:99999"}, "JAXPLAN_COORDINATOR"),
+        ({"JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_PROCESS_ID": "0"}, "JAXPLAN_NUM_PROCESSES"),
+        ({"JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_NUM_PROCESSES": "two", "JAXPLAN_PROCESS_ID": "0"}, "JAXPLAN_NUM_PROCESSES"),
+        ({"JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_NUM_PROCESSES": "0", "JAXPLAN_PROCESS_ID": "0"}, "JAXPLAN_NUM_PROCESSES"),
+        ({"JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_NUM_PROCESSES": "2"}, "JAXPLAN_PROCESS_ID"),
+        ({"JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_NUM_PROCESSES": "2", "JAXPLAN_PROCESS_ID": "2"}, "JAXPLAN_PROCESS_ID"),
+        ({"JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_NUM_PROCESSES": "2", "JAXPLAN_PROCESS_ID": "-1"}, "JAXPLAN_PROCESS_ID"),
+    ],
+)
+def test_bad_host_variables_name_the_variable(environ, field):
+    with pytest.raises(PlanError, match=f"^{field} = "):
+        hosts.distributed_args(environ)
+
+
+def test_host_variables_give_jax_distributed_arguments():
+    assert hosts.distributed_args({}) is None
+    assert hosts.distributed_args({"JAXPLAN_COORDINATOR": " "}) is None
+    args = hosts.distributed_args({"JAXPLAN_COORDINATOR": "node-0.cluster:1234", "JAXPLAN_NUM_PROCESSES": "4", "JAXPLAN_PROCESS_ID": "3"})
+    assert (args["coordinator_address"], args["num_processes"], args["process_id"]) == ("node-0.cluster:1234", 4, 3)
+    assert "coordinator_address" not in hosts.distributed_args({"JAXPLAN_COORDINATOR": "auto"})  # JAX detects the cluster
+
+
+def test_cli_refuses_bad_host_variables_in_one_line(monkeypatch, capsys):
+    from jaxplan.cli import main
+
+    for name, value in {"JAXPLAN_CACHE_DIR": "off", "JAXPLAN_CPU_DEVICES": "1", "JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_NUM_PROCESSES": "2", "JAXPLAN_PROCESS_ID": "5"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", ["jaxplan", "list"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "JAXPLAN_PROCESS_ID = 5" in lines[0], lines
+
+
+def test_counts_cross_hosts_exactly_past_int32():
+    from jaxplan.funnel.sweep import count_words, word_counts
+
+    totals = np.array([0, 1, 2**31, 2**40 + 7, 10**12], np.int64)
+    words = count_words(totals)
+    assert words.dtype == np.uint32 and words.shape == (10,)
+    np.testing.assert_array_equal(word_counts(np.asarray(jax.device_get(jnp.asarray(words)))), totals)

@@ -58,13 +58,14 @@ def test_two_processes_sweep_to_the_one_process_result(tmp_path):
     one = json.loads(jaxplan.sweep(replay=False, **SWEEP).to_json())
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        JAXPLAN_CPU_DEVICES="1", JAXPLAN_SWEEP_DEVICES="1", JAXPLAN_COORDINATOR=f"127.0.0.1:{port}", JAXPLAN_NUM_PROCESSES="2",
+        JAXPLAN_SWEEP_DEVICES="1", JAXPLAN_COORDINATOR=f"127.0.0.1:{port}", JAXPLAN_NUM_PROCESSES="2",
         # The session's compilation cache (tests/conftest.py): the hosts load the kernels this process compiled.
         JAXPLAN_CACHE_DIR=os.environ.get("JAXPLAN_TEST_XLA_CACHE", "off"),
     )
+    # Host i has i + 1 CPU devices, as hosts with different core counts would: the gather must not care.
     paths = [tmp_path / f"host{i}.json" for i in range(2)]
     procs = [
-        subprocess.Popen(host_command(paths[i]), env=dict(env, JAXPLAN_PROCESS_ID=str(i)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(host_command(paths[i]), env=dict(env, JAXPLAN_PROCESS_ID=str(i), JAXPLAN_CPU_DEVICES=str(i + 1)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)
     ]
     outputs = []
@@ -107,6 +108,14 @@ def test_bad_host_variables_name_the_variable(environ, field):
         hosts.distributed_args(environ)
 
 
+def test_only_sweeping_commands_join_the_hosts():
+    assert hosts.command_sweeps(["jaxplan", "sweep", "--model", "x"])
+    assert hosts.command_sweeps(["/usr/bin/jaxplan", "report", "-o", "r.html"])
+    assert not hosts.command_sweeps(["jaxplan", "predict", "rows.csv"])
+    assert not hosts.command_sweeps(["jaxplan", "--help"])
+    assert not hosts.command_sweeps(["jaxplan"])
+
+
 def test_host_variables_give_jax_distributed_arguments():
     assert hosts.distributed_args({}) is None
     assert hosts.distributed_args({"JAXPLAN_COORDINATOR": " "}) is None
@@ -120,18 +129,32 @@ def test_cli_refuses_bad_host_variables_in_one_line(monkeypatch, capsys):
 
     for name, value in {"JAXPLAN_CACHE_DIR": "off", "JAXPLAN_CPU_DEVICES": "1", "JAXPLAN_COORDINATOR": "10.0.0.1:1234", "JAXPLAN_NUM_PROCESSES": "2", "JAXPLAN_PROCESS_ID": "5"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(sys, "argv", ["jaxplan", "list"])
+    monkeypatch.setattr(sys, "argv", ["jaxplan", "sweep", "--space", "small"])
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "JAXPLAN_PROCESS_ID = 5" in lines[0], lines
+    # A command that does not sweep runs on this host alone and ignores the variables.
+    monkeypatch.setattr(sys, "argv", ["jaxplan", "list"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 0, capsys.readouterr().err
 
 
-def test_counts_cross_hosts_exactly_past_int32():
-    from jaxplan.funnel.sweep import count_words, word_counts
+def test_a_part_crosses_hosts_exactly():
+    """What a host posts to the coordinator comes back bit for bit, counts past int32 included."""
+    from jaxplan.funnel.chunk import SweepState
+    from jaxplan.funnel.sweep import StreamedPart, part_bytes, part_from_bytes
+    from jaxplan.funnel.tables import BestTable
 
-    totals = np.array([0, 1, 2**31, 2**40 + 7, 10**12], np.int64)
-    words = count_words(totals)
-    assert words.dtype == np.uint32 and words.shape == (10,)
-    np.testing.assert_array_equal(word_counts(np.asarray(jax.device_get(jnp.asarray(words)))), totals)
+    rng = np.random.default_rng(0)
+    table = lambda n: BestTable(jnp.asarray(rng.normal(size=n).astype(np.float32)), jnp.asarray(rng.integers(-1, 9, (n, 8), dtype=np.int32)))
+    part = StreamedPart(np.array([0, 1, 2**31, 2**40 + 7, 10**12], np.int64), SweepState(table(5), table(3)), 1.25, 0.5, 3, 4096)
+    back = part_from_bytes(part_bytes(part))
+    np.testing.assert_array_equal(back.totals, part.totals)
+    assert back.totals.dtype == np.int64
+    for a, b in zip(jax.tree.leaves(back.state), jax.tree.leaves(part.state)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+        assert a.dtype == b.dtype
+    assert (back.compile_s, back.run_s, back.num_devices, back.chunk_size) == (1.25, 0.5, 3, 4096)

@@ -4,6 +4,8 @@ exit code is defined once in `jaxplan.cli.exit_codes`.
 One module per command; importing them registers the commands on `app`.
 """
 
+import sys
+
 # Importing a command module registers its command; the order here is the order in --help.
 from jaxplan.cli import sweep  # noqa: F401,I001
 from jaxplan.cli import sensitivity  # noqa: F401
@@ -24,11 +26,12 @@ from rich.markup import escape
 def main() -> None:
     enable_compilation_cache()  # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not)
     enable_cpu_devices()  # one XLA CPU device per core (JAXPLAN_CPU_DEVICES=1: one in all)
-    try:
-        hosts.initialize()  # several hosts for one sweep: $JAXPLAN_COORDINATOR, see jaxplan/cli/hosts.py
-    except PlanError as error:
-        err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-        raise SystemExit(ExitCode.BAD_INPUT) from None
+    if hosts.command_sweeps(sys.argv):
+        try:
+            hosts.initialize()  # several hosts for one sweep: $JAXPLAN_COORDINATOR, see jaxplan/cli/hosts.py
+        except PlanError as error:
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+            raise SystemExit(ExitCode.BAD_INPUT) from None
     app()  # exits with an ExitCode (jaxplan.cli.exit_codes), usage errors included
 
 

@@ -2,7 +2,8 @@
 
 On every host, set JAXPLAN_COORDINATOR=host:port (the address of process 0, reachable from all
 hosts), JAXPLAN_NUM_PROCESSES (the number of hosts) and JAXPLAN_PROCESS_ID (this host's index,
-0 .. N-1), then run the same `jaxplan` command. JAXPLAN_COORDINATOR=auto lets JAX read the three
+0 .. N-1), then run the same `jaxplan` command (one that sweeps: SWEEPING_COMMANDS; the others run
+on each host alone and ignore the variables). JAXPLAN_COORDINATOR=auto lets JAX read the three
 from a cluster it knows (SLURM, Open MPI, Kubernetes). Unset: one host, nothing is initialized.
 Each host streams every N-th chunk of the grid (jaxplan.funnel.sweep.run_sweep) and all of them
 end with the same result. Environment variables, not options, because the call must come before
@@ -18,7 +19,15 @@ from jaxplan.errors import PlanError, bad_value
 COORDINATOR_ENV = "JAXPLAN_COORDINATOR"
 NUM_PROCESSES_ENV = "JAXPLAN_NUM_PROCESSES"
 PROCESS_ID_ENV = "JAXPLAN_PROCESS_ID"
+SWEEPING_COMMANDS = ("sweep", "size", "sensitivity", "report")
 INITIALIZE_TIMEOUT_S = 300  # how long a host waits for the others to reach the coordinator
+
+
+def command_sweeps(argv: list[str]) -> bool:
+    """Whether the command line `argv` (sys.argv) runs a command that sweeps: only those join the hosts,
+    so that `jaxplan list` or `predict` on one host does not wait for the others."""
+    command = next((arg for arg in argv[1:] if not arg.startswith("-")), None)
+    return command in SWEEPING_COMMANDS
 
 
 def distributed_args(environ=os.environ) -> dict | None:

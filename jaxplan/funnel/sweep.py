@@ -3,13 +3,17 @@
 Chunks are sharded across the local JAX devices along the candidate axis (all of
 them, or the first $JAXPLAN_SWEEP_DEVICES: see `device_mesh`).
 Memory is bounded by the chunk and the tables; per-chunk reason histograms are
-summed on the host in Python ints (exact for any grid size).
+summed on the host in int64 (exact for any grid size). With several JAX processes
+(jax.distributed.initialize), process i of N streams chunks i, i + N, ... and
+`gather_hosts` gives every process the combined tables and counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import io
+import itertools
 import math
 import os
 import time
@@ -201,46 +205,58 @@ def combine(parts: list[StreamedPart]) -> StreamedPart:
     )
 
 
+HOST_WAIT_MS = 24 * 3600 * 1000  # how long a host waits for the others' parts (a dead host fails sooner: JAX's heartbeat)
+_gather_rounds = itertools.count()  # every host runs the same sweeps in the same order, so the rounds agree
+
+
 def gather_hosts(local: StreamedPart) -> StreamedPart:
     """With several JAX processes (jax.distributed.initialize), every host gets the combined result.
 
-    The parts are small (the tables, a histogram, four numbers), so one all-gather of them is cheap."""
-    if jax.process_count() == 1:
+    The parts are small (the tables, a histogram, four numbers): each host posts its own to the
+    coordinator's key-value store and reads the others'. Unlike a device all-gather, this needs no
+    cross-process collectives and works when hosts have different numbers of devices (CPU hosts
+    with different core counts)."""
+    hosts = jax.process_count()
+    if hosts == 1:
         return local
-    from jax.experimental import multihost_utils
+    # The coordinator's client has no public accessor; it is the one jax.distributed.initialize made.
+    from jax._src import distributed
 
-    words = count_words(local.totals)
-    shape = np.array([local.chunk_size, local.num_devices], np.int32)
-    seconds = np.array([local.compile_s, local.run_s], np.float32)
-    gathered = multihost_utils.process_allgather((words, local.state, shape, seconds))
-    words, state, shape, seconds = jax.device_get(gathered)
-    chunks = sorted({int(c) for c in shape[:, 0]})
+    client, me = distributed.global_state.client, jax.process_index()
+    key = f"jaxplan/sweep/{next(_gather_rounds)}"
+    client.key_value_set_bytes(f"{key}/{me}", part_bytes(local))
+    parts = [local if h == me else part_from_bytes(client.blocking_key_value_get_bytes(f"{key}/{h}", HOST_WAIT_MS)) for h in range(hosts)]
+    client.wait_at_barrier(f"{key}/read", HOST_WAIT_MS)  # everyone has read every part: each may delete its own
+    client.key_value_delete(f"{key}/{me}")
+    chunks = sorted({p.chunk_size for p in parts})
     if len(chunks) > 1:
         # Host h streams chunks h, h + hosts, ... of its own size: equal sizes are what make the shares disjoint.
         raise PlanError(
-            f"the {jax.process_count()} hosts streamed chunks of different sizes ({', '.join(f'{c:,}' for c in chunks)} candidates): "
-            f"their sweep device counts differ ({', '.join(str(int(d)) for d in shape[:, 1])}); give every host the same number "
-            f"of local devices, or the same $JAXPLAN_SWEEP_DEVICES"
+            f"the {hosts} hosts streamed chunks of different sizes ({', '.join(f'{c:,}' for c in chunks)} candidates) because "
+            f"their sweep device counts differ ({', '.join(str(p.num_devices) for p in parts)}); give every host the same "
+            f"$JAXPLAN_SWEEP_DEVICES"
         )
-    parts = [
-        StreamedPart(
-            word_counts(words[h]), jax.tree.map(lambda x: x[h], state),
-            float(seconds[h, 0]), float(seconds[h, 1]), int(shape[h, 1]), int(shape[h, 0]),
-        )
-        for h in range(jax.process_count())
-    ]
     return combine(parts)
 
 
-def count_words(totals: np.ndarray) -> np.ndarray:
-    """int64 counts [N] as uint32 words [2N] for a collective: without jax_enable_x64 JAX casts an int64
-    array to int32, and a count past 2**31 (grids reach 1e12 candidates) would wrap."""
-    return np.ascontiguousarray(totals, np.int64).view(np.uint32)
+def part_bytes(part: StreamedPart) -> bytes:
+    """A part as .npz bytes (exact: the int64 histogram stays int64)."""
+    buffer = io.BytesIO()
+    (layouts, frontier) = part.state
+    np.savez(
+        buffer, totals=np.asarray(part.totals, np.int64), layout_score=layouts.score, layout_digits=layouts.digits,
+        frontier_score=frontier.score, frontier_digits=frontier.digits,
+        numbers=np.array([part.compile_s, part.run_s, part.num_devices, part.chunk_size], np.float64),
+    )
+    return buffer.getvalue()
 
 
-def word_counts(words: np.ndarray) -> np.ndarray:
-    """The inverse of `count_words`."""
-    return np.ascontiguousarray(words, np.uint32).view(np.int64)
+def part_from_bytes(data: bytes) -> StreamedPart:
+    """The inverse of `part_bytes`."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        state = SweepState(BestTable(z["layout_score"], z["layout_digits"]), BestTable(z["frontier_score"], z["frontier_digits"]))
+        compile_s, run_s, num_devices, chunk_size = z["numbers"].tolist()
+        return StreamedPart(z["totals"], state, compile_s, run_s, int(num_devices), int(chunk_size))
 
 
 def run_sweep(

@@ -158,3 +158,72 @@ def test_a_part_crosses_hosts_exactly():
         np.testing.assert_array_equal(a, np.asarray(b))
         assert a.dtype == b.dtype
     assert (back.compile_s, back.run_s, back.num_devices, back.chunk_size) == (1.25, 0.5, 3, 4096)
+
+
+class FakeCoordinator:
+    """The key-value store of jax.distributed's client, in memory; host 1's part is posted up front."""
+
+    def __init__(self, other: bytes):
+        self.store, self.other, self.barriers = {}, other, []
+
+    def key_value_set_bytes(self, key, value):
+        self.store[key] = value
+
+    def blocking_key_value_get_bytes(self, key, timeout_in_ms):
+        return self.store.get(key) or (self.other if key.endswith("/1") else None)
+
+    def wait_at_barrier(self, barrier_id, timeout_in_ms):
+        self.barriers.append(barrier_id)
+
+    def key_value_delete(self, key):
+        del self.store[key]
+
+
+def fake_part(seed: int, chunk_size: int):
+    from jaxplan.funnel.chunk import SweepState
+    from jaxplan.funnel.sweep import StreamedPart
+    from jaxplan.funnel.tables import BestTable
+
+    rng = np.random.default_rng(seed)
+    table = lambda n: BestTable(rng.normal(size=n).astype(np.float32), rng.integers(0, 9, (n, 8), dtype=np.int32))
+    return StreamedPart(rng.integers(0, 2**40, 5).astype(np.int64), SweepState(table(6), table(4)), 1.0 + seed, 0.5 + seed, 1, chunk_size)
+
+
+@pytest.fixture
+def as_host_0_of_2(monkeypatch):
+    from jax._src import distributed
+
+    jax.devices()  # the backend first: made while the fake client is installed, it would try to use it
+
+    def install(other_part):
+        from jaxplan.funnel.sweep import part_bytes
+
+        fake = FakeCoordinator(part_bytes(other_part))
+        monkeypatch.setattr(distributed.global_state, "client", fake)
+        monkeypatch.setattr(jax, "process_count", lambda: 2)
+        monkeypatch.setattr(jax, "process_index", lambda: 0)
+        return fake
+
+    return install
+
+
+def test_gather_combines_what_the_other_host_posted(as_host_0_of_2):
+    from jaxplan.funnel.sweep import combine, gather_hosts
+
+    mine, theirs = fake_part(0, 4096), fake_part(1, 4096)
+    coordinator = as_host_0_of_2(theirs)
+    got = gather_hosts(mine)
+    want = combine([mine, theirs])
+    np.testing.assert_array_equal(got.totals, mine.totals + theirs.totals)
+    for a, b in zip(jax.tree.leaves(got.state), jax.tree.leaves(want.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (got.num_devices, got.compile_s, got.run_s) == (2, 2.0, 1.5)
+    assert len(coordinator.barriers) == 1 and coordinator.store == {}  # everyone read before this host removed its part
+
+
+def test_gather_refuses_hosts_with_different_chunks(as_host_0_of_2):
+    from jaxplan.funnel.sweep import gather_hosts
+
+    as_host_0_of_2(fake_part(1, 8192))
+    with pytest.raises(PlanError, match="different sizes .*4,096, 8,192.*JAXPLAN_SWEEP_DEVICES"):
+        gather_hosts(fake_part(0, 4096))

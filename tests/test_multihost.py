@@ -161,16 +161,16 @@ def test_a_part_crosses_hosts_exactly():
 
 
 class FakeCoordinator:
-    """The key-value store of jax.distributed's client, in memory; host 1's part is posted up front."""
+    """The key-value store of jax.distributed's client, in memory, holding what other hosts posted."""
 
-    def __init__(self, other: bytes):
-        self.store, self.other, self.barriers = {}, other, []
+    def __init__(self, posted: dict[str, bytes]):
+        self.store, self.barriers = dict(posted), []
 
-    def key_value_set_bytes(self, key, value):
+    def key_value_set_bytes(self, key, value, allow_overwrite=False):
         self.store[key] = value
 
-    def blocking_key_value_get_bytes(self, key, timeout_in_ms):
-        return self.store.get(key) or (self.other if key.endswith("/1") else None)
+    def key_value_dir_get_bytes(self, prefix):
+        return [(k, v) for k, v in self.store.items() if k.startswith(prefix)]
 
     def wait_at_barrier(self, barrier_id, timeout_in_ms):
         self.barriers.append(barrier_id)
@@ -191,39 +191,79 @@ def fake_part(seed: int, chunk_size: int):
 
 @pytest.fixture
 def as_host_0_of_2(monkeypatch):
+    """Install a fake coordinator holding `posted` (keys as host 1 would post them in gather round 7)."""
+    import itertools
+
     from jax._src import distributed
+
+    from jaxplan.funnel import sweep
 
     jax.devices()  # the backend first: made while the fake client is installed, it would try to use it
 
-    def install(other_part):
-        from jaxplan.funnel.sweep import part_bytes
-
-        fake = FakeCoordinator(part_bytes(other_part))
+    def install(posted):
+        fake = FakeCoordinator(posted)
         monkeypatch.setattr(distributed.global_state, "client", fake)
         monkeypatch.setattr(jax, "process_count", lambda: 2)
         monkeypatch.setattr(jax, "process_index", lambda: 0)
+        monkeypatch.setattr(sweep, "_gather_rounds", itertools.count(7))
         return fake
 
     return install
 
 
 def test_gather_combines_what_the_other_host_posted(as_host_0_of_2):
-    from jaxplan.funnel.sweep import combine, gather_hosts
+    from jaxplan.funnel.sweep import combine, gather_hosts, part_bytes
 
     mine, theirs = fake_part(0, 4096), fake_part(1, 4096)
-    coordinator = as_host_0_of_2(theirs)
+    coordinator = as_host_0_of_2({"jaxplan/sweep/7/1": part_bytes(theirs)})
     got = gather_hosts(mine)
     want = combine([mine, theirs])
     np.testing.assert_array_equal(got.totals, mine.totals + theirs.totals)
     for a, b in zip(jax.tree.leaves(got.state), jax.tree.leaves(want.state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert (got.num_devices, got.compile_s, got.run_s) == (2, 2.0, 1.5)
-    assert len(coordinator.barriers) == 1 and coordinator.store == {}  # everyone read before this host removed its part
+    # Everyone read every part before this host removed its own.
+    assert coordinator.barriers == ["jaxplan/sweep/7/read"] and set(coordinator.store) == {"jaxplan/sweep/7/1"}
 
 
 def test_gather_refuses_hosts_with_different_chunks(as_host_0_of_2):
-    from jaxplan.funnel.sweep import gather_hosts
+    from jaxplan.funnel.sweep import gather_hosts, part_bytes
 
-    as_host_0_of_2(fake_part(1, 8192))
+    as_host_0_of_2({"jaxplan/sweep/7/1": part_bytes(fake_part(1, 8192))})
     with pytest.raises(PlanError, match="different sizes .*4,096, 8,192.*JAXPLAN_SWEEP_DEVICES"):
         gather_hosts(fake_part(0, 4096))
+
+
+def test_gather_stops_when_another_host_abandoned(as_host_0_of_2):
+    from jaxplan.funnel.sweep import abandon_hosts, gather_hosts
+
+    coordinator = as_host_0_of_2({"jaxplan/abandoned/1": b"exit code 1"})
+    with pytest.raises(PlanError, match=r"^host 1 stopped \(exit code 1\)"):
+        gather_hosts(fake_part(0, 4096))
+    abandon_hosts("PlanError: bad")
+    assert coordinator.store["jaxplan/abandoned/0"] == b"PlanError: bad"
+
+
+def test_a_host_with_bad_input_stops_the_other(tmp_path):
+    """Host 1 is given an unknown space: both hosts exit 1 promptly (no wait for the missing part)."""
+    try:
+        port = free_port()
+    except OSError as error:
+        pytest.skip(f"cannot bind a localhost port for the coordinator: {error}")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), JAXPLAN_CPU_DEVICES="1",
+        JAXPLAN_COORDINATOR=f"127.0.0.1:{port}", JAXPLAN_NUM_PROCESSES="2", JAXPLAN_CACHE_DIR=os.environ.get("JAXPLAN_TEST_XLA_CACHE", "off"),
+    )
+    commands = [host_command(tmp_path / "host0.json"), [*host_command(tmp_path / "host1.json"), "--space", "no-such-space"]]
+    procs = [subprocess.Popen(c, env=dict(env, JAXPLAN_PROCESS_ID=str(i)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i, c in enumerate(commands)]
+    outputs = []
+    try:
+        outputs = [p.communicate(timeout=HOST_TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [1, 1], outputs
+    assert "unknown search space 'no-such-space'" in outputs[1]
+    assert "host 1 stopped (exit code 1)" in outputs[0]

@@ -32,7 +32,13 @@ def main() -> None:
         except PlanError as error:
             err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise SystemExit(ExitCode.BAD_INPUT) from None
-    app()  # exits with an ExitCode (jaxplan.cli.exit_codes), usage errors included
+    try:
+        app()  # exits with an ExitCode (jaxplan.cli.exit_codes), usage errors included
+    except (SystemExit, KeyboardInterrupt) as stop:
+        code = stop.code if isinstance(stop, SystemExit) else ExitCode.INTERRUPTED
+        if code not in (0, None):
+            hosts.abandon(f"exit code {code}")  # with several hosts, the others stop waiting for this one
+        raise
 
 
 __all__ = ["app", "main"]

@@ -77,3 +77,13 @@ def initialize(environ=os.environ) -> int:
             f"{INITIALIZE_TIMEOUT_S} s with the same {COORDINATOR_ENV} and {NUM_PROCESSES_ENV} and a distinct {PROCESS_ID_ENV}"
         ) from None
     return jax.process_count()
+
+
+def abandon(reason: str) -> None:
+    """This host is stopping before its share is posted: tell the others (nothing on one host)."""
+    import jax
+
+    if jax.distributed.is_initialized():
+        from jaxplan.funnel.sweep import abandon_hosts
+
+        abandon_hosts(reason)

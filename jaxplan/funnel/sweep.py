@@ -205,7 +205,9 @@ def combine(parts: list[StreamedPart]) -> StreamedPart:
     )
 
 
-HOST_WAIT_MS = 24 * 3600 * 1000  # how long a host waits for the others' parts (a dead host fails sooner: JAX's heartbeat)
+HOST_WAIT_S = 24 * 3600.0  # how long a host waits for the others' parts (a dead host fails sooner: JAX's heartbeat)
+POLL_S = 0.2
+ABANDON_KEY = "jaxplan/abandoned"  # a host that fails posts its reason here, so that the others stop waiting for it
 _gather_rounds = itertools.count()  # every host runs the same sweeps in the same order, so the rounds agree
 
 
@@ -215,19 +217,17 @@ def gather_hosts(local: StreamedPart) -> StreamedPart:
     The parts are small (the tables, a histogram, four numbers): each host posts its own to the
     coordinator's key-value store and reads the others'. Unlike a device all-gather, this needs no
     cross-process collectives and works when hosts have different numbers of devices (CPU hosts
-    with different core counts)."""
+    with different core counts). A host that failed (`abandon_hosts`) stops the wait with a PlanError."""
     hosts = jax.process_count()
     if hosts == 1:
         return local
-    # The coordinator's client has no public accessor; it is the one jax.distributed.initialize made.
-    from jax._src import distributed
-
-    client, me = distributed.global_state.client, jax.process_index()
+    client, me = _coordinator(), jax.process_index()
     key = f"jaxplan/sweep/{next(_gather_rounds)}"
     client.key_value_set_bytes(f"{key}/{me}", part_bytes(local))
-    parts = [local if h == me else part_from_bytes(client.blocking_key_value_get_bytes(f"{key}/{h}", HOST_WAIT_MS)) for h in range(hosts)]
-    client.wait_at_barrier(f"{key}/read", HOST_WAIT_MS)  # everyone has read every part: each may delete its own
+    posted = _wait_for_parts(client, key, hosts)
+    client.wait_at_barrier(f"{key}/read", int(HOST_WAIT_S * 1000))  # everyone has read every part: each may delete its own
     client.key_value_delete(f"{key}/{me}")
+    parts = [local if h == me else part_from_bytes(posted[h]) for h in range(hosts)]
     chunks = sorted({p.chunk_size for p in parts})
     if len(chunks) > 1:
         # Host h streams chunks h, h + hosts, ... of its own size: equal sizes are what make the shares disjoint.
@@ -237,6 +237,41 @@ def gather_hosts(local: StreamedPart) -> StreamedPart:
             f"$JAXPLAN_SWEEP_DEVICES"
         )
     return combine(parts)
+
+
+def _coordinator():
+    # The coordinator's client has no public accessor; it is the one jax.distributed.initialize made.
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _wait_for_parts(client, key: str, hosts: int) -> dict[int, bytes]:
+    """{host: part bytes} once every host posted under `key`; PlanError if one abandoned the sweep.
+    Polls rather than blocks, so that an abandoning host is noticed while waiting."""
+    deadline = time.monotonic() + HOST_WAIT_S
+    while True:
+        posted = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get_bytes(f"{key}/")}
+        if len(posted) >= hosts:
+            return posted
+        abandoned = client.key_value_dir_get_bytes(f"{ABANDON_KEY}/")
+        if abandoned:
+            name, reason = abandoned[0]
+            raise PlanError(f"host {name.rsplit('/', 1)[-1]} stopped ({reason.decode(errors='replace')}); see its output; this host stops too")
+        if time.monotonic() > deadline:
+            raise PlanError(f"waited {HOST_WAIT_S:,.0f} s for hosts {sorted(set(range(hosts)) - set(posted))} to finish their share; are they running?")
+        time.sleep(POLL_S)
+
+
+def abandon_hosts(reason: str) -> None:
+    """Tell the other hosts this one will not post its part (it failed), so that they stop waiting.
+    Nothing with one process."""
+    if jax.process_count() == 1:
+        return
+    try:
+        _coordinator().key_value_set_bytes(f"{ABANDON_KEY}/{jax.process_index()}", reason.encode(), allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the coordinator itself may be gone; the failure being reported matters more
+        pass
 
 
 def part_bytes(part: StreamedPart) -> bytes:
@@ -285,7 +320,11 @@ def run_sweep(
     if max_seconds is not None:
         progress = Deadline(max_seconds, progress)
     ctx = build_context(grid, model, workload, params_path)
-    part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
+    try:
+        part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
+    except Exception as error:
+        abandon_hosts(f"{type(error).__name__}: {error}")
+        raise
     return finish(grid, model, workload, ctx, gather_hosts(part), top_k)
 
 

@@ -4,6 +4,8 @@ exit code is defined once in `jaxplan.cli.exit_codes`.
 One module per command; importing them registers the commands on `app`.
 """
 
+import sys
+
 # Importing a command module registers its command; the order here is the order in --help.
 from jaxplan.cli import sweep  # noqa: F401,I001
 from jaxplan.cli import sensitivity  # noqa: F401
@@ -12,15 +14,31 @@ from jaxplan.cli import report  # noqa: F401
 from jaxplan.cli import predict  # noqa: F401
 from jaxplan.cli import calibrate  # noqa: F401
 from jaxplan.cli import listing  # noqa: F401
-from jaxplan.cli.common import app
+from jaxplan.cli import hosts
+from jaxplan.cli.common import app, err
+from jaxplan.cli.exit_codes import ExitCode
 from jaxplan.compile_cache import enable as enable_compilation_cache
 from jaxplan.cpu_devices import enable as enable_cpu_devices
+from jaxplan.errors import PlanError
+from rich.markup import escape
 
 
 def main() -> None:
     enable_compilation_cache()  # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not)
     enable_cpu_devices()  # one XLA CPU device per core (JAXPLAN_CPU_DEVICES=1: one in all)
-    app()  # exits with an ExitCode (jaxplan.cli.exit_codes), usage errors included
+    if hosts.command_sweeps(sys.argv):
+        try:
+            hosts.initialize()  # several hosts for one sweep: $JAXPLAN_COORDINATOR, see jaxplan/cli/hosts.py
+        except PlanError as error:
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+            raise SystemExit(ExitCode.BAD_INPUT) from None
+    try:
+        app()  # exits with an ExitCode (jaxplan.cli.exit_codes), usage errors included
+    except (SystemExit, KeyboardInterrupt) as stop:
+        code = stop.code if isinstance(stop, SystemExit) else ExitCode.INTERRUPTED
+        if code not in (0, None):
+            hosts.abandon(f"exit code {code}")  # with several hosts, the others stop waiting for this one
+        raise
 
 
 __all__ = ["app", "main"]

@@ -3,13 +3,17 @@
 Chunks are sharded across the local JAX devices along the candidate axis (all of
 them, or the first $JAXPLAN_SWEEP_DEVICES: see `device_mesh`).
 Memory is bounded by the chunk and the tables; per-chunk reason histograms are
-summed on the host in Python ints (exact for any grid size).
+summed on the host in int64 (exact for any grid size). With several JAX processes
+(jax.distributed.initialize), process i of N streams chunks i, i + N, ... and
+`gather_hosts` gives every process the combined tables and counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import io
+import itertools
 import math
 import os
 import time
@@ -195,22 +199,99 @@ def combine(parts: list[StreamedPart]) -> StreamedPart:
     first = parts[0]
     totals = sum((p.totals for p in parts[1:]), first.totals.copy())
     state = functools.reduce(lambda a, b: SweepState(merge_tables(a.layouts, b.layouts), merge_tables(a.frontier, b.frontier)), (p.state for p in parts))
-    return dataclasses.replace(first, totals=totals, state=state, run_s=max(p.run_s for p in parts), num_devices=sum(p.num_devices for p in parts))
+    return dataclasses.replace(
+        first, totals=totals, state=state, compile_s=max(p.compile_s for p in parts), run_s=max(p.run_s for p in parts),
+        num_devices=sum(p.num_devices for p in parts),
+    )
+
+
+HOST_WAIT_S = 24 * 3600.0  # how long a host waits for the others' parts (a dead host fails sooner: JAX's heartbeat)
+POLL_S = 0.2
+ABANDON_KEY = "jaxplan/abandoned"  # a host that fails posts its reason here, so that the others stop waiting for it
+_gather_rounds = itertools.count()  # every host runs the same sweeps in the same order, so the rounds agree
 
 
 def gather_hosts(local: StreamedPart) -> StreamedPart:
-    """With several JAX processes (jax.distributed.initialize), every host gets the combined result."""
-    if jax.process_count() == 1:
-        return local
-    from jax.experimental import multihost_utils
+    """With several JAX processes (jax.distributed.initialize), every host gets the combined result.
 
-    gathered = multihost_utils.process_allgather((local.totals, local.state))
-    totals, state = jax.device_get(gathered)
-    parts = [
-        dataclasses.replace(local, totals=totals[h], state=jax.tree.map(lambda x: x[h], state))
-        for h in range(jax.process_count())
-    ]
+    The parts are small (the tables, a histogram, four numbers): each host posts its own to the
+    coordinator's key-value store and reads the others'. Unlike a device all-gather, this needs no
+    cross-process collectives and works when hosts have different numbers of devices (CPU hosts
+    with different core counts). A host that failed (`abandon_hosts`) stops the wait with a PlanError."""
+    hosts = jax.process_count()
+    if hosts == 1:
+        return local
+    client, me = _coordinator(), jax.process_index()
+    key = f"jaxplan/sweep/{next(_gather_rounds)}"
+    client.key_value_set_bytes(f"{key}/{me}", part_bytes(local))
+    posted = _wait_for_parts(client, key, hosts)
+    client.wait_at_barrier(f"{key}/read", int(HOST_WAIT_S * 1000))  # everyone has read every part: each may delete its own
+    client.key_value_delete(f"{key}/{me}")
+    parts = [local if h == me else part_from_bytes(posted[h]) for h in range(hosts)]
+    chunks = sorted({p.chunk_size for p in parts})
+    if len(chunks) > 1:
+        # Host h streams chunks h, h + hosts, ... of its own size: equal sizes are what make the shares disjoint.
+        raise PlanError(
+            f"the {hosts} hosts streamed chunks of different sizes ({', '.join(f'{c:,}' for c in chunks)} candidates) because "
+            f"their sweep device counts differ ({', '.join(str(p.num_devices) for p in parts)}); give every host the same "
+            f"$JAXPLAN_SWEEP_DEVICES"
+        )
     return combine(parts)
+
+
+def _coordinator():
+    # The coordinator's client has no public accessor; it is the one jax.distributed.initialize made.
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _wait_for_parts(client, key: str, hosts: int) -> dict[int, bytes]:
+    """{host: part bytes} once every host posted under `key`; PlanError if one abandoned the sweep.
+    Polls rather than blocks, so that an abandoning host is noticed while waiting."""
+    deadline = time.monotonic() + HOST_WAIT_S
+    while True:
+        posted = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get_bytes(f"{key}/")}
+        if len(posted) >= hosts:
+            return posted
+        abandoned = client.key_value_dir_get_bytes(f"{ABANDON_KEY}/")
+        if abandoned:
+            name, reason = abandoned[0]
+            raise PlanError(f"host {name.rsplit('/', 1)[-1]} stopped ({reason.decode(errors='replace')}); see its output; this host stops too")
+        if time.monotonic() > deadline:
+            raise PlanError(f"waited {HOST_WAIT_S:,.0f} s for hosts {sorted(set(range(hosts)) - set(posted))} to finish their share; are they running?")
+        time.sleep(POLL_S)
+
+
+def abandon_hosts(reason: str) -> None:
+    """Tell the other hosts this one will not post its part (it failed), so that they stop waiting.
+    Nothing with one process."""
+    if jax.process_count() == 1:
+        return
+    try:
+        _coordinator().key_value_set_bytes(f"{ABANDON_KEY}/{jax.process_index()}", reason.encode(), allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the coordinator itself may be gone; the failure being reported matters more
+        pass
+
+
+def part_bytes(part: StreamedPart) -> bytes:
+    """A part as .npz bytes (exact: the int64 histogram stays int64)."""
+    buffer = io.BytesIO()
+    (layouts, frontier) = part.state
+    np.savez(
+        buffer, totals=np.asarray(part.totals, np.int64), layout_score=layouts.score, layout_digits=layouts.digits,
+        frontier_score=frontier.score, frontier_digits=frontier.digits,
+        numbers=np.array([part.compile_s, part.run_s, part.num_devices, part.chunk_size], np.float64),
+    )
+    return buffer.getvalue()
+
+
+def part_from_bytes(data: bytes) -> StreamedPart:
+    """The inverse of `part_bytes`."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        state = SweepState(BestTable(z["layout_score"], z["layout_digits"]), BestTable(z["frontier_score"], z["frontier_digits"]))
+        compile_s, run_s, num_devices, chunk_size = z["numbers"].tolist()
+        return StreamedPart(z["totals"], state, compile_s, run_s, int(num_devices), int(chunk_size))
 
 
 def run_sweep(
@@ -239,7 +320,11 @@ def run_sweep(
     if max_seconds is not None:
         progress = Deadline(max_seconds, progress)
     ctx = build_context(grid, model, workload, params_path)
-    part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
+    try:
+        part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
+    except Exception as error:
+        abandon_hosts(f"{type(error).__name__}: {error}")
+        raise
     return finish(grid, model, workload, ctx, gather_hosts(part), top_k)
 
 

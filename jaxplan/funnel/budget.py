@@ -10,8 +10,8 @@ Memory is bounded by the streamed chunk and the per-layout table, not by the gri
 The effective chunk is the one `stream` uses: at least one whole run of the DP axis per device.
 Time is the grid at a conservative streaming rate plus a compilation allowance; while the sweep runs,
 `jaxplan.deadline.Deadline` re-estimates from the measured rate and stops it once the projection exceeds the limit.
-The constants are deliberately pessimistic (bench/README.md measured 2.8e6-5.7e6 candidates/s and
-0.7-0.9 GiB peak RSS with 65,536-candidate chunks on 2 cores).
+The constants are deliberately below the rates and above the memory bench/README.md measures, so a
+refusal up front is never a sweep that would have fitted.
 """
 
 from __future__ import annotations

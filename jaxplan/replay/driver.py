@@ -111,9 +111,9 @@ def _lane_mesh(num_lanes: int, devices: int) -> Mesh | None:
 
 # Loop iterations per request of one replica: 8 x (requests in flight)^(-1/3) x (1 + OSL / window)^(1/4).
 # Iterations end at events (an admission, the chunk that completes a prompt, a finish, an arrival
-# while the step's budget has room, the window), which the requests in flight share; fitted on the
-# 60 finalists of the README sweep (Llama-3.1-70B, H200) for coding, chat and reasoning: mean error
-# 8%, worst 47%. Only the split over lanes uses it.
+# while the step's budget has room, the window), which the requests in flight share; fitted on
+# sweep finalists of the bundled workloads (bench/README.md). Only the split over lanes uses it, so
+# its error moves work between lanes, never a result.
 ITERATIONS_PER_REQUEST = 8.0
 CONCURRENCY_EXPONENT = -1.0 / 3.0
 DECODE_EXPONENT = 0.25
@@ -302,8 +302,8 @@ def _bucket(value: int) -> int:
     return bucket_size(value, 1)
 
 
-# Slot rows past this many grow in steps of it rather than doubling: an iteration costs about
-# 0.3 ms + 5 us per row (README sweep, 2 cores), so max_num_seqs 192 runs on 192 rows, not 256.
+# Slot rows past this many grow in steps of it rather than doubling: an iteration's fixed cost is
+# small against its per-row cost, so max_num_seqs 192 runs on 192 rows, not 256.
 # Each width is one more program, compiled once per shape.
 SLOT_STEP = 64
 

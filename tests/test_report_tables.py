@@ -75,6 +75,12 @@ def test_without_the_replay_stage_4_metrics_are_kept_longest():
 
 
 def test_drop_order_names_only_real_columns():
-    table = rows_table([ROW], "Top")
+    table = rows_table([{**ROW, "output_tokens_per_s_p10": 1_000.0, "output_tokens_per_s_p90": 1_500.0}], "Top")
     headers = {str(c.header) for c in table.columns}
     assert set(DROP_ORDER) <= headers
+
+
+def test_a_banded_row_shows_its_throughput_band_and_an_unbanded_one_has_no_column():
+    banded = _render(400, {**ROW, "output_tokens_per_s_p10": 1_000.0, "output_tokens_per_s_p90": 1_500.0})
+    assert "1,000-1,500" in banded and "p10-p90" in banded
+    assert "p10-p90" not in _render(400, ROW)

@@ -161,12 +161,15 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
     state = jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * num_devices), one), sharding)
     page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
+    window_rows = grid.layout_window(chunk_size // num_devices)
     arrays = ctx._replace(model=None)
 
     def run_chunk(state, start):
-        return sweep_chunk(state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size)
+        return sweep_chunk(
+            state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size, window_rows=window_rows
+        )
 
-    # sweep_chunk is jitted with the model, mesh and page size static: a second sweep with the same
+    # sweep_chunk is jitted with the model, mesh, page size and window static: a second sweep with the same
     # shapes reuses the compiled kernel. compile_s is the first chunk's time (compile + one chunk).
     index, count = part
     starts = range(index * chunk_size, grid.size, count * chunk_size)

@@ -5,8 +5,9 @@ them, or the first $JAXPLAN_SWEEP_DEVICES: see `device_mesh`).
 Memory is bounded by the chunk and the tables, and a chunk's time by the chunk: it
 touches only the window of layout rows its candidates can reach (`Grid.layout_window`),
 not the whole table. Per-chunk reason histograms are summed on the host in int64
-(exact for any grid size). With several JAX processes (jax.distributed.initialize), process i of N streams chunks i, i + N, ... and
-`gather_hosts` gives every process the combined tables and counts.
+(exact for any grid size). With several JAX processes (jax.distributed.initialize),
+process i of N streams chunks i, i + N, ... and `gather_hosts` gives every process
+the combined tables and counts.
 """
 
 from __future__ import annotations

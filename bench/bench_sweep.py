@@ -84,7 +84,7 @@ def main() -> None:
             result, wall, compile_s, run_s = one(model, gpus, workload, sub, args.chunk, repeat)
             row(f"1e{exponent}", result, wall, compile_s, run_s)
             measured[exponent] = (result.grid.size, run_s)
-        for lo, hi in ((6, 8), (7, 9)):
+        for lo, hi in ((6, 8), (7, 9), (6, 9)):
             if lo in measured and hi in measured:
                 (n0, t0), (n1, t1) = measured[lo], measured[hi]
                 print(f"scaling exponent of run time vs grid size (1e{lo} -> 1e{hi}): {(math.log(t1) - math.log(t0)) / (math.log(n1) - math.log(n0)):.3f}")

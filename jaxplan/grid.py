@@ -34,6 +34,10 @@ AXES = (
 )
 DP_AXIS = AXES.index("data_parallel_size")  # innermost
 LAYOUT_AXES = tuple(AXES.index(a) for a in ("gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
+# The layout axes are the outermost ones plus DP (innermost), so a layout's index is
+# prefix x |DP| + DP digit, and a contiguous run of candidates touches a contiguous run of layouts.
+LAYOUT_PREFIX = LAYOUT_AXES[:-1]
+assert LAYOUT_PREFIX == tuple(range(len(LAYOUT_PREFIX))) and LAYOUT_AXES[-1] == DP_AXIS == len(AXES) - 1
 
 
 class Candidates(NamedTuple):
@@ -73,6 +77,19 @@ class Grid:
     @property
     def num_layouts(self) -> int:
         return math.prod(self.sizes[a] for a in LAYOUT_AXES)
+
+    def layout_window(self, run: int) -> int:
+        """Rows of the [num_layouts] table that `run` consecutive candidates starting at a multiple of
+        |DP| can touch (whole prefixes of |DP| rows each; never more than the table).
+
+        The run spans ceil(run / |DP|) DP-less configurations; consecutive configurations share a
+        layout prefix in blocks of `knobs` (the axes between the prefix and DP), so they meet at most
+        ceil((configurations - 1) / knobs) + 1 prefixes."""
+        num_dp = self.sizes[DP_AXIS]
+        knobs = math.prod(self.sizes[len(LAYOUT_PREFIX) : DP_AXIS])
+        configurations = max(1, -(-run // num_dp))
+        prefixes = -(-(configurations - 1) // knobs) + 1
+        return min(prefixes, math.prod(self.sizes[a] for a in LAYOUT_PREFIX)) * num_dp
 
     def axis_arrays(self) -> tuple[jnp.ndarray, ...]:
         """Numeric value of every axis entry (GPU: its index; dtypes: bytes per element)."""

@@ -150,6 +150,33 @@ def test_layout_index_is_the_mixed_radix_of_gpu_tp_pp_dp(grid: Grid):
     assert got.max() < grid.num_layouts
 
 
+def test_layout_window_covers_every_run_and_no_more(grid: Grid):
+    """A run of candidates starting at a multiple of |DP| only touches the `layout_window` rows of the
+    table from its first candidate's layout on (shifted back to end at the table's end); for every run
+    length some start needs the whole window. Reference: layouts from divmod digits, index by index."""
+    num_dp, num_layouts = grid.sizes[AXES.index("data_parallel_size")], grid.num_layouts
+    layout_axes = list(LAYOUT_AXES)
+    layouts = []
+    for index in range(grid.size):
+        digits, row = python_digits(index, grid.sizes), 0
+        for a in layout_axes:
+            row = row * grid.sizes[a] + digits[a]
+        layouts.append(row)
+    layouts = np.array(layouts)
+    for run in range(num_dp, grid.size + num_dp, num_dp):
+        window = grid.layout_window(run)
+        assert window % num_dp == 0 and num_dp <= window <= num_layouts
+        widest = 0
+        for start in range(0, grid.size, num_dp):
+            touched = layouts[start : start + run]
+            first = min(layouts[start], num_layouts - window)
+            assert first <= touched.min() and touched.max() < first + window, (run, start, window)
+            widest = max(widest, touched.max() // num_dp - touched.min() // num_dp + 1)
+        assert widest * num_dp == window, (run, window, widest)
+    # One DP run (the whole share of a device in the largest grids) touches one prefix's rows.
+    assert grid.layout_window(num_dp) == num_dp < num_layouts
+
+
 def test_describe_names_the_axis_values(grid: Grid):
     index = grid.size - 1  # every digit at its maximum: the last value of every axis
     row = grid.describe(grid.digits_of(index))

@@ -5,7 +5,8 @@ Memory is bounded by the streamed chunk and the per-layout table, not by the gri
   memory = BASE (JAX runtime, compiled kernels, stage-5 frontier over <= 4,096 table entries)
          + effective chunk x CHUNK_BYTES (digits, candidate fields, reasons, one stage-4 page per device)
          + layouts x LAYOUT_BYTES x (devices + LAYOUT_COPIES) (the best-per-layout table: score + digits,
-           one per device, the merge temporaries of each chunk, the host copy and the shortlist's sort)
+           one per device, the host copies, the devices' merge and the shortlist's sort; each chunk
+           only works on a window of it, `Grid.layout_window`)
 
 The effective chunk is the one `stream` uses: at least one whole run of the DP axis per device.
 Time is the grid at a conservative streaming rate plus a compilation allowance; while the sweep runs,

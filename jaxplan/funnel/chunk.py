@@ -102,8 +102,14 @@ def histogram(reason: jnp.ndarray) -> jnp.ndarray:
     return jnp.zeros(NUM_REASONS, jnp.int32).at[reason].add(1)
 
 
-def fold(state: SweepState, ctx: SweepContext, c: Candidates, ev: Evaluated) -> SweepState:
-    layouts = merge_chunk(state.layouts, layout_index(c.digits, ctx.sizes), ev.score, c.digits)
+def fold(state: SweepState, ctx: SweepContext, c: Candidates, ev: Evaluated, first_layout=0) -> SweepState:
+    """Fold evaluated candidates into the state, whose layout table holds the layouts from
+    `first_layout` on (a window of the full table: see `device_chunk`)."""
+    # Invalid candidates (padding) may decode to layouts outside the window; their score is -inf,
+    # so clipping them onto an edge row changes nothing.
+    window = state.layouts.score.shape[0]
+    row = jnp.clip(layout_index(c.digits, ctx.sizes) - first_layout, 0, window - 1)
+    layouts = merge_chunk(state.layouts, row, ev.score, c.digits)
     per_gpu = ev.estimate.output_tokens_per_s / ev.layout.num_gpus
     frontier_score = jnp.where(ev.score > NEG_INF, per_gpu, NEG_INF)
     frontier = merge_chunk(state.frontier, frontier_bin(ev.layout, ev.estimate.tpot_p99_s), frontier_score, c.digits)
@@ -207,9 +213,22 @@ def survivor_pages(carry, ctx: SweepContext, scenarios: WorkloadParams | None, b
     return carry, counts
 
 
-def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, page_size: int):
-    """One device's share of a chunk under the sweep's workload: (state, reason histogram)."""
-    return survivor_pages(state, ctx, None, base_digits, offsets, page_size, lambda state, picked, ev, _, __: fold(state, ctx, picked, ev))
+def device_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, page_size: int, window_rows: int):
+    """One device's share of a chunk under the sweep's workload: (state, reason histogram).
+
+    The share is a contiguous run of candidates starting at a multiple of |DP|, so its layouts are
+    `window_rows` (`Grid.layout_window`) consecutive rows of the table from its first candidate's
+    layout on: only those rows are sliced out, folded page by page, and written back, so the work
+    per chunk does not grow with the table (whose size grows with the DP range)."""
+    num_layouts = state.layouts.score.shape[0]
+    first_digits, _ = decode_digits(ctx.sizes, base_digits, offsets[:1])
+    # Near the table's end the window is shifted back so that it stays inside; it still covers the share.
+    first = jnp.minimum(layout_index(first_digits, ctx.sizes)[0], num_layouts - window_rows)
+    window = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, window_rows), state.layouts)
+    carry = SweepState(window, state.frontier)
+    carry, counts = survivor_pages(carry, ctx, None, base_digits, offsets, page_size, lambda carry, picked, ev, _, __: fold(carry, ctx, picked, ev, first))
+    layouts = jax.tree.map(lambda full, part: jax.lax.dynamic_update_slice_in_dim(full, part, first, 0), state.layouts, carry.layouts)
+    return SweepState(layouts, carry.frontier), counts
 
 
 def evaluate_survivors(ctx: SweepContext, c: Candidates, prepared) -> Evaluated:
@@ -224,9 +243,11 @@ def evaluate_survivors(ctx: SweepContext, c: Candidates, prepared) -> Evaluated:
     return Evaluated(reason, score, layout, est, per_million, hourly, jnp.zeros_like(score), est.bound)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "mesh", "page_size"), donate_argnames=("state",))
-def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, *, model: ModelShape, mesh, page_size: int):
+@functools.partial(jax.jit, static_argnames=("model", "mesh", "page_size", "window_rows"), donate_argnames=("state",))
+def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, *, model: ModelShape, mesh, page_size: int, window_rows: int):
     """Per-device (state, reason histogram) after the chunk at base + offsets. `state` is donated.
+
+    window_rows: the layout-table rows one device's share of the chunk can touch (`Grid.layout_window`).
 
     `ctx.model` is ignored (pass None); the static `model` is folded into the kernel.
     `state` and the result carry a leading device axis [D, ...]; offsets [D * chunk/D] are split
@@ -237,7 +258,7 @@ def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, 
     def per_device(state, ctx, base_digits, offsets):
         ctx = ctx._replace(model=model)
         local = jax.tree.map(lambda x: x[0], state)
-        new_state, counts = device_chunk(local, ctx, base_digits, offsets, page_size)
+        new_state, counts = device_chunk(local, ctx, base_digits, offsets, page_size, window_rows)
         return jax.tree.map(lambda x: x[None], new_state), counts[None]
 
     return jax.shard_map(per_device, mesh=mesh, in_specs=(spec, PartitionSpec(), PartitionSpec(), spec), out_specs=(spec, spec), check_vma=False)(

@@ -2,10 +2,12 @@
 
 Chunks are sharded across the local JAX devices along the candidate axis (all of
 them, or the first $JAXPLAN_SWEEP_DEVICES: see `device_mesh`).
-Memory is bounded by the chunk and the tables; per-chunk reason histograms are
-summed on the host in int64 (exact for any grid size). With several JAX processes
-(jax.distributed.initialize), process i of N streams chunks i, i + N, ... and
-`gather_hosts` gives every process the combined tables and counts.
+Memory is bounded by the chunk and the tables, and a chunk's time by the chunk: it
+touches only the window of layout rows its candidates can reach (`Grid.layout_window`),
+not the whole table. Per-chunk reason histograms are summed on the host in int64
+(exact for any grid size). With several JAX processes (jax.distributed.initialize),
+process i of N streams chunks i, i + N, ... and `gather_hosts` gives every process
+the combined tables and counts.
 """
 
 from __future__ import annotations
@@ -161,12 +163,15 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
     state = jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * num_devices), one), sharding)
     page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
+    window_rows = grid.layout_window(chunk_size // num_devices)
     arrays = ctx._replace(model=None)
 
     def run_chunk(state, start):
-        return sweep_chunk(state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size)
+        return sweep_chunk(
+            state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size, window_rows=window_rows
+        )
 
-    # sweep_chunk is jitted with the model, mesh and page size static: a second sweep with the same
+    # sweep_chunk is jitted with the model, mesh, page size and window static: a second sweep with the same
     # shapes reuses the compiled kernel. compile_s is the first chunk's time (compile + one chunk).
     index, count = part
     starts = range(index * chunk_size, grid.size, count * chunk_size)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import csv
 import functools
-import math
 from pathlib import Path
 
 import numpy as np
 
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.params import PARAMS_PATH, load_priors
+from jaxplan.tomlio import toml_value
 
 METRICS = ("ttft_ms_mean", "tpot_ms_mean", "output_tok_s")  # predicted columns that get a band
 BAND_COLUMNS = tuple(f"{m}_{q}" for m in METRICS for q in ("p10", "p90"))
@@ -189,31 +189,17 @@ def coverage(residuals: list[dict], bands: dict[str, dict]) -> dict[str, dict[st
 # --- the files ------------------------------------------------------------------------------------
 
 
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, float):
-        return f"{value:.6g}" if math.isfinite(value) else '"nan"'
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return _toml_value(str(value))
-
-
 def write_bands(bands: dict[str, dict], path: str | Path, record: dict, residuals: list[dict] | None = None) -> Path:
     """The bands TOML: [record] (provenance, fitted_gpus, fitted_models, how the bands were made), then
     one [class."<key>"] table per class; with `residuals`, also their CSV at `residuals_path`."""
     path = Path(path)
     lines = ["# Written by `jaxplan calibrate`: p10/p90 of measured / predicted over held-out rows, per prediction class (docs/uncertainty.md).", "[record]"]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in record.items()]
+    lines += [f"{key} = {toml_value(value)}" for key, value in record.items()]
     for key in ALL_CLASSES:
         lines.append(f'\n[class."{key}"]')
         for field, value in bands[key].items():
             if value is not None:
-                lines.append(f"{field} = {_toml_value(value)}")
+                lines.append(f"{field} = {toml_value(value)}")
     path.write_text("\n".join(lines) + "\n")
     if residuals is not None:
         with open(residuals_path(path), "w", newline="") as handle:

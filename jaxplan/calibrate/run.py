@@ -19,7 +19,6 @@ but not fitted.
 from __future__ import annotations
 
 import datetime
-import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,6 +35,7 @@ from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is
 from jaxplan.physics.shapes import hardware_table, model_shape, take
 from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
+from jaxplan.tomlio import toml_value
 
 FIT_BACKEND = "vllm"
 HELD_OUT_FOLDS = 4  # each fitted GPU's configurations are dealt into this many folds (a quarter each)
@@ -451,7 +451,7 @@ def write_params(params: dict[str, dict[str, float]], path: Path, record: dict, 
     `calibration_priors` where the kernel tables are absent)."""
     lines = ["# Written by `jaxplan calibrate`; efficiencies are fractions of spec-sheet peaks, latencies in seconds.", "[record]"]
     for key, value in record.items():
-        lines.append(f"{key} = {_toml_value(value)}")
+        lines.append(f"{key} = {toml_value(value)}")
     for section, tables in (("gpu", params), ("prior", priors or {})):
         for gpu in sorted(tables):
             lines.append(f"\n[{section}.{gpu}]")
@@ -459,18 +459,6 @@ def write_params(params: dict[str, dict[str, float]], path: Path, record: dict, 
                 lines.append(f"{field} = {_fmt(tables[gpu].get(field, DEFAULTS[field]))}")
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return _fmt(value) if math.isfinite(value) else '"inf"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return _toml_value(str(value))
 
 
 def provenance(rows: list[dict], report: dict, sources: list[str]) -> dict:

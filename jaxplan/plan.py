@@ -208,8 +208,9 @@ def plan_of(inputs: Inputs, result, replayed: list[dict] | None, sizing=None, re
     def banded(rows):
         return with_bands(rows, result.model.name, result.workload, result.grid.space.block_size_tokens, str(params) if params else None)
 
-    shortlist = tuple(Finalist.from_row(r) for r in banded(result.shortlist))
-    final_rows = banded(replayed) if replayed else [f.to_row() for f in shortlist]
+    shortlist_rows = banded(result.shortlist)
+    final_rows = banded(replayed) if replayed else shortlist_rows
+    shortlist = tuple(Finalist.from_row(r) for r in shortlist_rows)
     finalists = tuple(Finalist.from_row(r) for r in final_rows) if replayed else shortlist
     agreement = rank_agreement(replayed) if replayed else math.nan
     return Plan(

@@ -32,15 +32,20 @@ def _metric_values(row: dict) -> tuple[float, float, float]:
 
 
 def kv_fits(rows: list[dict], workload, block_size_tokens: int) -> np.ndarray:
-    """[R] bool, `bands.kv_regime`'s rule for a sweep row: an open loop (Poisson, burst) counts as
-    fitting; a closed loop fits when one replica's KV cache holds its share of the clients' full
-    contexts (mean prompt + mean output)."""
-    if workload.arrival != Arrival.CLOSED:
-        return np.ones(len(rows), dtype=bool)
-    kv_tokens = np.array([r["kv_blocks_per_replica"] for r in rows], dtype=np.float64) * block_size_tokens
-    replicas = np.array([r["data_parallel_size"] for r in rows], dtype=np.float64)
-    demand = workload.concurrency / replicas * (workload.isl_mean_tokens + workload.osl_mean_tokens)
-    return kv_tokens >= demand
+    """[R] bool, `bands.kv_regime`'s rule (the one calibrate's measured rows are classed by) for sweep
+    rows: an open loop (Poisson, burst) fits; a closed loop fits when one replica's KV cache holds its
+    share of the clients' full contexts (mean prompt + mean output)."""
+    from jaxplan.bands import kv_regime
+
+    closed = workload.arrival == Arrival.CLOSED
+    return kv_regime([
+        {
+            "concurrency": workload.concurrency if closed else None, "num_prompts": workload.num_requests,
+            "data_parallel_size": r["data_parallel_size"], "isl": workload.isl_mean_tokens, "osl": workload.osl_mean_tokens,
+            "kv_cache_tokens": r["kv_blocks_per_replica"] * block_size_tokens,
+        }
+        for r in rows
+    ])  # fmt: skip
 
 
 def with_bands(rows: list[dict], model_name: str, workload, block_size_tokens: int, params_path: str | None = None,

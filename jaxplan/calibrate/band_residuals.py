@@ -60,6 +60,13 @@ def spec_sheet_params(held_out: dict[str, float]) -> dict[str, float]:
     return {**DEFAULTS, **{f: held_out[f] for f in fit.FIT_FIELDS if f not in run.KERNEL_FIELDS}}
 
 
+def fitted(rows: list[dict], params: dict[str, dict[str, float]]) -> tuple[set[str], set[str]]:
+    """(GPUs, models) whose vLLM rows among `rows` the serving fit saw (`run.trained_rows`: KV capacity
+    does not depend on the fitted fields, so the final `params` decide as the priors did)."""
+    trained = run.trained_rows([r for r in run.evaluated_rows(rows) if not run.fit_excluded(r)], params)
+    return {r["gpu"] for r in trained}, {r["model"] for r in trained}
+
+
 def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], report: dict, configuration_predictions: dict[int, dict]) -> list[dict]:
     """Residual rows (`bands.RESIDUAL_COLUMNS`) of the vLLM rows among `rows` (what `run.calibrate` was
     given), from its `params` and `report` (held_out_params, prior_sources) and the per-row predictions
@@ -67,8 +74,7 @@ def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], re
     evaluated = run.evaluated_rows(rows)
     complete = {g: {**DEFAULTS, **values} for g, values in params.items()}
     fit_rows = [r for r in evaluated if not run.fit_excluded(r)]
-    trained = [r for r, keep in zip(fit_rows, run.kv_holds_concurrency(fit_rows, complete)) if keep]
-    fitted_gpus, models = {r["gpu"] for r in trained}, {r["model"] for r in trained}
+    fitted_gpus, models = fitted(rows, params)
     sources = report.get("prior_sources", {})
     out = []
     scored = [r for r in fit_rows if id(r) in configuration_predictions]
@@ -98,15 +104,12 @@ def write_calibration_bands(rows: list[dict], params: dict[str, dict[str, float]
     if len(residuals) < bands.MIN_ROWS:
         return None
     table = bands.compute_bands(residuals)
-    evaluated = run.evaluated_rows(rows)
-    fit_rows = [r for r in evaluated if not run.fit_excluded(r)]
-    complete = {g: {**DEFAULTS, **values} for g, values in params.items()}
-    trained = [r for r, keep in zip(fit_rows, run.kv_holds_concurrency(fit_rows, complete)) if keep]
+    fitted_gpus, fitted_models = fitted(rows, params)
     record = {
         "date": datetime.date.today().isoformat(), "command": "jaxplan calibrate", "data": data,
         "params": Path(params_output).name, "method": "stage 4 (predict --method analytical)",
         "quantiles": list(bands.QUANTILES), "min_rows": bands.MIN_ROWS, "spec_sheet_widening": bands.SPEC_SHEET_WIDENING,
-        "held_out_folds": folds, "fitted_gpus": sorted({r["gpu"] for r in trained}), "fitted_models": sorted({r["model"] for r in trained}),
+        "held_out_folds": folds, "fitted_gpus": sorted(fitted_gpus), "fitted_models": sorted(fitted_models),
         "prior_gpus": sorted(g for g, source in report.get("prior_sources", {}).items() if source != NO_TABLES),
         "residual_rows": len(residuals),
     }  # fmt: skip

@@ -129,7 +129,7 @@ def test_workload_rejects(changes, field):
 def test_a_target_above_what_poisson_arrivals_bring_names_the_rate_that_would_bring_it(tmp_path):
     """2 req/s x 100 output tokens bring 200 tok/s: a larger target cannot be met by any deployment. A
     workload file and the CLI's overrides are refused; a winner-map scenario is not (its cell has no winner)."""
-    from jaxplan.cli.common import sweep_options
+    from jaxplan.cli.common import load_cli_inputs
     from jaxplan.specs import load_workload
     from jaxplan.winner_map import scenario_workload
 
@@ -141,9 +141,9 @@ def test_a_target_above_what_poisson_arrivals_bring_names_the_rate_that_would_br
     with pytest.raises(PlanError, match="target_output_tokens_per_s"):
         load_workload(str(path))
     with pytest.raises(PlanError, match=r"8 requests/s x 300 output tokens .* >= 16\.67 "):  # coding: 2,400 tok/s offered
-        sweep_options("llama-3.1-70b", "h100_sxm", "coding", "small", None, 5000.0, None, None)
-    assert sweep_options("llama-3.1-70b", "h100_sxm", "coding", "small", None, 5000.0, 17.0, None)[2].request_rate_per_s == 17.0
-    scenario = scenario_workload(sweep_options("llama-3.1-70b", "h100_sxm", "coding", "small", None, 2000.0, None, None)[2], {"rate": 1.0})
+        load_cli_inputs("llama-3.1-70b", "h100_sxm", "coding", "small", None, 5000.0, None, None)
+    assert load_cli_inputs("llama-3.1-70b", "h100_sxm", "coding", "small", None, 5000.0, 17.0, None).workload.request_rate_per_s == 17.0
+    scenario = scenario_workload(load_cli_inputs("llama-3.1-70b", "h100_sxm", "coding", "small", None, 2000.0, None, None).workload, {"rate": 1.0})
     assert scenario.request_rate_per_s == 1.0 and scenario.target_output_tokens_per_s == 2000.0
     # exactly the offered load, and any target for bursts and closed loops (their throughput is the deployment's)
     Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=200.0).check_target_is_offered()

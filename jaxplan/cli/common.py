@@ -123,13 +123,6 @@ def _os_error_text(error: Exception) -> str:
     return str(error)
 
 
-def parse_prices(text: str | None) -> dict[str, float]:
-    """'h100_sxm=2.5,h200_sxm=3.1' -> {name: USD per GPU-hour} (errors name --price)."""
-    from jaxplan.inputs import parse_prices as parse
-
-    return parse(text, "--price")
-
-
 def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
@@ -142,12 +135,6 @@ def load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rat
         model, gpus, workload, space, budget=budget, target_throughput=target_throughput, rate=rate, price=price,
         weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, labels=CLI_LABELS,
     )
-
-
-def sweep_options(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None):
-    """(model, gpus, workload, space) specs of `load_cli_inputs`."""
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
-    return inputs.model, inputs.gpus, inputs.workload, inputs.space
 
 
 def plan_with_progress(inputs, on_funnel=None, **options):

@@ -172,31 +172,39 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
         )
 
     # sweep_chunk is jitted with the model, mesh, page size and window static: a second sweep with the same
-    # shapes reuses the compiled kernel. compile_s is the first chunk's time (compile + one chunk).
+    # shapes reuses the compiled kernel.
     index, count = part
     starts = range(index * chunk_size, grid.size, count * chunk_size)
-    t0 = time.perf_counter()
-    histograms = []
-    if len(starts):
-        state, counts = run_chunk(state, starts[0])
-        jax.block_until_ready(counts)
-        histograms.append(counts)
-        if progress:
-            progress(min(starts[0] + chunk_size, grid.size), grid.size)
-    compile_s = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    for start in starts[1:]:
-        state, counts = run_chunk(state, start)
-        histograms.append(counts)
-        if progress:
-            progress(min(start + chunk_size, grid.size), grid.size)
+    state, histograms, compile_s, t0 = drive_chunks(run_chunk, state, starts, chunk_size, grid.size, progress)
     totals = np.zeros(NUM_REASONS, np.int64)
     for counts in jax.device_get(histograms):
         totals += counts.sum(axis=0)
     merged = merge_devices(state, num_devices)
     run_s = time.perf_counter() - t0
     return StreamedPart(totals, merged, compile_s, run_s, num_devices, chunk_size)
+
+
+def drive_chunks(run, state, starts, chunk_size: int, grid_size: int, progress=None):
+    """Fold `run(state, start) -> (state, counts)` over the chunks beginning at `starts`, reporting
+    `progress(done, total)` after each. The first chunk runs alone and is waited for, so its time is the
+    compilation's (compile + one chunk). Returns (state, [counts per chunk], compile_s, the
+    perf_counter at which the remaining chunks began: the caller's run time starts there)."""
+    t0 = time.perf_counter()
+    outputs = []
+    if len(starts):
+        state, counts = run(state, starts[0])
+        jax.block_until_ready(counts)
+        outputs.append(counts)
+        if progress:
+            progress(min(starts[0] + chunk_size, grid_size), grid_size)
+    compile_s = time.perf_counter() - t0
+    started = time.perf_counter()
+    for start in starts[1:]:
+        state, counts = run(state, start)
+        outputs.append(counts)
+        if progress:
+            progress(min(start + chunk_size, grid_size), grid_size)
+    return state, outputs, compile_s, started
 
 
 def combine(parts: list[StreamedPart]) -> StreamedPart:

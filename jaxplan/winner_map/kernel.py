@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxplan.funnel.budget import effective_chunk
 from jaxplan.funnel.chunk import SweepContext, survivor_pages
+from jaxplan.funnel.sweep import drive_chunks
 from jaxplan.funnel.tables import NEG_INF, BestTable, merge_chunk
 from jaxplan.grid import AXES, LAYOUT_AXES, Grid, layout_index
 from jaxplan.physics.traffic import WorkloadParams
@@ -79,21 +80,7 @@ def stream_scenarios(grid: Grid, ctx: SweepContext, scenarios: WorkloadParams, *
     def run(table, start):
         return map_chunk(table, arrays, scenarios, jnp.asarray(grid.digits_of(start)), offsets, model=ctx.model, page_size=page_size)
 
-    starts = range(0, grid.size, chunk_size)
-    feasible = []
-    t0 = time.perf_counter()
-    table, counts = run(table, starts[0])
-    jax.block_until_ready(counts)
-    feasible.append(counts)
-    compile_s = time.perf_counter() - t0
-    if progress:
-        progress(min(chunk_size, grid.size), grid.size)
-    t0 = time.perf_counter()
-    for start in starts[1:]:
-        table, counts = run(table, start)
-        feasible.append(counts)
-        if progress:
-            progress(min(start + chunk_size, grid.size), grid.size)
+    table, feasible, compile_s, t0 = drive_chunks(run, table, range(0, grid.size, chunk_size), chunk_size, grid.size, progress)
     table = jax.device_get(table)
     table = BestTable(table.score.reshape(num_scenarios, -1), table.digits.reshape(num_scenarios, -1, 1))
     total = np.zeros(num_scenarios, np.int64)

@@ -15,12 +15,11 @@ from jaxplan.cli import predict  # noqa: F401
 from jaxplan.cli import calibrate  # noqa: F401
 from jaxplan.cli import listing  # noqa: F401
 from jaxplan.cli import hosts
-from jaxplan.cli.common import app, err
+from jaxplan.cli.common import app, say_error
 from jaxplan.cli.exit_codes import ExitCode
 from jaxplan.compile_cache import enable as enable_compilation_cache
 from jaxplan.cpu_devices import enable as enable_cpu_devices
 from jaxplan.errors import PlanError
-from rich.markup import escape
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
         try:
             hosts.initialize()  # several hosts for one sweep: $JAXPLAN_COORDINATOR, see jaxplan/cli/hosts.py
         except PlanError as error:
-            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+            say_error(str(error))
             raise SystemExit(ExitCode.BAD_INPUT) from None
     try:
         app()  # exits with an ExitCode (jaxplan.cli.exit_codes), usage errors included

@@ -91,6 +91,11 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
+def say_error(text: str) -> None:
+    """One `error:` line on stderr; brackets in `text` (`[gpu.x]`) print as text, not rich markup."""
+    err.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def clean_errors(command):
     """Turn PlanError (and a few OS errors) into one stderr line and its exit code (`ExitCode`):
     1 bad input, 2 nothing survived, 3 past --max-seconds; any other exception is a bug: 70."""
@@ -100,10 +105,10 @@ def clean_errors(command):
         try:
             return command(*args, **kwargs)
         except PlanError as error:
-            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)  # [gpu.x] is text, not markup
+            say_error(str(error))
             raise typer.Exit(code=exit_code_for(error)) from None
         except (OSError, UnicodeDecodeError) as error:
-            err.print(f"[bold red]error:[/] {escape(_os_error_text(error))}", highlight=False, soft_wrap=True)
+            say_error(_os_error_text(error))
             raise typer.Exit(code=ExitCode.BAD_INPUT) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise

@@ -1,7 +1,7 @@
 """The candidate grid: a mixed-radix product of axes, decoded inside jit.
 
 A candidate is its index in the product (outermost axis first: GPU type,
-TP, PP, max_num_seqs, max_num_batched_tokens, weight dtype, KV dtype, DP).
+TP, PP, layout kind, max_num_seqs, max_num_batched_tokens, weight dtype, KV dtype, DP).
 DP is innermost: everything but the demand per replica is shared by a run of
 |DP| consecutive candidates, so the funnel evaluates it once per run.
 Chunks are given by the digits of their first index (computed on the host
@@ -20,12 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.specs.gpu import GpuSpec
-from jaxplan.specs.space import DTYPE_BYTES, SearchSpace
+from jaxplan.specs.formats import BY_NAME, OTHER_BYTES
+from jaxplan.specs.space import DTYPE_BYTES, LAYOUT_KINDS, SearchSpace, parse_kind_label
 
 AXES = (
     "gpu",
     "tensor_parallel_size",
     "pipeline_parallel_size",
+    "layout_kind",
     "max_num_seqs",
     "max_num_batched_tokens",
     "weight_dtype",
@@ -33,7 +35,7 @@ AXES = (
     "data_parallel_size",
 )
 DP_AXIS = AXES.index("data_parallel_size")  # innermost
-LAYOUT_AXES = tuple(AXES.index(a) for a in ("gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
+LAYOUT_AXES = tuple(AXES.index(a) for a in ("gpu", "tensor_parallel_size", "pipeline_parallel_size", "layout_kind", "data_parallel_size"))
 # The layout axes are the outermost ones plus DP (innermost), so a layout's index is
 # prefix x |DP| + DP digit, and a contiguous run of candidates touches a contiguous run of layouts.
 LAYOUT_PREFIX = LAYOUT_AXES[:-1]
@@ -48,11 +50,14 @@ class Candidates(NamedTuple):
     gpu_index: jnp.ndarray  # int32
     tensor_parallel_size: jnp.ndarray  # float32
     pipeline_parallel_size: jnp.ndarray
-    data_parallel_size: jnp.ndarray
+    data_parallel_size: jnp.ndarray  # replicas (engine ranks): the DP axis value x lockstep_ranks
     max_num_seqs: jnp.ndarray
     max_num_batched_tokens: jnp.ndarray
-    weight_bytes_per_param: jnp.ndarray
+    weight_bytes_per_param: jnp.ndarray  # every weight but the routed experts
     kv_bytes_per_element: jnp.ndarray
+    expert_weight_format: jnp.ndarray  # routed experts' format code (specs.formats)
+    lockstep_ranks: jnp.ndarray  # DP for the lock-step kinds (dp, dp_ep), else 1
+    expert_parallel: jnp.ndarray  # 1.0 for the EP kinds (ep, dp_ep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,14 +97,19 @@ class Grid:
         return min(prefixes, math.prod(self.sizes[a] for a in LAYOUT_PREFIX)) * num_dp
 
     def axis_arrays(self) -> tuple[jnp.ndarray, ...]:
-        """Numeric value of every axis entry (GPU: its index; dtypes: bytes per element)."""
+        """Numeric value of every axis entry (GPU: its index; weight dtype: its format code; KV dtype:
+        bytes per element; layout kind: `kind_value`)."""
         out = []
         for axis in AXES:
             labels = self.labels[axis]
             if axis == "gpu":
                 values = np.arange(len(labels))
-            elif axis in ("weight_dtype", "kv_cache_dtype"):
+            elif axis == "weight_dtype":
+                values = np.array([BY_NAME[v].code for v in labels])
+            elif axis == "kv_cache_dtype":
                 values = np.array([DTYPE_BYTES[v] for v in labels])
+            elif axis == "layout_kind":
+                values = np.array([kind_value(*parse_kind_label(v)) for v in labels])
             else:
                 values = np.array(labels)
             out.append(jax.device_put(np.asarray(values, np.float32)))  # on the host: no XLA program
@@ -151,15 +161,30 @@ def decode_digits(sizes: jnp.ndarray, base_digits: jnp.ndarray, offsets: jnp.nda
 def candidates_from_digits(axis_values: tuple[jnp.ndarray, ...], digits: jnp.ndarray, valid: jnp.ndarray) -> Candidates:
     """Candidates from their digits [C, A] (in AXES order)."""
     value = lambda name: axis_values[AXES.index(name)][digits[:, AXES.index(name)]]  # noqa: E731
+    code = value("weight_dtype")
+    kind, lockstep_ranks = kind_of_value(value("layout_kind"))
+    expert_parallel = (kind == LAYOUT_KINDS.index("ep")) | (kind == LAYOUT_KINDS.index("dp_ep"))
     return Candidates(
         digits, valid, digits[:, 0],
-        value("tensor_parallel_size"), value("pipeline_parallel_size"), value("data_parallel_size"),
-        value("max_num_seqs"), value("max_num_batched_tokens"), value("weight_dtype"), value("kv_cache_dtype"),
+        value("tensor_parallel_size"), value("pipeline_parallel_size"), value("data_parallel_size") * lockstep_ranks,
+        value("max_num_seqs"), value("max_num_batched_tokens"), jnp.asarray(OTHER_BYTES)[code.astype(jnp.int32)], value("kv_cache_dtype"),
+        code, lockstep_ranks, expert_parallel.astype(jnp.float32),
     )
 
 
+def kind_value(kind: str, lockstep_ranks: int) -> int:
+    """The numeric value of a layout-kind label: lock-step ranks x |kinds| + the kind's index."""
+    return lockstep_ranks * len(LAYOUT_KINDS) + LAYOUT_KINDS.index(kind)
+
+
+def kind_of_value(value):
+    """(kind index, lock-step ranks) of `kind_value` values (float arrays)."""
+    ranks = jnp.floor(value / len(LAYOUT_KINDS))
+    return value - ranks * len(LAYOUT_KINDS), ranks
+
+
 def layout_index(digits: jnp.ndarray, sizes: jnp.ndarray) -> jnp.ndarray:
-    """Index of a candidate's (GPU, TP, PP, DP) layout in [num_layouts]."""
+    """Index of a candidate's (GPU, TP, PP, kind, DP) layout in [num_layouts]."""
     index = jnp.zeros(digits.shape[:-1], jnp.int32)
     for axis in LAYOUT_AXES:
         index = index * sizes[axis] + digits[..., axis]

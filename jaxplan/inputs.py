@@ -51,9 +51,6 @@ def parse_prices(text: str | Mapping[str, float] | None, label: str = "price") -
     return prices
 
 
-UNMODELED_WEIGHT_FORMATS = ("mxfp4", "int4")
-
-
 def dtype_list(text: str | Sequence[str], option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """'bf16, fp8' (or ['bf16', 'fp8']) -> ('bf16', 'fp8'); one line naming `option` for an empty,
     unknown or repeated value."""
@@ -62,8 +59,6 @@ def dtype_list(text: str | Sequence[str], option: str, allowed: tuple[str, ...])
     bad = [v for v in values if v not in allowed]
     if not values or bad or len(set(values)) != len(values):
         problem = f"{bad[0]!r} is not one of them" if bad else "name each at most once" if values else "name at least one"
-        if bad and bad[0] in UNMODELED_WEIGHT_FORMATS:  # a checkpoint's native format (gpt-oss, Kimi-K2.5)
-            problem += " (MXFP4 and int4 are not modeled)"
         raise bad_value(option, text, f"use comma-separated values from {', '.join(allowed)}; {problem}")
     return values
 
@@ -133,4 +128,5 @@ def load_inputs(
         space_spec = space_spec.replace(weight_dtype=dtype_list(weight_dtypes, labels["weight_dtypes"], WEIGHT_DTYPES))
     if kv_cache_dtypes is not None:
         space_spec = space_spec.replace(kv_cache_dtype=dtype_list(kv_cache_dtypes, labels["kv_cache_dtypes"], KV_CACHE_DTYPES))
+    space_spec = space_spec.for_model(model_spec)
     return Inputs(model_spec, specs, workload_spec, space_spec, space if isinstance(space, str) else space_spec.name)

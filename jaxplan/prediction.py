@@ -25,7 +25,9 @@ from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams, length_shape
-from jaxplan.specs import load_gpu, load_model
+from jaxplan.specs import ModelSpec, load_gpu, load_model
+from jaxplan.specs.formats import BY_NAME as FORMAT_BY_NAME
+from jaxplan.specs.formats import EXPERT_ONLY
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
 from jaxplan.specs.space import DTYPE_BYTES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
@@ -129,7 +131,10 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
     return WorkloadParams(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in fields.items()})
 
 
-def _layout_arrays(rows: list[dict], wheres: list[str]) -> Layout:
+def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec) -> Layout:
+    """The rows' layouts in vLLM's meaning: for a MoE model, data_parallel_size ranks step together
+    and share the experts (sliced, or whole with enable_expert_parallel); a dense model's DP ranks are
+    independent replicas and refuse expert parallelism and expert-only formats."""
     columns = {name: [] for name in Layout._fields}
     for row, where in zip(rows, wheres):
         for dtype_field, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_cache_dtype", ("auto", "fp8", "bf16"))):
@@ -141,14 +146,38 @@ def _layout_arrays(rows: list[dict], wheres: list[str]) -> Layout:
             if value < 1 or value != int(value):
                 raise bad_value(field, row.get(field), "must be a positive integer", where=where)
             sizes[field] = value
+        fmt = FORMAT_BY_NAME[str(row.get("weight_dtype") or "bf16")]
+        expert_parallel = _flag(row, "enable_expert_parallel", where)
+        if not model.is_moe and expert_parallel:
+            raise bad_value("enable_expert_parallel", row.get("enable_expert_parallel"), f"{model.name} is dense: expert parallelism needs a mixture-of-experts model; use false", where=where)
+        if not model.is_moe and fmt.name in EXPERT_ONLY:
+            raise bad_value("weight_dtype", fmt.name, f"quantises only a MoE model's experts and {model.name} is dense; use bf16, fp8 or nvfp4", where=where)
         columns["tensor_parallel_size"].append(sizes["tensor_parallel_size"])
         columns["pipeline_parallel_size"].append(sizes["pipeline_parallel_size"])
         columns["data_parallel_size"].append(sizes["data_parallel_size"])
-        columns["weight_bytes_per_param"].append(DTYPE_BYTES[str(row.get("weight_dtype") or "bf16")])
+        columns["weight_bytes_per_param"].append(fmt.other_bytes_per_param)
         columns["kv_bytes_per_element"].append(1 if str(row.get("kv_cache_dtype")) == "fp8" else 2)
         columns["max_num_seqs"].append(_number(row, "max_num_seqs", DEFAULT_MAX_NUM_SEQS, where=where))
         columns["max_num_batched_tokens"].append(_number(row, "max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS, where=where))
+        columns["expert_weight_format"].append(fmt.code)
+        columns["lockstep_ranks"].append(sizes["data_parallel_size"] if model.is_moe else 1)
+        columns["expert_parallel"].append(1.0 if expert_parallel else 0.0)
     return Layout(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in columns.items()})
+
+
+def _flag(row: dict, field: str, where: str) -> bool:
+    """A true/false column (blank: false); strings as a CSV gives them."""
+    value = row.get(field)
+    if value is None or value == "":
+        return False
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise bad_value(field, value, "must be true or false", where=where)
 
 
 # Row columns that replace a field of the named GPU's spec (the measured part differs from the bundled
@@ -209,7 +238,7 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
         gpus = tuple(_row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
         index = np.array([keys.index(key) for key in row_keys], np.int32)
         model = next(m for m in models.values() if m.name == name)
-        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres), _workload_arrays(group, wheres), np.array(ids)))
+        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model), _workload_arrays(group, wheres), np.array(ids)))
     return batches
 
 

@@ -281,15 +281,23 @@ def stage4_counts(ctx, survivor_digits: np.ndarray) -> Counter:
 
 def _stage4_reason_impl(ctx, digits):
     from jaxplan.funnel.estimate import estimate_stage
+    import jax.numpy as jnp
+
     from jaxplan.grid import AXES
     from jaxplan.physics.shapes import Layout, take
     from jaxplan.physics.steady_state import max_concurrency
 
     value = {name: ctx.axis_values[a][digits[:, a]] for a, name in enumerate(AXES)}
     hw = take(ctx.hardware, digits[:, AXES.index("gpu")])
+    from jaxplan.specs.formats import OTHER_BYTES
+
+    # The reference covers the `tp` layout kind only (dense models): no lock-step, no EP.
+    code = value["weight_dtype"]
+    one = jnp.ones_like(code)
     layout = Layout(
         value["tensor_parallel_size"], value["pipeline_parallel_size"], value["data_parallel_size"],
-        value["weight_dtype"], value["kv_cache_dtype"], value["max_num_seqs"], value["max_num_batched_tokens"],
+        jnp.asarray(OTHER_BYTES)[code.astype(jnp.int32)], value["kv_cache_dtype"], value["max_num_seqs"], value["max_num_batched_tokens"],
+        code, one, 0.0 * one,
     )
     capacity = max_concurrency(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization)
     reason, *_ = estimate_stage(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, capacity)

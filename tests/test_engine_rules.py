@@ -58,9 +58,10 @@ def sweep_reason(model, tp, pp, seqs, budget) -> Reason:
     gpus = (load_gpu("h100_sxm"),)
     hw = take(hardware_table(gpus, efficiency_for(["h100_sxm"])), jnp.zeros(1, jnp.int32))
     one = lambda v: jnp.full(1, v, jnp.float32)  # noqa: E731
-    c = Candidates(digits=jnp.zeros((1, 8), jnp.int32), valid=jnp.ones(1, bool), gpu_index=jnp.zeros(1, jnp.int32),
+    c = Candidates(digits=jnp.zeros((1, 9), jnp.int32), valid=jnp.ones(1, bool), gpu_index=jnp.zeros(1, jnp.int32),
                    tensor_parallel_size=one(tp), pipeline_parallel_size=one(pp), data_parallel_size=one(1),
-                   max_num_seqs=one(seqs), max_num_batched_tokens=one(budget), weight_bytes_per_param=one(2), kv_bytes_per_element=one(2))
+                   max_num_seqs=one(seqs), max_num_batched_tokens=one(budget), weight_bytes_per_param=one(2), kv_bytes_per_element=one(2),
+                   expert_weight_format=one(0), lockstep_ranks=one(1), expert_parallel=one(0))
     return Reason(int(structure(model_shape(model), hw, c, jnp.inf, jnp.bool_(True))[0]))
 
 

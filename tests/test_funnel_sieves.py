@@ -29,7 +29,7 @@ SPACE = SearchSpace(
 GPUS = ("h100_sxm", "a100_sxm")
 
 # (label, axis values, expected reason, why) -- Llama-3.1-70B: 64 heads, hidden 8192, 80 layers.
-BASE = {"gpu": "h100_sxm", "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "data_parallel_size": 1,
+BASE = {"gpu": "h100_sxm", "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "layout_kind": "tp", "data_parallel_size": 1,
             "max_num_seqs": 256, "max_num_batched_tokens": 8192, "weight_dtype": "bf16", "kv_cache_dtype": "auto"}
 CASES = [
     ("tp3", {"tensor_parallel_size": 3}, Reason.TP_HEADS),  # 64 % 3 = 1

@@ -77,7 +77,7 @@ def check_chunk(grid: Grid, start: int, offsets: np.ndarray, c) -> None:
 def test_sizes_and_size(grid: Grid):
     # 3 x 4 x 2 x 4 x 3 x 2 x 2 x 2 = 2,304 whatever the axis order.
     assert grid.size == 2304 == math.prod(grid.sizes)
-    assert sorted(grid.sizes) == sorted([3, 4, 2, 4, 3, 2, 2, 2])
+    assert sorted(grid.sizes) == sorted([3, 4, 2, 1, 4, 3, 2, 2, 2])  # one layout kind (tp)
     # Layouts: GPU x TP x PP x DP = 3 x 4 x 2 x 4.
     assert grid.num_layouts == 96
 
@@ -134,14 +134,14 @@ def test_decode_hypothesis(grid: Grid, decode_jit, start: int, offset: int):
     check_chunk(grid, start, offsets, decode_at(decode_jit, grid, start, offsets))
 
 
-def test_layout_index_is_the_mixed_radix_of_gpu_tp_pp_dp(grid: Grid):
+def test_layout_index_is_the_mixed_radix_of_gpu_tp_pp_kind_dp(grid: Grid):
     rng = np.random.default_rng(2)
     indices = rng.integers(0, grid.size, 300)
     digits = np.stack([grid.digits_of(int(i)) for i in indices])
     got = np.asarray(layout_index(jnp.asarray(digits), jnp.asarray(grid.sizes, jnp.int32)))
     layout_axes = [AXES.index(a) if isinstance(a, str) else a for a in LAYOUT_AXES]
     names = [AXES[a] for a in layout_axes]
-    assert names == ["gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"]
+    assert names == ["gpu", "tensor_parallel_size", "pipeline_parallel_size", "layout_kind", "data_parallel_size"]
     for d, g in zip(digits, got):
         expected = 0
         for a in layout_axes:

@@ -185,7 +185,7 @@ def _space(**changes) -> SearchSpace:
 def test_axes_are_sorted():
     s = _space(tensor_parallel_size=(8, 1, 4, 2), max_num_seqs=[64, 8])
     assert s.tensor_parallel_size == (1, 2, 4, 8) and s.max_num_seqs == (8, 64)
-    assert list(s.axis_values()) == ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+    assert list(s.axis_values()) == ["tensor_parallel_size", "pipeline_parallel_size", "layout_kind", "data_parallel_size", "max_num_seqs",
                                      "max_num_batched_tokens", "weight_dtype", "kv_cache_dtype"]
 
 
@@ -198,7 +198,9 @@ def test_axes_are_sorted():
         (dict(data_parallel_size=(1, 2.0)), "data_parallel_size"),
         (dict(data_parallel_size=(True,)), "data_parallel_size"),
         (dict(max_num_batched_tokens=(10**8,)), "max_num_batched_tokens"),
-        (dict(weight_dtype=("bf16", "int4")), "weight_dtype"),
+        (dict(weight_dtype=("bf16", "int3")), "weight_dtype"),
+        (dict(layout_kind=("tp", "tp")), "layout_kind"),
+        (dict(layout_kind=("dp_tp",)), "layout_kind"),
         (dict(kv_cache_dtype=("fp8", "fp8")), "kv_cache_dtype"),
         (dict(kv_cache_dtype=()), "kv_cache_dtype"),
         (dict(gpu_budget=0), "gpu_budget"),

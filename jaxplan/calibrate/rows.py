@@ -13,8 +13,10 @@ they may be fractional for variable-length datasets such as ShareGPT).
 Column meanings:
   model                      bundled jaxplan model name (HF ids and aliases are resolved), or a config path
   gpu                        jaxplan GPU name (h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x)
-  tensor_parallel_size, pipeline_parallel_size, data_parallel_size   per deployment (DP = replicas)
-  weight_dtype               bf16 | fp8 | nvfp4
+  tensor_parallel_size, pipeline_parallel_size, data_parallel_size   vLLM's flags: DP ranks are replicas; for a
+                             MoE model they step together and share the expert layers (vLLM's --data-parallel-size)
+  enable_expert_parallel     true | false (default): vLLM's --enable-expert-parallel (EP = DP x TP; MoE models only)
+  weight_dtype               bf16 | fp8 | nvfp4 | mxfp4 | int4 (mxfp4, int4: a MoE model's experts; the rest bf16)
   kv_cache_dtype             auto (= model dtype, bf16) | fp8
   isl, osl                   mean input / output tokens per request
   concurrency                closed loop: requests kept in flight (whole deployment)
@@ -55,7 +57,7 @@ from jaxplan.specs.space import DTYPE_BYTES, KV_CACHE_DTYPES, WEIGHT_DTYPES
 
 # vLLM's names for the dtypes a row may give (its --dtype, --quantization and --kv-cache-dtype values):
 # FP16 weights cost what BF16 ones do (2 bytes, the same tensor-core rate).
-WEIGHT_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "half": "bf16", "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4"}
+WEIGHT_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "half": "bf16", "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4", "int4_wo": "int4", "w4a16": "int4"}
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "auto", "bfloat16": "auto"}
 from jaxplan.specs.workload import MAX_LENGTH_SPREAD, SPREAD_RANGE, length_fields
 
@@ -65,6 +67,7 @@ INPUT_COLUMNS = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "data_parallel_size",
+    "enable_expert_parallel",
     "weight_dtype",
     "kv_cache_dtype",
     "isl",
@@ -105,6 +108,7 @@ BACKENDS = ("vllm", "sglang", "trtllm")
 DEFAULTS: dict[str, Any] = {
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
+    "enable_expert_parallel": False,
     "weight_dtype": "bf16",
     "kv_cache_dtype": "auto",
     "prefix_hit_rate": 0.0,
@@ -112,7 +116,7 @@ DEFAULTS: dict[str, Any] = {
 }
 STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "lengths_file", "dataset", "backend", "source_id", "notes"})
 INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens"})
-BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived"})
+BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived", "enable_expert_parallel"})
 # float column -> (low, high, fix); request_rate may also be inf.
 FLOAT_RANGES = {
     "isl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
@@ -196,7 +200,7 @@ def check_row(row: dict, where: str) -> dict:
         if isinstance(row[column], str):  # vLLM's own spellings, any case
             row[column] = aliases.get(row[column].strip().lower(), row[column].strip().lower())
     if row["weight_dtype"] not in WEIGHT_DTYPES:
-        raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (NVFP4 is nvfp4; MXFP4 and int4 are not modeled)", where=where)
+        raise bad_value("weight_dtype", row["weight_dtype"], f"use one of {', '.join(WEIGHT_DTYPES)} (NVFP4 is nvfp4, OCP MXFP4 mxfp4, INT4 weight-only int4)", where=where)
     if row["kv_cache_dtype"] not in KV_CACHE_DTYPES:
         raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
     if row["backend"] not in (None, "", *BACKENDS):

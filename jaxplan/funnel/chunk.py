@@ -64,6 +64,7 @@ def layout_of(c: Candidates) -> Layout:
     return Layout(
         c.tensor_parallel_size, c.pipeline_parallel_size, c.data_parallel_size,
         c.weight_bytes_per_param, c.kv_bytes_per_element, c.max_num_seqs, c.max_num_batched_tokens,
+        c.expert_weight_format, c.lockstep_ranks, c.expert_parallel,
     )
 
 
@@ -190,8 +191,8 @@ def survivor_pages(carry, ctx: SweepContext, scenarios: WorkloadParams | None, b
     # (no [S x Co x DP] mask, cumsum or scatter). Rows run scenario-major, so survivors come in
     # (scenario, grid index) order.
     dp_values = ctx.axis_values[DP_AXIS]
-    gpus_per_replica = outer.tensor_parallel_size * outer.pipeline_parallel_size
-    within = jnp.sum(gpus_per_replica[:, None] * dp_values[None, :] <= ctx.gpu_budget, axis=1, dtype=jnp.int32)  # [Co]
+    gpus_per_server = outer.tensor_parallel_size * outer.pipeline_parallel_size * outer.lockstep_ranks
+    within = jnp.sum(gpus_per_server[:, None] * dp_values[None, :] <= ctx.gpu_budget, axis=1, dtype=jnp.int32)  # [Co]
     tile = lambda x: jnp.tile(x, num_s)  # noqa: E731
     counts, survivors_per_row = reason_counts(tile(s1), later, tile(outer_valid), tile(within), num_dp)
     row_end = jnp.cumsum(survivors_per_row)

@@ -49,6 +49,10 @@ class Reason(enum.IntEnum):
                        "use fp8 or bf16 weights on this GPU or add an FP4-capable GPU type (b200_sxm)")
     KV_HEADS = (16, 1, "tensor_parallel_size and the KV heads do not divide one another (vLLM refuses it)",
                 "use a tensor_parallel_size that divides the model's KV heads or is a multiple of them")
+    EP_ONE_GPU = (17, 1, "expert parallelism over one GPU (TP = 1, no lock-step ranks) is the tp layout, counted there",
+                  "nothing to relax: the tp layout of the same GPUs is evaluated")
+    EXPERT_FORMAT_UNSUPPORTED = (18, 1, "MXFP4 or INT4 experts on a GPU vLLM runs them on only from compute capability 8.0",
+                                 "use bf16 or fp8 weights on this GPU, or a GPU of compute capability 8.0 or later")
 
 
 NUM_REASONS = len(Reason)

@@ -327,7 +327,7 @@ def run_sweep(
     A sweep whose estimated time or memory exceeds `max_seconds` / `max_memory_bytes` is refused
     before anything is allocated (PlanError); one that runs past `max_seconds` is stopped."""
     check_inputs(model, workload)
-    grid = Grid(gpus, space)
+    grid = Grid(gpus, space.for_model(model))
     grid_size_check(grid)
     check_limits(grid, chunk_size, max_seconds=max_seconds, max_memory_bytes=max_memory_bytes)
     if max_seconds is not None:

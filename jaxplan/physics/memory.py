@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxplan.physics.weight_formats import expert_bytes_per_param
+from jaxplan.physics.moe import moe_weight_params_per_gpu
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
 GIB_BYTES = 1024.0**3
@@ -68,8 +70,10 @@ def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
     )
     linear = model.linear_layers * model.linear_params_per_layer / tp
     dense = model.dense_mlp_layers * model.dense_mlp_params_per_layer / tp
-    moe = model.moe_layers * ((model.num_experts + model.shared_experts) * model.expert_params / tp + model.router_params_per_layer)
-    layers_bytes = (attn + linear + dense + moe) / pipeline_stages(model, layout) * layout.weight_bytes_per_param
+    routed, moe_other = moe_weight_params_per_gpu(model, layout)
+    other = attn + linear + dense + model.moe_layers * moe_other
+    experts = model.moe_layers * routed * expert_bytes_per_param(layout.expert_weight_format)
+    layers_bytes = (other * layout.weight_bytes_per_param + experts) / pipeline_stages(model, layout)
     # pp == 1: one stage holds embedding and LM head; pp > 1: the first holds one, the last the other.
     embed = model.embedding_params / tp * EMBEDDING_BYTES_PER_PARAM
     head = model.lm_head_params / tp * EMBEDDING_BYTES_PER_PARAM

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.physics.weight_formats import code_of_bytes
 from jaxplan.specs.gpu import GpuSpec
 from jaxplan.specs.model import ModelSpec
 
@@ -130,6 +131,8 @@ class Hardware(NamedTuple):
     bf16_flops_per_s: jnp.ndarray
     fp8_flops_per_s: jnp.ndarray  # 0: no FP8 tensor cores
     fp4_flops_per_s: jnp.ndarray  # 0: no FP4 tensor cores
+    mxfp4_flops_per_s: jnp.ndarray  # 0: no MXFP4 tensor cores (Hopper, Ampere, MI300X: weight-only)
+    compute_capability: jnp.ndarray  # CUDA compute capability; 0: not CUDA / not stated
     intra_node_bandwidth_bytes_per_s: jnp.ndarray
     inter_node_bandwidth_bytes_per_s: jnp.ndarray
     gpus_per_node: jnp.ndarray
@@ -164,6 +167,8 @@ def hardware_table(gpus: tuple[GpuSpec, ...], efficiency: dict[str, dict[str, fl
         "bf16_flops_per_s": [g.bf16_flops_per_s for g in gpus],
         "fp8_flops_per_s": [g.fp8_flops_per_s for g in gpus],
         "fp4_flops_per_s": [g.fp4_flops_per_s for g in gpus],
+        "mxfp4_flops_per_s": [g.mxfp4_flops_per_s for g in gpus],
+        "compute_capability": [g.compute_capability for g in gpus],
         "intra_node_bandwidth_bytes_per_s": [g.intra_node_bandwidth_bytes_per_s for g in gpus],
         "inter_node_bandwidth_bytes_per_s": [g.inter_node_bandwidth_bytes_per_s for g in gpus],
         "gpus_per_node": [g.gpus_per_node for g in gpus],
@@ -183,15 +188,26 @@ def take(table: Hardware, gpu_index: jnp.ndarray) -> Hardware:
 
 
 class Layout(NamedTuple):
-    """One replica's layout and dtypes; every field float32, scalar or [C]."""
+    """One engine rank's layout and dtypes; every field float32, scalar or [C].
+
+    `data_parallel_size` counts engine ranks, each with its own scheduler, batch and KV cache (a
+    replica of TP x PP GPUs). For a MoE model, `lockstep_ranks` of them (vLLM's
+    `--data-parallel-size`) step together and share the expert layers, which are split over
+    lockstep_ranks x TP GPUs: whole experts per GPU with `expert_parallel` (vLLM's
+    `--enable-expert-parallel`), else every expert sliced that many ways. lockstep_ranks = 1 and
+    expert_parallel = 0 is one server per replica, experts tensor-parallel: what a dense model is.
+    """
 
     tensor_parallel_size: jnp.ndarray
     pipeline_parallel_size: jnp.ndarray
     data_parallel_size: jnp.ndarray
-    weight_bytes_per_param: jnp.ndarray  # 2 (bf16), 1 (fp8) or 0.5625 (nvfp4)
+    weight_bytes_per_param: jnp.ndarray  # every weight but the routed experts: 2 (bf16), 1 (fp8), 0.5625 (nvfp4)
     kv_bytes_per_element: jnp.ndarray  # 2 (auto = bf16) or 1 (fp8)
     max_num_seqs: jnp.ndarray
     max_num_batched_tokens: jnp.ndarray
+    expert_weight_format: jnp.ndarray  # routed experts' format code (physics.formats)
+    lockstep_ranks: jnp.ndarray  # DP ranks that share the expert layers and step together (1: none)
+    expert_parallel: jnp.ndarray  # 1.0: whole experts per GPU (EP), 0.0: experts sliced (TP)
 
     @property
     def gpus_per_replica(self) -> jnp.ndarray:
@@ -201,8 +217,18 @@ class Layout(NamedTuple):
     def num_gpus(self) -> jnp.ndarray:
         return self.gpus_per_replica * self.data_parallel_size
 
+    @property
+    def expert_group_gpus(self) -> jnp.ndarray:
+        """GPUs one MoE layer's experts are split over (per pipeline stage): lockstep ranks x TP."""
+        return self.lockstep_ranks * self.tensor_parallel_size
 
-def make_layout(tp=1, pp=1, dp=1, weight_bytes=2, kv_bytes=2, max_num_seqs=256, max_num_batched_tokens=8192) -> Layout:
-    """A Layout from plain numbers or arrays (broadcast together)."""
-    arrays = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in (tp, pp, dp, weight_bytes, kv_bytes, max_num_seqs, max_num_batched_tokens)))
+
+def make_layout(tp=1, pp=1, dp=1, weight_bytes=2, kv_bytes=2, max_num_seqs=256, max_num_batched_tokens=8192,
+                expert_weight_format=None, lockstep_ranks=1, expert_parallel=0) -> Layout:
+    """A Layout from plain numbers or arrays (broadcast together). `expert_weight_format` defaults to
+    the format of `weight_bytes` (bf16, fp8 or nvfp4 for every weight)."""
+    if expert_weight_format is None:
+        expert_weight_format = code_of_bytes(weight_bytes)
+    values = (tp, pp, dp, weight_bytes, kv_bytes, max_num_seqs, max_num_batched_tokens, expert_weight_format, lockstep_ranks, expert_parallel)
+    arrays = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in values))
     return Layout(*arrays)

@@ -10,6 +10,10 @@ two all-reduces per layer under TP (latency + ring bandwidth term, on the
 inter-node link once the TP group spans nodes), PP point-to-point hops, and a
 per-step and per-sequence runtime overhead (scheduler, sampling).
 
+Mixture-of-experts layers (`physics.moe`): expert GEMMs per GPU of the expert group (sliced or
+expert-parallel, over lockstep DP ranks x TP), only the experts a step touches streamed, and under
+lock-step DP the dispatch and combine of the ranks' tokens.
+
 Pipeline parallelism: a step's batch is split into PP micro-batches that flow
 through the stages concurrently, so a replica emits one token for every
 request once per `L x t_layer(batch / PP)` plus the hops, while each GPU
@@ -29,6 +33,7 @@ import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
 from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_split_factor, pipeline_stages
+from jaxplan.physics.moe import dispatch_combine_time_s, moe_layer_time_s
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
 ROOFLINE_SOFTNESS = 0.1
@@ -146,8 +151,12 @@ def _gemm(tokens, params_per_gpu, weight_bytes, in_width, out_width, flops_per_s
     return roofline(roofline(flops / flops_per_s, moved / bytes_per_s), floor_s)
 
 
-def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_tokens):
-    """All weight GEMMs of one full forward over `tokens` tokens (seconds, all layers)."""
+def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_tokens, group_tokens=None):
+    """All weight GEMMs of one full forward over `tokens` tokens (seconds, all layers); the expert
+    layers see `group_tokens`, the tokens of all lockstep ranks (default: `tokens` x lockstep_ranks,
+    every rank as busy as this one)."""
+    if group_tokens is None:
+        group_tokens = tokens * layout.lockstep_ranks
     tp = layout.tensor_parallel_size
     flops_per_s = gemm_flops_per_s(hw, layout)
     bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
@@ -162,13 +171,7 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     linear = model.linear_layers * _gemm(tokens, model.linear_params_per_layer / tp, wb, h, 2.0 * h / tp, flops_per_s, bytes_per_s, pair_floor_s)
     ffn_width = model.ffn_intermediate_per_token / tp
     dense = model.dense_mlp_layers * _gemm(tokens, model.dense_mlp_params_per_layer / tp, wb, h, ffn_width, flops_per_s, bytes_per_s, pair_floor_s)
-    # MoE: FLOPs follow the active experts; bytes follow the experts any token in the batch touched,
-    # E * (1 - (1 - k/E)^T) in expectation under uniform routing.
-    k, e = model.experts_per_token, model.num_experts
-    touched = e * (1.0 - jnp.power(jnp.clip(1.0 - k / e, 0.0, 1.0), tokens)) + model.shared_experts
-    moe_flops = 2.0 * tokens * (k + model.shared_experts) * model.expert_params / tp
-    moe_bytes = touched * model.expert_params / tp * wb + tokens * (h + ffn_width) * ACTIVATION_BYTES
-    moe = model.moe_layers * roofline(roofline(moe_flops / flops_per_s, moe_bytes / bytes_per_s), pair_floor_s)
+    moe = model.moe_layers * moe_layer_time_s(model, hw, layout, tokens, group_tokens, roofline, flops_per_s, wb)
     head_params = model.vocab_size * h / tp
     head = _gemm(logit_tokens, head_params, EMBEDDING_BYTES_PER_PARAM, h, model.vocab_size / tp, hw.bf16_flops_per_s * hw.gemm_flops_efficiency, bytes_per_s, hw.gemm_floor_s)
     return attn + linear + dense + moe + head + input_quant_time_s(model, hw, layout, tokens)
@@ -231,25 +234,30 @@ def p2p_time_s(hw: Hardware, layout: Layout, message_bytes):
     return (pp - 1.0) * (hw.p2p_latency_s + message_bytes / link)
 
 
-def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch) -> StepCost:
-    """Time of one scheduler step of a replica over `batch` (see the module docstring)."""
+def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch, group_batch_tokens=None) -> StepCost:
+    """Time of one scheduler step of a replica over `batch` (see the module docstring).
+
+    group_batch_tokens: the tokens (prefill + decode) all lockstep ranks carry this step, for the
+    expert layers they share; default `lockstep_ranks` x this rank's (stage 4's even spread)."""
     pp = layout.pipeline_parallel_size
     micro = StepBatch(*(field / pp for field in batch))  # one PP micro-batch
     tokens = micro.prefill_tokens + micro.decode_tokens
+    group_tokens = tokens * layout.lockstep_ranks if group_batch_tokens is None else group_batch_tokens / pp
     logit_tokens = micro.decode_tokens + micro.prefill_seqs
     # Every stage works through PP micro-batches per step, so the largest stage sets the step:
     # PP x its layers, the whole model (1.0) when PP divides the layers. The LM head, on the last
     # stage, is scaled with the layers (less than PP / L too much of it).
     uneven = pp / pipeline_stages(model, layout)
-    gemm = gemm_time_s(model, hw, layout, tokens, logit_tokens) * uneven
+    gemm = gemm_time_s(model, hw, layout, tokens, logit_tokens, group_tokens) * uneven
     attention = attention_time_s(model, hw, layout, micro) * uneven
     message = tokens * model.hidden_size * ACTIVATION_BYTES
-    communication = 2.0 * model.num_layers * allreduce_time_s(hw, layout, message) * uneven + p2p_time_s(hw, layout, message)
+    dispatch = model.moe_layers * dispatch_combine_time_s(hw, layout, group_tokens, model.hidden_size, allreduce_efficiency)
+    communication = (2.0 * model.num_layers * allreduce_time_s(hw, layout, message) + dispatch) * uneven + p2p_time_s(hw, layout, message)
     overhead = model.num_layers * hw.layer_latency_s * uneven + hw.step_overhead_s + hw.per_seq_overhead_s * (batch.decode_tokens + batch.prefill_seqs)
     total = gemm + attention + communication + overhead
     return StepCost(gemm, attention, communication, overhead, total)
 
 
-def step_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch):
+def step_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch, group_batch_tokens=None):
     """Seconds per step (the replay's and stage 4's clock)."""
-    return step_cost(model, hw, layout, batch).total_s
+    return step_cost(model, hw, layout, batch, group_batch_tokens).total_s

@@ -27,8 +27,12 @@ class GpuSpec:
     NVFP4 weights are rejected there by the structure sieve.
 
     mxfp4_flops_per_s is the dense peak for OCP MXFP4 (32-element blocks, E8M0 scales: gpt-oss's
-    checkpoint format, and the FP4 of AMD's CDNA 4). It is recorded, not planned with: jaxplan
-    has no mxfp4 weight dtype, and fp4_flops_per_s stays the NVFP4 peak that `nvfp4` weights need.
+    checkpoint format, and the FP4 of AMD's CDNA 4). MXFP4 experts run on it where it is not 0
+    (Blackwell, CDNA 4) and weight-only elsewhere; fp4_flops_per_s stays the NVFP4 peak that
+    `nvfp4` weights need.
+
+    compute_capability decides what vLLM's CUDA kernels refuse: MXFP4 and INT4 (Marlin) experts
+    need 8.0 (vLLM's `Mxfp4Config.get_min_capability`).
     """
 
     name: str
@@ -42,6 +46,7 @@ class GpuSpec:
     price_usd_per_hour: float
     fp4_flops_per_s: float = 0.0
     mxfp4_flops_per_s: float = 0.0
+    compute_capability: float = 0.0  # CUDA compute capability (8.0 A100, 9.0 H100); 0: not CUDA or not stated
     display_name: str = ""
     source: str = ""
 
@@ -58,6 +63,8 @@ class GpuSpec:
             peak = getattr(self, field)
             if not isinstance(peak, (int, float)) or isinstance(peak, bool) or not (peak == 0 or low <= peak <= high):
                 raise bad_value(field, peak, f"must be 0 (no {label}) or a FLOP/s figure in [{low:g}, {high:g}]", where=where)
+        if isinstance(self.compute_capability, bool) or not isinstance(self.compute_capability, (int, float)) or not 0 <= self.compute_capability < 100:
+            raise bad_value("compute_capability", self.compute_capability, "must be 0 (not CUDA) or a CUDA compute capability such as 9.0", where=where)
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not 1 <= self.gpus_per_node <= 1024:
             raise bad_value("gpus_per_node", self.gpus_per_node, "must be an integer in 1..1024", where=where)
 

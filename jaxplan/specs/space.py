@@ -6,14 +6,29 @@ import dataclasses
 import math
 
 from jaxplan.errors import bad_value
+from jaxplan.specs.formats import EXPERT_ONLY, FORMATS, NVFP4
 
-WEIGHT_DTYPES = ("bf16", "fp8", "nvfp4")
+WEIGHT_DTYPES = tuple(f.name for f in FORMATS)  # bf16, fp8, nvfp4, mxfp4, int4 (physics.formats)
 DEFAULT_WEIGHT_DTYPES = ("bf16", "fp8")  # NVFP4 costs accuracy that FP8 does not: opt in by naming it
 KV_CACHE_DTYPES = ("auto", "fp8")
-# NVFP4: a 4-bit E2M1 value per weight plus one FP8 E4M3 scale per block of 16 (NVIDIA ModelOpt's
-# format; vLLM's `modelopt_fp4`): 0.5 + 1 / 16 bytes per parameter.
-NVFP4_BYTES_PER_PARAM = 0.5 + 1.0 / 16.0
-DTYPE_BYTES = {"bf16": 2, "fp8": 1, "nvfp4": NVFP4_BYTES_PER_PARAM, "auto": 2}
+NVFP4_BYTES_PER_PARAM = NVFP4.expert_bytes_per_param
+# Bytes per parameter of the weights other than routed experts (all of a dense model's), and of a KV element.
+DTYPE_BYTES = {**{f.name: f.other_bytes_per_param for f in FORMATS}, "auto": 2}
+# How a MoE model's replicas are laid out (vLLM's flags; `physics.shapes.Layout`):
+#   tp     one server per replica, experts tensor-parallel over its TP GPUs (vLLM's default)
+#   ep     one server per replica with --enable-expert-parallel: whole experts per GPU (EP = TP)
+#   dp     --data-parallel-size: DP ranks step together, experts sliced over DP x TP GPUs
+#   dp_ep  --data-parallel-size --enable-expert-parallel: data-parallel attention, EP = DP x TP
+# A dense model has only `tp` (its DP ranks are independent replicas).
+LAYOUT_KINDS = ("tp", "ep", "dp", "dp_ep")
+LOCKSTEP_KINDS = frozenset({"dp", "dp_ep"})
+EXPERT_PARALLEL_KINDS = frozenset({"ep", "dp_ep"})
+
+
+def parse_kind_label(label: str) -> tuple[str, int]:
+    """A grid layout-kind label ('tp', 'ep', 'dp:4', 'dp_ep:8') -> (kind, lock-step ranks)."""
+    kind, _, ranks = label.partition(":")
+    return kind, int(ranks or 1)
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV-cache block sizes (tokens) vLLM accepts
 VLLM_DEFAULT_BLOCK_SIZE_TOKENS = 16  # what vLLM uses without --block-size
 
@@ -42,6 +57,7 @@ class SearchSpace:
     max_num_batched_tokens: tuple[int, ...]
     weight_dtype: tuple[str, ...] = DEFAULT_WEIGHT_DTYPES
     kv_cache_dtype: tuple[str, ...] = KV_CACHE_DTYPES
+    layout_kind: tuple[str, ...] = ()  # empty: every kind the model has (`for_model`)
     gpu_budget: int = 64
     gpu_memory_utilization: float = 0.9
     block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS
@@ -60,10 +76,10 @@ class SearchSpace:
             if len(set(values)) != len(values):
                 raise bad_value(axis, list(values), "has duplicate values", where=where)
             object.__setattr__(self, axis, tuple(sorted(values)))
-        for axis, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_cache_dtype", KV_CACHE_DTYPES)):
+        for axis, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_cache_dtype", KV_CACHE_DTYPES), ("layout_kind", LAYOUT_KINDS)):
             values = tuple(getattr(self, axis))
             bad = [v for v in values if v not in allowed]
-            if not values or bad or len(set(values)) != len(values):
+            if (not values and axis != "layout_kind") or bad or len(set(values)) != len(values):
                 raise bad_value(axis, list(values), f"values must be distinct, from {list(allowed)}", where=where)
             object.__setattr__(self, axis, values)
         if isinstance(self.gpu_budget, bool) or not isinstance(self.gpu_budget, int) or not 1 <= self.gpu_budget <= 1_000_000:
@@ -73,11 +89,43 @@ class SearchSpace:
         if isinstance(self.block_size_tokens, bool) or not isinstance(self.block_size_tokens, int) or self.block_size_tokens not in BLOCK_SIZES:
             raise bad_value("block_size_tokens", self.block_size_tokens, f"use one of {', '.join(map(str, BLOCK_SIZES))}", where=where)
 
+    def for_model(self, model) -> "SearchSpace":
+        """This space for `model` (a ModelSpec): the layout kinds default to every kind a MoE model has
+        and `tp` for a dense one; a dense model refuses expert layouts and expert-only formats, and a
+        checkpoint stored as MXFP4 or INT4 (gpt-oss, Kimi-K2.5) is planned in that format unless the
+        space names others (vLLM serves such a checkpoint as it is stored)."""
+        where = f"space {self.name!r} for model {model.name!r}"
+        kinds = self.layout_kind or (LAYOUT_KINDS if model.is_moe else ("tp",))
+        dtypes = self.weight_dtype
+        if not model.is_moe:
+            if set(kinds) != {"tp"}:
+                raise bad_value("layout_kind", list(kinds), "expert and data-parallel-attention layouts need a mixture-of-experts model; use tp", where=where)
+            expert_only = [d for d in dtypes if d in EXPERT_ONLY]
+            if expert_only:
+                raise bad_value("weight_dtype", expert_only[0], "quantises only a MoE model's experts; use bf16, fp8 or nvfp4", where=where)
+        elif model.checkpoint_weight_format in EXPERT_ONLY and dtypes == DEFAULT_WEIGHT_DTYPES:
+            dtypes = (model.checkpoint_weight_format,)
+        resolved = self.replace(layout_kind=tuple(kinds), weight_dtype=dtypes)
+        if not resolved.layout_kind_labels():
+            raise bad_value("layout_kind", list(kinds), "lock-step kinds need a data_parallel_size above 1; add tp or ep, or DP values > 1", where=where)
+        return resolved
+
+    def layout_kind_labels(self) -> tuple[str, ...]:
+        """The grid's layout-kind axis: `tp` and `ep` as they are, and each lock-step kind once per
+        lock-step size D > 1 among the DP values, as 'dp:D' / 'dp_ep:D'. The DP axis then counts the
+        servers of a lock-step kind, each of D ranks (so its replicas number D x DP)."""
+        sizes = [d for d in self.data_parallel_size if d > 1]
+        labels = []
+        for kind in self.layout_kind or ("tp",):
+            labels.extend([f"{kind}:{d}" for d in sizes] if kind in LOCKSTEP_KINDS else [kind])
+        return tuple(labels)
+
     def axis_values(self) -> dict[str, tuple]:
         """Ordered axes (outermost first); the GPU axis is added by the grid."""
         return {
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
+            "layout_kind": self.layout_kind_labels(),
             "data_parallel_size": self.data_parallel_size,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,

@@ -60,7 +60,7 @@ def winner_map(
     if isinstance(axes, str):
         axes = parse_axes(axes)
     check_inputs(model, workload)
-    grid = Grid(tuple(gpus), space)
+    grid = Grid(tuple(gpus), space.for_model(model))
     grid_size_check(grid)
     workloads = scenario_grid(workload, axes)
     if len(workloads) - 1 > MAX_SCENARIOS:

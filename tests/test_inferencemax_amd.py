@@ -70,11 +70,11 @@ def test_counts_and_the_rows_left_out():
     assert sum(dropped.values()) == 784 - 372 - 79
 
 
-def test_serving_registers_the_dataset():
+def test_serving_loads_the_dataset_by_name_outside_the_default_set():
     from jaxplan.calibrate import serving
 
     needs_data()
-    assert serving.INFERENCEMAX_AMD in serving.DATASETS
+    assert serving.INFERENCEMAX_AMD in serving.ALL_DATASETS and serving.INFERENCEMAX_AMD not in serving.DATASETS
     assert len(serving.load_serving_rows(datasets=serving.INFERENCEMAX_AMD)) == 120
 
 

@@ -30,7 +30,7 @@ from jaxplan.specs.formats import BY_NAME as FORMAT_BY_NAME
 from jaxplan.specs.formats import EXPERT_ONLY
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
-from jaxplan.specs.space import DTYPE_BYTES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
+from jaxplan.specs.space import BLOCK_SIZES, DTYPE_BYTES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
 from jaxplan.specs.workload import Arrival, Workload, length_fields
 
 # vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
@@ -43,9 +43,9 @@ _WORKSPACE_AND_FIX = (
 )
 DOES_NOT_FIT = f"does not fit: not even one request's KV cache fits {_WORKSPACE_AND_FIX}"
 NO_KV_CACHE = f"does not fit: no KV cache is left {_WORKSPACE_AND_FIX}"
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, for a row without gpu_memory_utilization
 DEFAULT_NUM_PROMPTS = 1000
-KV_BLOCK_TOKENS = VLLM_DEFAULT_BLOCK_SIZE_TOKENS  # rows are predicted at vLLM's default block size
+KV_BLOCK_TOKENS = VLLM_DEFAULT_BLOCK_SIZE_TOKENS  # a row without block_size is predicted at vLLM's default
 # kv_cache_tokens: what one replica's KV cache holds, vLLM's "GPU KV cache size: N tokens" at start-up
 # (for a model whose every attention layer is full; sliding-window and linear layers are not in it).
 OUTPUT_COLUMNS = ("ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "output_tok_s", "request_s", "kv_cache_tokens", "status")
@@ -60,6 +60,8 @@ class RowBatch(NamedTuple):
     layout: Layout
     workload: WorkloadParams
     row_ids: np.ndarray  # [N] position of each row in the caller's list
+    gpu_memory_utilization: np.ndarray | float = DEFAULT_GPU_MEMORY_UTILIZATION  # [N] each row's vLLM setting
+    block_size_tokens: np.ndarray | float = KV_BLOCK_TOKENS  # [N] each row's KV-cache block size
 
 
 def _number(row: dict, field: str, default=None, *, where: str) -> float:
@@ -180,6 +182,22 @@ def _flag(row: dict, field: str, where: str) -> bool:
     raise bad_value(field, value, "must be true or false", where=where)
 
 
+def _engine_arrays(rows: list[dict], wheres: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """([N] gpu_memory_utilization, [N] block_size tokens) float32: each row's vLLM settings, vLLM's
+    defaults where a row leaves them blank (they size the KV cache, so they are inputs of the row)."""
+    fractions, blocks = [], []
+    for row, where in zip(rows, wheres):
+        fraction = _number(row, "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION, where=where)
+        if not 0.05 <= fraction <= 1.0:
+            raise bad_value("gpu_memory_utilization", row.get("gpu_memory_utilization"), "must be in [0.05, 1] (vLLM's default is 0.9)", where=where)
+        block = _number(row, "block_size", KV_BLOCK_TOKENS, where=where)
+        if block not in BLOCK_SIZES:
+            raise bad_value("block_size", row.get("block_size"), f"use one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)", where=where)
+        fractions.append(fraction)
+        blocks.append(block)
+    return np.asarray(fractions, np.float32), np.asarray(blocks, np.float32)
+
+
 # Row columns that replace a field of the named GPU's spec (the measured part differs from the bundled
 # one, e.g. A100-SXM4-40GB measured against jaxplan's 80 GB `a100_sxm`) -> the GpuSpec field.
 GPU_OVERRIDES = {
@@ -238,7 +256,7 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
         gpus = tuple(_row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
         index = np.array([keys.index(key) for key in row_keys], np.int32)
         model = next(m for m in models.values() if m.name == name)
-        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model), _workload_arrays(group, wheres), np.array(ids)))
+        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres)))
     return batches
 
 
@@ -258,7 +276,8 @@ def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadPa
     per bucket serves every model and every N in it."""
     num = int(np.shape(layout.tensor_parallel_size)[0])
     size = bucket_size(num, PREDICT_MIN_ROWS)
-    est = _estimate_rows(traced(model), *pad_rows((hw, layout, w), num, size), gpu_memory_utilization)
+    fraction = np.broadcast_to(np.asarray(gpu_memory_utilization, np.float32), (num,))  # a scalar or [N] per row
+    est = _estimate_rows(traced(model), *pad_rows((hw, layout, w, fraction), num, size))
     return unpad_rows(est, num, size)
 
 
@@ -351,15 +370,16 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
         table = hardware_table(batch.gpus, chosen)
         hw = take(table, jnp.asarray(batch.gpu_index))
-        est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION))
-        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
+        est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization))
+        block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
+        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
         one_token = np.asarray(batch.workload.osl_tokens) <= 1.0
         for k, i in enumerate(batch.row_ids):
             if i in invalid:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, status=invalid[i])
                 continue
             if est.max_concurrency_per_replica[k] < 1.0:
-                results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS, status=DOES_NOT_FIT)
+                results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]), status=DOES_NOT_FIT)
                 continue
             overloaded = batch.workload.arrival_code[k] == 0 and est.utilization[k] >= 1.0
             status = "ok"
@@ -377,7 +397,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
                 tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3 if one_token[k] == 0 else None,
                 output_tok_s=float(est.output_tokens_per_s[k]),
                 request_s=float(est.requests_per_s[k]),
-                kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS,
+                kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]),
                 status=status + _row_note(batch, k, rows[i]),
             )
     return results, all_at_once
@@ -459,9 +479,10 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
         names = [g.name for g in batch.gpus]
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
         hw_all = take(hardware_table(batch.gpus, chosen), jnp.asarray(batch.gpu_index))
-        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS))
+        block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
+        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
         context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens
-        scheduler_blocks = np.asarray(replay_kv_blocks(batch.model, hw_all, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, context))
+        scheduler_blocks = np.asarray(replay_kv_blocks(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, context))
         for k, i in enumerate(batch.row_ids):
             if i in invalid:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, status=invalid[i])
@@ -472,7 +493,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
-            config = replay_config(layout, scheduler_blocks[k : k + 1], routing=routing)
+            config = replay_config(layout, scheduler_blocks[k : k + 1], int(block_tokens[k]), routing=routing)
             requests = sample_requests(workload, None, seed)
             deadline = None if max_seconds is None else Deadline(
                 max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",
@@ -487,7 +508,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
                 tpot_ms_p99=float(m.tpot.p99_s[0]) * 1e3,
                 output_tok_s=float(m.output_tokens_per_s[0]),
                 request_s=float(m.request_throughput_per_s[0]),
-                kv_cache_tokens=int(blocks[k]) * KV_BLOCK_TOKENS,
+                kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]),
                 status=("ok" if int(m.unfinished[0]) == 0 else f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)") + _row_note(batch, k, rows[i]),
             )
             for column in OUTPUT_COLUMNS[:-1]:  # no NaN in an output: TPOT is undefined when every request has 1 output token

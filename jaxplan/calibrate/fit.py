@@ -35,7 +35,7 @@ from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.physics.params import BOUNDS, DEFAULTS
 from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
 from jaxplan.physics.steady_state import estimate
-from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, GPU_OVERRIDES, RowBatch, row_batches
+from jaxplan.prediction import GPU_OVERRIDES, RowBatch, row_batches
 from jaxplan.specs import load_gpu
 
 FIT_FIELDS = (
@@ -340,7 +340,7 @@ def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple):
     """Stage 4 for a fit batch: [G] `hw_table` gathered per row, with the rows' own spec values (`peaks`)."""
     hw = take(hw_table, jnp.asarray(batch.gpu_index))
     hw = hw._replace(**{field: jnp.asarray(value) for field, value in zip(GPU_OVERRIDES.values(), peaks)})
-    return estimate(batch.model, hw, batch.layout, batch.workload, DEFAULT_GPU_MEMORY_UTILIZATION)
+    return estimate(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization)
 
 
 def log_errors(data: FitData, hw_table: Hardware):
@@ -362,14 +362,15 @@ def _padded(data: FitData, min_rows: int = 0) -> tuple:
         num = len(ttft)
         size = bucket_size(max(num, min_rows))
         weight = (np.arange(size) < num).astype(np.float32)
-        out.append((traced(b.model), pad_rows((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks), num, size), weight))
+        fraction = np.broadcast_to(np.asarray(b.gpu_memory_utilization, np.float32), (num,))
+        out.append((traced(b.model), pad_rows((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks, fraction), num, size), weight))
     return tuple(out)
 
 
 def _weighted_loss(padded: tuple, hw_table: Hardware):
     """Weighted mean squared log error of TTFT plus that of TPOT over all rows of `_padded` batches
     (a non-finite error counts as 5)."""
-    batches = tuple(RowBatch(model, (), index, layout, workload, None) for model, (index, layout, workload, *_), _ in padded)
+    batches = tuple(RowBatch(model, (), index, layout, workload, None, fraction) for model, (index, layout, workload, *_, fraction), _ in padded)
     data = FitData(batches, *(tuple(p[1][k] for p in padded) for k in (3, 4, 5)))
     ttft_err, tpot_err = log_errors(data, hw_table)
     w = jnp.concatenate([p[2] for p in padded])

@@ -23,6 +23,8 @@ Column meanings:
   request_rate               open loop: requests/s (Poisson unless noted); inf = all at once (burst)
   num_prompts                requests in the run (required for request_rate = inf, unless a lengths_file gives them)
   max_num_seqs, max_num_batched_tokens   engine batching limits when known
+  gpu_memory_utilization     vLLM's --gpu-memory-utilization (fraction of HBM for weights + KV cache; blank = 0.9)
+  block_size                 vLLM's --block-size, tokens per KV-cache block (blank = 16)
   prefix_hit_rate            fraction of prompt tokens served from prefix cache, [0, 1)
   isl_distribution, isl_spread, osl_distribution, osl_spread
                              length distributions as in a workload file: fixed (blank) | uniform (mean +- spread x mean)
@@ -53,7 +55,7 @@ from jaxplan.bands import COLUMNS as BAND_OUTPUT_COLUMNS
 from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
-from jaxplan.specs.space import DTYPE_BYTES, KV_CACHE_DTYPES, WEIGHT_DTYPES
+from jaxplan.specs.space import BLOCK_SIZES, DTYPE_BYTES, KV_CACHE_DTYPES, WEIGHT_DTYPES
 
 # vLLM's names for the dtypes a row may give (its --dtype, --quantization and --kv-cache-dtype values):
 # FP16 weights cost what BF16 ones do (2 bytes, the same tensor-core rate).
@@ -77,6 +79,8 @@ INPUT_COLUMNS = (
     "num_prompts",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "block_size",
     "prefix_hit_rate",
     "isl_distribution",
     "isl_spread",
@@ -115,7 +119,7 @@ DEFAULTS: dict[str, Any] = {
     "measured_output_tok_s_derived": False,
 }
 STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "lengths_file", "dataset", "backend", "source_id", "notes"})
-INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens"})
+INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens", "block_size"})
 BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived", "enable_expert_parallel"})
 # float column -> (low, high, fix); request_rate may also be inf.
 FLOAT_RANGES = {
@@ -123,6 +127,7 @@ FLOAT_RANGES = {
     "osl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
     "request_rate": (1e-6, 1e9, "requests/s > 0, or inf for all-at-once"),
     "prefix_hit_rate": (0.0, 0.999999, "a fraction in [0, 1)"),
+    "gpu_memory_utilization": (0.05, 1.0, "a fraction of the GPU's memory in [0.05, 1] (vLLM's default is 0.9)"),
     "isl_spread": (0.0, MAX_LENGTH_SPREAD, SPREAD_RANGE),
     "osl_spread": (0.0, MAX_LENGTH_SPREAD, SPREAD_RANGE),
     "gpu_hbm_bytes_override": (1e9, 1e13, "HBM capacity in BYTES (e.g. 42949672960 for 40 GiB)"),
@@ -205,6 +210,8 @@ def check_row(row: dict, where: str) -> dict:
         raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
     if row["backend"] not in (None, "", *BACKENDS):
         raise bad_value("backend", row["backend"], f"use one of {', '.join(BACKENDS)} or leave empty", where=where)
+    if row["block_size"] is not None and row["block_size"] not in BLOCK_SIZES:
+        raise bad_value("block_size", row["block_size"], f"use one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)", where=where)
     if row["concurrency"] is None and row["request_rate"] is None:
         raise bad_value("concurrency", None, "give concurrency (closed loop) or request_rate (requests/s, inf = burst)", where=where)
     if row["request_rate"] == math.inf and row["concurrency"] is None and row["num_prompts"] is None and not row["lengths_file"]:

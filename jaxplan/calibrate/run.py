@@ -33,7 +33,7 @@ from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
 from jaxplan.physics.shapes import hardware_table, model_shape, take
-from jaxplan.prediction import DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS, predict_rows, replay_predict_rows, row_batches
+from jaxplan.prediction import predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
 from jaxplan.tomlio import toml_value
 
@@ -262,7 +262,7 @@ def kv_holds_concurrency(rows: list[dict], efficiency: dict[str, dict[str, float
     fits = [True] * len(rows)
     for batch in row_batches(rows, source="measurements"):
         hw = take(hardware_table(batch.gpus, {g.name: efficiency[g.name] for g in batch.gpus}), jnp.asarray(batch.gpu_index))
-        tokens = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, DEFAULT_GPU_MEMORY_UTILIZATION, KV_BLOCK_TOKENS)) * KV_BLOCK_TOKENS
+        tokens = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens)) * batch.block_size_tokens
         w = batch.workload
         demand = np.asarray(w.concurrency) / np.asarray(batch.layout.data_parallel_size) * (np.asarray(w.isl_tokens) + np.asarray(w.osl_tokens))
         closed = np.asarray(w.arrival_code) == 2

@@ -4,6 +4,7 @@ Sources under `<data_root>` (each folder has a SOURCE.txt):
   e2e_aiconfigurator_silicon/silicon_calibration.csv   NVIDIA AIConfigurator "silicon" rows (agg mode)
   trtllm_perf_overview/*.csv                           TensorRT-LLM published perf tables
   vllm_a100_tp_vs_pp/serving_summary.csv               vLLM benchmark_serving on Azure A100 40GB
+  inferencemax_amd/inferencemax_amd_vllm.csv           InferenceMAX vLLM runs on MI300X / MI355X (`inferencemax.py`)
 Not normalized (do not map onto TP/PP/DP rows; see docs/data.md):
   qwen35_27b_b200_scaling (spec decoding, 12-node gateway, "total tok/s" of unclear definition),
   mlperf_inference_llm (no parallelism / batch settings, vendor-tuned, variable-length data sets).
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxplan.calibrate._data import require_file, resolve_root
+from jaxplan.calibrate.inferencemax import INFERENCEMAX_AMD, inferencemax_rows
 from jaxplan.calibrate.rows import (
     COLUMNS,
     ServingArrays,
@@ -42,6 +44,9 @@ SILICON = "aiconfigurator_silicon"
 TRTLLM = "trtllm_perf_overview"
 VLLM_A100 = "vllm_a100_tp_vs_pp"
 DATASETS = (SILICON, TRTLLM, VLLM_A100)
+# Loadable by name (load_serving_rows(datasets=...)) but not yet in the default set the bundled fit reads:
+# the AMD rows are fitted on their own (`calibrate.amd`, configs/calibration/amd.toml).
+ALL_DATASETS = DATASETS + (INFERENCEMAX_AMD,)
 
 # Source model labels (lower case) that jaxplan's alias table does not know -> bundled model.
 # Llama-3.3-70B has the Llama-3.1-70B architecture; DeepSeek-R1 / V3.1 have the DeepSeek-V3 architecture.
@@ -371,7 +376,7 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
     return tuple(rows), tuple(sorted(dropped.items()))
 
 
-_LOADERS = {SILICON: _silicon, TRTLLM: _trtllm, VLLM_A100: _vllm_a100}
+_LOADERS = {SILICON: _silicon, TRTLLM: _trtllm, VLLM_A100: _vllm_a100, INFERENCEMAX_AMD: inferencemax_rows}
 
 
 def _rows(dataset: str, data_root) -> list[dict]:
@@ -403,7 +408,7 @@ def load_serving_rows(data_root: str | Path | None = None, datasets=DATASETS) ->
     datasets = (datasets,) if isinstance(datasets, str) else tuple(datasets)
     for name in datasets:
         if name not in _LOADERS:
-            raise bad_value("datasets", name, f"choose from {', '.join(DATASETS)}")
+            raise bad_value("datasets", name, f"choose from {', '.join(ALL_DATASETS)}")
     return [row for name in datasets for row in _rows(name, data_root)]
 
 

@@ -131,7 +131,7 @@ def fit_step_groups(rows: list[dict], replay_check: bool = False) -> int:
     from jaxplan.calibrate.run import evaluated_rows, fit_excluded, unseen_gpu_groups
 
     gpus = {r["gpu"] for r in evaluated_rows(rows) if not fit_excluded(r)}
-    models = len({r["model"] for r in evaluated_rows(rows)}) if gpus else 0
+    models = len({r.get("model") for r in evaluated_rows(rows)}) if gpus else 0
     held = len(gpus) if len(gpus) > 1 else 0
     replays = held + len(gpus) + len(unseen_gpu_groups(rows)) if replay_check and gpus else 0
     return 1 + (2 if gpus else 0) + held + models + replays

@@ -71,17 +71,17 @@ def test_an_unfitted_gpu_scales_its_gemm_prior_by_what_serving_reaches_of_the_ta
 
 
 def test_the_shipped_unfitted_gpus_reach_of_their_gemm_tables_what_the_fitted_ones_do():
-    """The H100 (the H200's silicon, no serving rows) reaches the fitted GPUs' mean share of its GEMM
-    table: between the H200's and the B200's share, never the whole table."""
+    """The H100 (the H200's silicon, no serving rows) and the L40S reach the fitted GPUs' (H200, B200,
+    A100) mean share of their GEMM tables: between the least and the greatest share, never the whole table."""
     from jaxplan.physics.params import load_efficiency, load_priors
 
     shipped, priors = load_efficiency(), load_priors()
-    share = {g: shipped[g]["gemm_flops_efficiency"] / priors[g]["gemm_flops_efficiency"] for g in ("h100_sxm", "h200_sxm", "b200_sxm", "a100_sxm")}
-    fitted = sorted([share["h200_sxm"], share["b200_sxm"]])
+    share = {g: shipped[g]["gemm_flops_efficiency"] / priors[g]["gemm_flops_efficiency"] for g in ("h100_sxm", "l40s", "h200_sxm", "b200_sxm", "a100_sxm")}
+    fitted = sorted([share["h200_sxm"], share["b200_sxm"], share["a100_sxm"]])
     assert fitted[0] < 0.95
-    for g in ("h100_sxm", "a100_sxm"):
-        assert fitted[0] - 1e-4 <= share[g] <= fitted[1] + 1e-4, (g, share)
-        assert share[g] == pytest.approx(sum(fitted) / 2, abs=1e-4)
+    for g in ("h100_sxm", "l40s"):
+        assert fitted[0] - 1e-4 <= share[g] <= fitted[-1] + 1e-4, (g, share)
+        assert share[g] == pytest.approx(sum(fitted) / 3, abs=1e-4)
 
 
 def test_only_the_inconsistent_campaign_is_left_out_of_the_fit():

@@ -262,8 +262,8 @@ def test_the_bundled_bands_hold_their_own_rows_where_stretched():
 
 
 def test_the_bundled_residuals_are_what_the_shared_data_and_the_shipped_fit_give():
-    """The final-fit residuals in the bundled CSV (A100 rows, kernel tables, Llama-3.3-70B read as
-    Llama-3.1-70B; H200 Llama-3.1-8B rows, calibrated, unseen model) match the shared data's measurements and a fresh stage-4 prediction
+    """The final-fit residuals in the bundled CSV (H200 Llama-3.1-8B rows, calibrated, unseen model: the
+    fit excludes them, so the final fit predicts them; the A100 rows are fitted and held out) match the shared data's measurements and a fresh stage-4 prediction
     with the bundled parameters: the bands describe this data and these parameters."""
     if not _data.data_root_exists():
         pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
@@ -271,8 +271,8 @@ def test_the_bundled_residuals_are_what_the_shared_data_and_the_shipped_fit_give
     from jaxplan.calibrate.serving import load_serving_rows
     from jaxplan.prediction import predict_rows
 
-    residuals = [r for r in bundled_residuals() if r["gpu"] == "a100_sxm" or (r["gpu"], r["model_class"], r["evidence"]) == (H200, "unseen", "calibrated")]
-    assert len(residuals) == 16 + 21
+    residuals = [r for r in bundled_residuals() if (r["gpu"], r["model_class"], r["evidence"]) == (H200, "unseen", "calibrated")]
+    assert len(residuals) == 21
     rows = measured_rows([r for r in load_serving_rows() if r.get("backend") == FIT_BACKEND])
     by_source = {(r["gpu"], r["model"], r.get("dataset"), r.get("source_id") or ""): r for r in rows}
     chosen = [by_source[(r["gpu"], r["model"], r["dataset"], r["source_id"] or "")] for r in residuals]

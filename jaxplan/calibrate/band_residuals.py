@@ -7,7 +7,7 @@ evidence a user's prediction can rest on:
   (`run.held_out_configurations`' folds); a fitted GPU's rows the fit excludes (`run.fit_excluded`,
   e.g. a model it does not fit) by the final fit;
 - kernel_tables: a fitted GPU's rows by the fit that held the GPU out, the GPU priced from its kernel
-  tables (`run.held_out_params`); a GPU no fit sees, with kernel tables (A100), by the final fit;
+  tables (`run.held_out_params`); a GPU no fit sees, with kernel tables, by the final fit;
 - spec_sheet: a fitted GPU's rows by the fit that held the GPU out with the GPU priced from the
   default efficiencies instead of its kernel tables (`run.unfitted_gpu_params` of DEFAULTS, as a GPU
   without tables is shipped); a GPU no fit sees, without kernel tables, by the final fit.

@@ -11,6 +11,10 @@ configurations (its layouts; its rows when it has one layout) and scores them (w
 own measurements of one GPU gets: the error on layouts they did not measure.
 Other backends (SGLang, TRT-LLM) are reported with the final fit as out-of-sample checks.
 
+Held-out models (`held_out_models`): for each model with vLLM rows, one more fit on the
+other models' rows only, scored on every row of the held-out model: a model the fit has not
+seen is priced from its config alone (no parameter is per model).
+
 Rows whose stated workload the physics cannot be asked to match (`fit_excluded`), and
 closed-loop rows whose KV cache cannot hold the clients (`trained_rows`), are evaluated
 but not fitted.
@@ -28,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.calibrate import fit
+from jaxplan.calibrate.accuracy_table import accuracy_table
 from jaxplan.calibrate.metrics import mape, spearman
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
@@ -73,13 +78,6 @@ FIT_EXCLUDED = {
         "(`implied_peak_fraction`; the best FP8 GEMMs in the kernel tables reach 0.77-0.85, and attention, "
         "weight reads and step overheads come on top; the 70B rows need at most 37%); prompts must have been "
         "cached or shorter than stated, by an amount the data does not give"
-    ),
-    ("vllm_a100_tp_vs_pp", "llama-3.1-70b"): (
-        "an older vLLM than the fitted campaign, kept as a check on a GPU no fit sees: 0.8.3 (April 2025), when "
-        "pipeline parallelism was new to the V1 engine (Ray executor only, else V0: vllm PR #16057); its TP4 x PP2 "
-        "TPOT is 1.8-2.1x TP8's at every load, where the physics' overlapped micro-batches give 1.4-1.7x; 200 "
-        "ShareGPT prompts of variable length, so the measured throughput is set by the longest requests, which "
-        "fixed mean lengths do not have"
     ),
 }
 
@@ -233,6 +231,54 @@ def held_out_configurations(fit_rows: list[dict], trained: list[bool], priors: d
     return out
 
 
+def params_without(rest: list[dict], train: list[dict], priors: dict[str, dict[str, float]], scaled: set[str], *,
+                   steps: int = fit.STEPS) -> dict[str, dict[str, float]]:
+    """Parameters for every GPU of `priors` from a per-GPU fit on `rest` (part of `train`, the rows the
+    complete fit sees, whose compiled program it reuses): a GPU with rows in `rest` takes its fit, any
+    other is priced as a GPU without rows (`unfitted_gpu_params` of the fitted GPUs' mean; the serving
+    ratio only for `scaled`, the GPUs whose priors come from kernel tables). With `rest` empty every
+    GPU keeps its priors (DEFAULTS for the runtime fields): nothing was measured to fit them."""
+    params = {g: {**DEFAULTS, **priors[g]} for g in priors}
+    fitted_gpus = sorted({r["gpu"] for r in rest})
+    if not fitted_gpus:
+        return params
+    gpus, z, _ = serving_fit(rest, priors, steps=steps, gpus=sorted({r["gpu"] for r in train} | set(fitted_gpus)), like=train)
+    for g, vector in zip(gpus, z):
+        if g in fitted_gpus:
+            params[g].update(fit.values_of(vector))
+    shared = fit.values_of(z[[gpus.index(g) for g in fitted_gpus]].mean(axis=0))
+    ratios = serving_ratios({g: params[g] for g in fitted_gpus}, priors)
+    for g in priors:
+        if g not in fitted_gpus:
+            params[g] = {**DEFAULTS, **unfitted_gpu_params(priors[g], shared, ratios if g in scaled else None)}
+    return params
+
+
+def held_out_models(evaluated: list[dict], train: list[dict], priors: dict[str, dict[str, float]], scaled: set[str], final: dict[str, dict[str, float]], *,
+                    steps: int = fit.STEPS, collect: dict[int, dict] | None = None, log=print) -> dict:
+    """Leave-one-model-out: model -> accuracy (see `accuracy`, with per-GPU entries under "by_gpu") of
+    every `evaluated` row of the model, predicted by parameters fitted on `train` (the rows the complete
+    fit sees) without any row of that model (`params_without`; `final`, the complete fit's parameters,
+    where `train` holds no row of the model, as that fit is the same one), with "fitted_on": the models
+    the fit saw. Parameters are per GPU, so the held-out model is priced from its config alone.
+    `collect`, when given, gets id(row) -> predicted row."""
+    out = {}
+    for model in sorted({r["model"] for r in evaluated}):
+        rest = [r for r in train if r["model"] != model]
+        params = final if len(rest) == len(train) else params_without(rest, train, priors, scaled, steps=steps)
+        held = [r for r in evaluated if r["model"] == model]
+        predicted, fits = _predicted(held, {g: params[g] for g in {r["gpu"] for r in held}})
+        if collect is not None:
+            collect.update((id(r), p) for r, p in zip(held, predicted))
+        by_gpu = {}
+        for g in sorted({r["gpu"] for r in held}):
+            mine = [k for k, r in enumerate(held) if r["gpu"] == g]
+            by_gpu[g] = _summary([predicted[k] for k in mine], [fits[k] for k in mine])
+        out[model] = {"fitted_on": sorted({r["model"] for r in rest}), **_summary(predicted, fits), "by_gpu": by_gpu}
+        log(f"held out {model}: {({k: v for k, v in out[model].items() if k != 'by_gpu'})}")
+    return out
+
+
 def fit_excluded(row: dict) -> str | None:
     """Why `row` is evaluated but not fitted (None: it is fitted)."""
     return FIT_EXCLUDED.get((row.get("dataset"), row.get("model")))
@@ -363,15 +409,23 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
             report["not_fitted"][key] = {"reason": fit_excluded(group[0]), **accuracy(group, params)}
         report["final_loss"] = loss
         log(f"per-GPU fit on {len(train)} of {len(fit_rows)} {FIT_BACKEND} rows, those whose KV cache holds the clients ({', '.join(fitted_gpus)}) in {time.perf_counter() - t0:.1f} s")
+        by_gpu: dict[int, dict] = {}  # id(row) -> its prediction by the fit that held its GPU out
+        by_model: dict[int, dict] = {}  # ... by the fit that held its model out
         for held in fitted_gpus if len(fitted_gpus) > 1 else []:
             held_params = {g: dict(priors[g]) for g in gpus}
             held_params[held] = held_out_params(train, held, priors, steps=steps)
             report["held_out_params"][held] = {**DEFAULTS, **held_params[held]}
             held_rows = [r for r in evaluated if r["gpu"] == held]  # none of them was fitted
-            report["held_out"][held] = accuracy(held_rows, held_params)
+            predicted, fits = _predicted(held_rows, {held: held_params[held]})
+            by_gpu.update((id(r), p) for r, p in zip(held_rows, predicted))
+            report["held_out"][held] = _summary(predicted, fits)
             for model in sorted({r["model"] for r in held_rows}):
-                report["held_out"][f"{held}/{model}"] = accuracy([r for r in held_rows if r["model"] == model], held_params)
+                mine = [k for k, r in enumerate(held_rows) if r["model"] == model]
+                report["held_out"][f"{held}/{model}"] = _summary([predicted[k] for k in mine], [fits[k] for k in mine])
             log(f"held out {held}: {report['held_out'][held]}")
+        scaled = {g for g in gpus if prior_sources[g] != PRIOR_SOURCES[2]}
+        report["held_out_models"] = held_out_models(evaluated, train, priors, scaled, params, steps=steps, collect=by_model, log=log)
+        report["accuracy_table"] = accuracy_table(evaluated, {"gpu": by_gpu, "model": by_model})
         report["held_out_configurations"] = held_out_configurations(fit_rows, trained, priors, steps=steps, folds=folds, collect=held_out_predictions)
         log(f"held-out configurations: {report['held_out_configurations']}")
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):

@@ -5,8 +5,9 @@ Sources under `<data_root>` (each folder has a SOURCE.txt):
   trtllm_perf_overview/*.csv                           TensorRT-LLM published perf tables
   vllm_a100_tp_vs_pp/serving_summary.csv               vLLM benchmark_serving on Azure A100 40GB
   inferencemax_amd/inferencemax_amd_vllm.csv           InferenceMAX vLLM runs on MI300X / MI355X (`inferencemax.py`)
-Not normalized (do not map onto TP/PP/DP rows; see docs/data.md):
-  qwen35_27b_b200_scaling (spec decoding, 12-node gateway, "total tok/s" of unclear definition),
+Not normalized (do not map onto TP/PP/DP rows; the evidence is in docs/data.md):
+  qwen35_27b_b200_scaling (one "total tok/s" per run and no TTFT; MTP-1 speculative decoding with an
+    unstated acceptance rate; client counts stated for one run only; the single-node steps approximate),
   mlperf_inference_llm (no parallelism / batch settings, vendor-tuned, variable-length data sets).
 
 Every loader returns a fresh list of row dicts; parsing is cached per data

@@ -30,6 +30,7 @@ def calibrate(
     steps: Annotated[int, typer.Option(min=1, max=100000, help="Adam steps per fit.")] = 400,
     replay_check: Annotated[bool, typer.Option(help="Also replay the rows step by step (predict's default method): each fitted GPU's and those of GPUs no fit sees with the final fit, and where several GPUs are fitted each held-out GPU's with the parameters fitted without it; adds `in_sample_replay`, `not_fitted_replay` and `held_out_replay` to the report (~30 s, ~50 s the first time, on the shared data); the parameters are written before it.")] = True,
     held_out_folds: Annotated[int, typer.Option(min=1, max=4, help="Held-out configurations: fit without a quarter of each GPU's layouts and score them (`held_out_configurations` in the report); 4 scores every layout once, by 4 fits (~15 s each).")] = 1,
+    table_path: Annotated[Optional[Path], typer.Option("--accuracy-table", dir_okay=False, help="Write the held-out accuracy table (leave-one-GPU-out and leave-one-model-out, by model, GPU, dtype, ISL/OSL and concurrency band, with signed bias) as Markdown here: the table of docs/accuracy.md.")] = None,
     rows_path: Annotated[Optional[Path], typer.Option("--rows", dir_okay=False, help="Write every measured row next to its predictions as CSV (the predict format, then stage 4 with the fit, with the fit that held its GPU out, and replayed): which rows the report's errors come from.")] = None,
     model: ModelSetting = None,
     gpu: GpuSetting = None,
@@ -55,6 +56,7 @@ def calibrate(
     check_writable(target, "-o")
     check_writable(report_path, "--report")
     check_writable(rows_path, "--rows")
+    check_writable(table_path, "--accuracy-table")
     rows, sources = [], []
     if shared_data and data_root_exists():
         rows += load_serving_rows()
@@ -106,6 +108,11 @@ def calibrate(
     out.print(json.dumps(report, indent=2, default=str))
     if report_path:
         report_path.write_text(json.dumps(report, indent=2, default=str))
+    if table_path and report.get("accuracy_table"):
+        from jaxplan.calibrate.accuracy_table import markdown
+
+        table_path.write_text(markdown(report["accuracy_table"]))
+        out.print(f"wrote {table_path}")
     if rows_path:
         from jaxplan.calibrate.residuals import row_table, write_row_table
 
@@ -119,11 +126,12 @@ def calibrate(
 
 def fit_step_groups(rows: list[dict], replay_check: bool = False) -> int:
     """Step groups `calibrate` logs: kernel priors, the per-GPU fit, one held-out fit per GPU (if several),
-    the held-out-configurations fit, and with replay_check one in-sample replay per GPU, one held-out
+    one held-out-model score per model with rows, the held-out-configurations fit, and with replay_check one in-sample replay per GPU, one held-out
     replay per GPU (if several) and one replay per campaign on a GPU no fit sees."""
     from jaxplan.calibrate.run import evaluated_rows, fit_excluded, unseen_gpu_groups
 
     gpus = {r["gpu"] for r in evaluated_rows(rows) if not fit_excluded(r)}
+    models = len({r.get("model") for r in evaluated_rows(rows)}) if gpus else 0
     held = len(gpus) if len(gpus) > 1 else 0
     replays = held + len(gpus) + len(unseen_gpu_groups(rows)) if replay_check and gpus else 0
-    return 1 + (2 if gpus else 0) + held + replays
+    return 1 + (2 if gpus else 0) + held + models + replays

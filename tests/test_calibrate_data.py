@@ -730,6 +730,6 @@ def test_dtypes_take_vllms_spellings_in_any_case(tmp_path):
     )
     rows = R.read_predict_csv(path)
     assert [(r["weight_dtype"], r["kv_cache_dtype"]) for r in rows] == [("fp8", "fp8"), ("bf16", "auto"), ("nvfp4", "fp8")]
-    path.write_text("model,gpu,tensor_parallel_size,weight_dtype,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,int4,1000,100,4\n")
-    with pytest.raises(PlanError, match="weight_dtype = 'int4'"):
+    path.write_text("model,gpu,tensor_parallel_size,weight_dtype,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,int8,1000,100,4\n")
+    with pytest.raises(PlanError, match="weight_dtype = 'int8'"):
         R.read_predict_csv(path)

@@ -211,7 +211,9 @@ def test_space_for_a_model():
     gpt = space.for_model(load_model("gpt-oss-120b"))
     assert gpt.layout_kind == ("tp", "ep", "dp", "dp_ep") and gpt.weight_dtype == ("mxfp4",)
     labels = gpt.layout_kind_labels()
-    assert labels[:2] == ("tp", "ep") and all(label.split(":")[0] in ("dp", "dp_ep") for label in labels[2:])
+    sizes = [d for d in space.data_parallel_size if d > 1 and d & (d - 1) == 0]
+    assert labels == ("tp", "ep", *(f"dp:{d}" for d in sizes), *(f"dp_ep:{d}" for d in sizes))
+    assert gpt.replace(lockstep_sizes=(3, 6)).layout_kind_labels() == ("tp", "ep", "dp:3", "dp:6", "dp_ep:3", "dp_ep:6")
     assert space.for_model(load_model("llama-3.1-70b")).layout_kind == ("tp",)
     with pytest.raises(PlanError, match="layout_kind"):
         space.replace(layout_kind=("dp_ep",)).for_model(load_model("llama-3.1-70b"))

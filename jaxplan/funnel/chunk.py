@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from jaxplan import compile_ahead
 from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
@@ -275,4 +276,11 @@ def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
 def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports). The model
     shape is traced (a few rows: one program per K serves every model)."""
+    compile_ahead.wait("evaluate_digits")
     return _evaluate_digits(ctx._replace(model=traced(ctx.model)), digits)
+
+
+def evaluate_digits_ahead(ctx: SweepContext, num_rows: int, num_axes: int) -> None:
+    """Start compiling `evaluate_digits` for [num_rows, num_axes] digits in the background (the
+    reports' rows come after the chunks, and their program is as large as the chunk kernel)."""
+    compile_ahead.ahead("evaluate_digits", _evaluate_digits, ctx._replace(model=traced(ctx.model)), jax.ShapeDtypeStruct((num_rows, num_axes), jnp.int32))

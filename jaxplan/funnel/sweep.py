@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, effective_chunk
-from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
+from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, evaluate_digits_ahead, sweep_chunk
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
@@ -333,6 +333,7 @@ def run_sweep(
     if max_seconds is not None:
         progress = Deadline(max_seconds, progress)
     ctx = build_context(grid, model, workload, params_path)
+    evaluate_digits_ahead(ctx, REPORT_ROWS, len(AXES))  # stages 5-6's rows: compiles while the chunks do
     try:
         part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
     except Exception as error:

@@ -486,13 +486,10 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
     dp = jnp.asarray(policy.routed_replicas(configs.data_parallel_size, closed), jnp.int32)
     loop_options = dict(step_time_fn=step_time_fn, window=window, block_size=configs.block_size, policy=policy, mesh=mesh)
-    if compile_ahead.enabled():
-        # The loop compiles here; the merge and the summary, whose shapes the loop's output gives,
-        # compile meanwhile on other threads.
-        # The loop's state keeps its shapes and its layout over the lanes (the loop's carry).
-        grow = num_slots is None and slots < max_seqs
-        compile_ahead.ahead("replay_finish", _finish, reqs, inputs, compile_ahead.abstract(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
-        _advance.lower(inputs, state, step_params, np.int32(0), np.bool_(grow), **loop_options).compile()
+    # While the loop compiles (its first call), the merge and then the summary compile on worker
+    # threads: the loop's state keeps its shapes and its layout over the lanes, so the merge's
+    # arguments are known now.
+    compile_ahead.ahead("replay_finish", _finish, reqs, inputs, compile_ahead.abstract(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist
     per_call = chunk if progress is None else min(chunk, PROGRESS_FIRST_ITERATIONS)

@@ -33,10 +33,11 @@ CHILD = r"""
 import atexit, collections, json, sys, time
 start = time.perf_counter()
 import jax
+events_path = sys.argv[1]
 sums = collections.defaultdict(float)
 jax.monitoring.register_event_duration_secs_listener(lambda name, secs, **kw: sums.__setitem__(name, sums[name] + secs))
 def dump():
-    with open(sys.argv[1], "w") as f:
+    with open(events_path, "w") as f:
         json.dump(dict(sums, import_s=imported - start), f)
 atexit.register(dump)
 from jaxplan.cli import main

@@ -4,7 +4,6 @@ programs (start, merge, summary) with it give the same metrics as without it."""
 
 from __future__ import annotations
 
-
 import jax
 
 from jaxplan.funnel import chunk

@@ -36,9 +36,15 @@ import jax
 events_path = sys.argv[1]
 sums = collections.defaultdict(float)
 jax.monitoring.register_event_duration_secs_listener(lambda name, secs, **kw: sums.__setitem__(name, sums[name] + secs))
+# Each program's XLA compilation (or persistent-cache load), wall seconds, by program name.
+programs = collections.defaultdict(float)
+def per_program(name, secs, fun_name=None, **kw):
+    if name == "/jax/core/compile/backend_compile_duration" and fun_name:
+        programs[fun_name] += secs
+jax.monitoring.register_event_duration_secs_listener(per_program)
 def dump():
     with open(events_path, "w") as f:
-        json.dump(dict(sums, import_s=imported - start), f)
+        json.dump(dict(sums, import_s=imported - start, programs=programs), f)
 atexit.register(dump)
 from jaxplan.cli import main
 imported = time.perf_counter()
@@ -77,6 +83,9 @@ def run_once(args: list[str], cache_dir: str) -> dict:
     cpu = usage.ru_utime + usage.ru_stime - before
     row = {"wall_s": wall, "cpu_s": cpu, "import_s": events["import_s"]}
     row.update({key: events.get(name, 0.0) for key, name in EVENTS.items()})
+    programs = events["programs"]
+    for name in ("sweep_chunk", "evaluate_digits", "advance", "summarize", "finish", "start"):
+        row[f"{name}_s"] = sum(v for k, v in programs.items() if k.removeprefix("jit(").rstrip(")").lstrip("_") == name)
     row["first_chunk_s"] = plan["compile_s"]  # the chunk kernel's compilation (or cache load) and one chunk
     row["stream_s"] = plan["run_s"]
     stage7 = re.search(r"^7 replay: .* in ([0-9.]+) s;", printed, re.M)

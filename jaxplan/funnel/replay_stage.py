@@ -177,9 +177,13 @@ def replay_shortfalls(row: dict, workload) -> list[str]:
     return misses
 
 
+# One program for the objective's handful of scalar operations, rather than one per operation.
+_objective = jax.jit(objective)
+
+
 def replay_score(row: dict, workload) -> float:
     """The funnel's objective on replayed numbers; failing candidates (`replay_shortfalls`) score below
     every passing one."""
     thr = max(row["replay_output_tokens_per_s"], 1e-9)
-    score = float(objective(thr, row["replay_tpot_p99_s"], row["hourly_usd"], workload.target_output_tokens_per_s))
+    score = float(_objective(thr, row["replay_tpot_p99_s"], row["hourly_usd"], workload.target_output_tokens_per_s))
     return score - 1e3 if replay_shortfalls(row, workload) else score

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, effective_chunk
-from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
+from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, evaluate_digits, evaluate_digits_ahead
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
@@ -165,9 +165,10 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
     window_rows = grid.layout_window(chunk_size // num_devices)
     arrays = ctx._replace(model=None)
+    kernel = chunk_kernel(grid.size)
 
     def run_chunk(state, start):
-        return sweep_chunk(
+        return kernel(
             state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size, window_rows=window_rows
         )
 
@@ -333,6 +334,7 @@ def run_sweep(
     if max_seconds is not None:
         progress = Deadline(max_seconds, progress)
     ctx = build_context(grid, model, workload, params_path)
+    evaluate_digits_ahead(ctx, REPORT_ROWS, len(AXES))  # stages 5-6's rows: compiles while the chunks do
     try:
         part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
     except Exception as error:

@@ -66,7 +66,8 @@ def compare_line(winner: dict, rival: dict, mine: dict, theirs: dict, block_size
         f"weights {mine['weight_bytes_per_gpu'] / 1e9:.1f} vs {theirs['weight_bytes_per_gpu'] / 1e9:.1f} GB/GPU); "
         f"decode step at {mine['concurrency']:,.0f} requests {mine['total_s'] * 1e3:.1f} vs {theirs['total_s'] * 1e3:.1f} ms"
         + (f" ({', '.join(parts)} ms)" if parts else "")
-        + f"; stage 4 {winner['output_tokens_per_s']:,.0f} vs {rival['output_tokens_per_s']:,.0f} tok/s"
+        + f"; stage 4 {winner['output_tokens_per_s']:,.0f} vs {rival['output_tokens_per_s']:,.0f} tok/s, "
+        f"p99 TPOT {winner['tpot_p99_s'] * 1e3:.1f} vs {rival['tpot_p99_s'] * 1e3:.1f} ms"
     )
 
 

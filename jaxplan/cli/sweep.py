@@ -30,6 +30,7 @@ from jaxplan.cli.common import (
     plan_with_progress,
     write_plots,
     WeightDtypesOption,
+    LayoutKindsOption,
 )
 from jaxplan.cli.exit_codes import ExitCode
 from jaxplan.report.vllm_command import HEAD_ADDRESS
@@ -45,6 +46,7 @@ def sweep(
     budget: BudgetOption = None,
     weight_dtypes: WeightDtypesOption = None,
     kv_cache_dtypes: KvDtypesOption = None,
+    layout_kinds: LayoutKindsOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
@@ -64,7 +66,7 @@ def sweep(
     from jaxplan.report.tables import funnel_table, rows_table
 
     check_writable(json_path, "--json")
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
     if plot:
         from jaxplan.plots.save import plot_dir
 

@@ -207,7 +207,7 @@ def launch_note(model: ModelSpec, row: dict, gpus_per_node: int | None = None) -
     notes = []
     if servers > 1:
         what = f"{servers} independent vLLM servers" if kind not in LOCKSTEP_KINDS else f"{servers} vLLM servers of {ranks} lock-step data-parallel ranks each"
-        notes.append(f"{what}: put a router / load balancer in front to spread requests over their ports")
+        notes.append(f"{what}: put a router / load balancer in front to spread requests over their endpoints")
         if kind not in LOCKSTEP_KINDS:
             notes.append("not --data-parallel-size, which would step a MoE model's ranks together (the dp kinds)")
     if kind in LOCKSTEP_KINDS:
@@ -217,8 +217,12 @@ def launch_note(model: ModelSpec, row: dict, gpus_per_node: int | None = None) -
     elif kind == "ep":
         notes.append(f"--enable-expert-parallel: whole experts on each of the {row['tensor_parallel_size']} GPUs of a server")
     lines = serve_lines(model, row, gpus_per_node=gpus_per_node)
-    if any("<" in line.command for line in lines):
-        notes.append("fill in the <placeholders> (node addresses, a checkpoint in the planned weight format)")
+    if any("-head-ip>" in line.command for line in lines):
+        notes.append("each <server-N-head-ip> is that server's node 0 address")
+    served = shlex.split(lines[0].command)
+    served = served[served.index("serve") + 1]
+    if "checkpoint of" in served:
+        notes.append(f"{served}: vLLM cannot convert {model.checkpoint_weight_format or 'bf16'} weights to {row['weight_dtype']} as it loads them; give such a checkpoint")
     return "; ".join(notes)
 
 

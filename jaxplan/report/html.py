@@ -156,7 +156,7 @@ def _winner(summary: dict) -> str:
         facts.append(["why it wins", line])
     others = w.get("vllm_serve_other_nodes") or []
     labels = w.get("vllm_serve_labels") or []
-    if len(labels) == len(others) + 1 and not all(label.startswith("node ") for label in labels):
+    if others and len(labels) == len(others) + 1 and not all(label.startswith("node ") for label in labels):  # several servers
         lines = [f"# {label}:\n{line}" for label, line in zip(labels, [w["vllm_serve"], *others])]
     else:
         lines = [w["vllm_serve"]] + [f"# node {k}:\n{line}" for k, line in enumerate(others, start=1)]

@@ -35,6 +35,7 @@ from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
 from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
 from jaxplan.grid import AXES, Grid
+from jaxplan.layout_kind import kind_fields
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import hardware_table, model_shape
 from jaxplan.physics.traffic import max_context_tokens, workload_params
@@ -376,8 +377,12 @@ def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
     padded[: len(digits)] = digits
     ev = jax.device_get(evaluate_digits(ctx, jnp.asarray(padded)))
     rows = []
+    is_moe = float(ctx.model.moe_layers) > 0
     for i, d in enumerate(digits):
         row = grid.describe(d)
+        # The DP axis counts servers of a lock-step kind: the row's data_parallel_size counts replicas.
+        kind = kind_fields(row.pop("layout_kind"), row.pop("data_parallel_size"), row["weight_dtype"], is_moe)
+        row["data_parallel_size"] = kind.pop("data_parallel_size")
         e = ev.estimate
         row.update(
             num_gpus=int(ev.layout.num_gpus[i]),
@@ -398,6 +403,7 @@ def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
             score=float(ev.score[i]),
             reason=int(ev.reason[i]),
             digits=[int(x) for x in d],
+            **kind,
         )
         rows.append(row)
     return rows

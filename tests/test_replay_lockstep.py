@@ -200,3 +200,23 @@ def test_lockstep_configs_are_checked_in_one_line():
     requests, config, params = _case(1, dp=2, ranks=2)
     with pytest.raises(PlanError, match="dp_coordinator"):
         simulate_trace(config, requests, _workload(0), affine_step_time, params, routing="least_loaded")
+
+
+def test_predict_replays_a_moe_data_parallel_row_in_lock_step_near_stage_four():
+    """A MoE row with data_parallel_size 4 replays as one lock-step group under the DP coordinator
+    (the physics gets the group's tokens); at an even load its TPOT is stage 4's, which spreads the
+    load evenly over the ranks, and more clients per rank make a slower step."""
+    from jaxplan.funnel.replay_stage import LOCKSTEP_ROUTING, replay_config
+    from jaxplan.physics.shapes import Layout
+    from jaxplan.prediction import predict_rows, replay_predict_rows
+
+    row = dict(model="qwen3-235b-a22b", gpu="h200_sxm", tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=4,
+               enable_expert_parallel="true", weight_dtype="fp8", isl=1024, osl=128, concurrency=8, num_prompts=64)  # fmt: skip
+    rows = [row, dict(row, concurrency=32, num_prompts=128)]
+    analytical, replayed = predict_rows(rows), replay_predict_rows(rows)
+    for a, r in zip(analytical, replayed):
+        assert r["status"].startswith("ok"), r["status"]
+        assert r["tpot_ms_mean"] == pytest.approx(a["tpot_ms_mean"], rel=0.15)
+    assert replayed[1]["tpot_ms_mean"] > replayed[0]["tpot_ms_mean"]
+    layout = Layout(*(np.asarray([v], np.float32) for v in (2, 1, 4, 1, 2, 64, 2048, 1, 4, 1)))
+    assert replay_config(layout, np.asarray([100])).routing == LOCKSTEP_ROUTING

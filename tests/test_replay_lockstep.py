@@ -130,6 +130,14 @@ def test_closed_loop_one_group_matches_reference(closed):
     _compare(requests, config, params, closed=closed)
 
 
+@pytest.mark.parametrize("closed", [3, 8])
+def test_closed_loop_two_groups_match_reference(closed):
+    """Two servers of 2 lock-step ranks: a replacement released by one group may go to the other,
+    so neither jumps past the other's next step or a pending release."""
+    for seed in (100, 104):
+        _compare(*_case(seed, dp=4, ranks=2), closed=closed)
+
+
 def _two_ranks(arrival, prompt, osl, params, ranks=2):
     requests = Requests(np.asarray(prompt, np.int32), np.asarray(osl, np.int32), np.zeros(len(prompt), np.int32), np.asarray(arrival, np.float32))
     config = ReplayConfig.create(8, 64, 100, 2, block_size=BLOCK, routing="dp_coordinator", lockstep_ranks=ranks)

@@ -21,7 +21,10 @@ The lane is least-loaded routing's (balance.py: every replica's tables, one
 lane per finalist, steps in time order, closed-loop releases), with step 3 run
 for a whole group: the earliest busy replica's group, all of its ranks at once.
 A jump of the group covers the steps every working rank could jump, and stops
-before the next unrouted arrival unless no rank of the group could admit it.
+before the next unrouted arrival unless no rank of the group could admit it (a
+rank that cannot admit keeps its load, 4 x waiting + running, through a jump,
+so routing sees the same either way); in closed loop also before the next
+release of replacements and the next step of another group (which may release).
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
     member = (first + d_idx) % num_d
     in_group = (d_idx < ranks) & (first + d_idx < lane.num_replicas) & ~st.rep_stalled[member]
     solo = lane._replace(closed=jnp.zeros_like(lane.closed))  # submissions are released above, not by the step
+    # Closed loop: a replacement is routed when released, at the clock of the rank that finished, so a
+    # jump stops before the next release, and before another group's next step, which may end with one.
+    others = busy & (d_idx // ranks != x // ranks)
+    release_s = jnp.minimum(jnp.min(jnp.where(others, s_hi + s_lo, jnp.inf)), jnp.min(jnp.where(rt.pend > 0, clock, jnp.inf)))
+    t_stop = jnp.minimum(a_next, jnp.where(lane.closed, release_s, jnp.inf))
 
     def plan_rank(d, ok):
         view = st._replace(**{f: getattr(st, f)[d] for f in BANK})
@@ -81,7 +89,7 @@ def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
         # every routed request has arrived by the group's start; a rank never wakes on its own
         later = w_arr > start_hi + start_lo
         queue = waiting_queue(view, solo, rep, (ids, jnp.take(lane.stream, num_s + ids, axis=1), jnp.where(later, jnp.inf, w_arr)))
-        queue = queue._replace(t_next=jnp.minimum(queue.t_next, jnp.minimum(jnp.min(jnp.where(later, w_arr, jnp.inf)), a_next)))
+        queue = queue._replace(t_next=jnp.minimum(queue.t_next, jnp.minimum(jnp.min(jnp.where(later, w_arr, jnp.inf)), t_stop)))
         plan = schedule(view, solo, rep, queue, block_size)
         batches, n_dec = step_batches(view, queue, plan, window)
         return view, rep, queue, plan, batches, n_dec

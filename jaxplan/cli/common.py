@@ -61,11 +61,12 @@ ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=Fals
 class Routing(str, enum.Enum):
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
+    DP_COORDINATOR = "dp_coordinator"
 
 
 MaxMemoryGibOption = Annotated[Optional[float], typer.Option("--max-memory-gib", min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory), or a winner map whose table does not fit.")]
 ReplayMaxSecondsOption = Annotated[Optional[float], typer.Option("--max-seconds", min=0.001, help="Stop a replay whose measured pace projects past this many seconds in all (default: no limit).")]
-RoutingOption = Annotated[Routing, typer.Option(help="Replay: how requests reach data-parallel replicas (round_robin: request i to replica i mod DP; least_loaded: to the replica with the fewest outstanding requests).")]
+RoutingOption = Annotated[Routing, typer.Option(help="Replay: how requests reach data-parallel replicas (round_robin: request i to replica i mod DP; least_loaded: to the replica with the fewest outstanding requests; dp_coordinator: to the lowest 4 x waiting + running, as vLLM's DP coordinator; a MoE model's lock-step DP ranks always use it).")]
 
 
 def check_writable(path: Optional[Path], option: str) -> None:

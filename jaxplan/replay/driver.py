@@ -357,8 +357,9 @@ def simulate_trace(
         in `replica_overflow` (their results are then not exact).
     max_replicas: padded replica count (static); default max(data_parallel_size)
         rounded up to a power of two, so that nearby configs share one program.
-    routing: a routing policy's name (`routing.POLICIES`: "round_robin" or "least_loaded");
-        default `configs.routing`.
+    routing: a routing policy's name (`routing.POLICIES`: "round_robin", "least_loaded" or
+        "dp_coordinator", which alone runs lock-step groups and calls
+        step_time_fn(params, batch, group_batch_tokens)); default `configs.routing`.
     memory_limit_bytes: most bytes the replay may use; default MEMORY_FRACTION of the
         machine's available memory. Finalists run in chunks that fit; a request
         count that does not fit for one finalist is a PlanError.
@@ -383,6 +384,8 @@ def simulate_trace(
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
     policy = routing_policy(configs.routing if routing is None else routing)
+    if policy.name != "dp_coordinator" and np.any(np.asarray(configs.lockstep_ranks) > 1):
+        raise bad_value("routing", policy.name, "runs independent replicas; lock-step ranks (lockstep_ranks > 1) need routing 'dp_coordinator'")
     if not isinstance(window, int) or window < 1:
         raise bad_value("window", window, "must be an integer >= 1 steps")
     num_f = configs.num_finalists
@@ -463,7 +466,7 @@ def requests_count(requests: Requests) -> int:
 
 
 def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
-    fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size", "pipeline_parallel_size")}
+    fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size", "pipeline_parallel_size", "lockstep_ranks")}
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
@@ -473,8 +476,9 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     `devices` local devices when the lanes split evenly over them; `progress(done, total)` in output
     tokens (`tokens_per_finalist` each) after every loop call."""
     configs = ReplayConfig(
-        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=policy.name
-    )
+        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, configs.lockstep_ranks,
+        block_size=configs.block_size, routing=policy.name,
+    )  # fmt: skip
     max_seqs = int(np.max(configs.max_num_seqs))
     slots = num_slots if num_slots is not None else min(_slot_bucket(max_seqs), _slot_bucket(initial_slots))
     finalist = np.asarray(split.finalist, np.int64)

@@ -236,3 +236,30 @@ def test_predict_rows_read_vllms_flags():
         row_batches([{**base, "model": "llama-3.1-70b", "enable_expert_parallel": True}])
     with pytest.raises(PlanError, match="weight_dtype"):
         row_batches([{**base, "model": "llama-3.1-70b", "weight_dtype": "int4"}])
+
+
+def test_lockstep_group_steps_carry_any_ranks_chunk():
+    """Stage 4 under lock-step: a group step is a chunk step when any of its D ranks carries a chunk,
+    1 - (1 - f)^D of the steps for a rank's share f, and then the experts see the chunks of
+    D f / (1 - (1 - f)^D) ranks; with D = 1 nothing changes."""
+    from jaxplan.physics.steady_state import _steps
+    from jaxplan.physics.traffic import workload_params
+    from jaxplan.specs import load_workload
+
+    m = model_shape(load_model("qwen3-235b-a22b"))
+    hw = hardware("h200_sxm")
+    w = workload_params(load_workload("coding"))
+    b = jnp.float32(16.0)
+    one = _steps(m, hw, make_layout(tp=2, weight_bytes=1, kv_bytes=1, max_num_batched_tokens=2048, expert_parallel=1), w, b)
+    group = _steps(m, hw, make_layout(tp=2, dp=4, weight_bytes=1, kv_bytes=1, max_num_batched_tokens=2048, lockstep_ranks=4, expert_parallel=1), w, b)
+    f = float(one.chunk_fraction)
+    assert 0.05 < f < 0.95
+    f_group = 1.0 - (1.0 - f) ** 4
+    assert float(group.chunk_fraction) == pytest.approx(f_group, rel=1e-5)
+    chunk = float(group.chunk_tokens)
+    layout = make_layout(tp=2, dp=4, weight_bytes=1, kv_bytes=1, max_num_batched_tokens=2048, lockstep_ranks=4, expert_parallel=1)
+    isl_eff = float(w.isl_tokens * (1.0 - w.prefix_hit_rate))
+    with_chunk = StepBatch(jnp.float32(chunk), b, b * (w.isl_tokens + 0.5 * w.osl_tokens), jnp.float32(chunk * (float(w.isl_tokens) - isl_eff + 0.5 * isl_eff)), jnp.float32(1.0))
+    expected_chunk_s = step_cost(m, hw, layout, with_chunk, group_batch_tokens=jnp.float32(4 * 16.0 + 4 * f / f_group * chunk)).total_s
+    assert float(group.chunk_s) == pytest.approx(float(expected_chunk_s), rel=1e-5)
+    assert float(group.mean_s) == pytest.approx(f_group * float(group.chunk_s) + (1 - f_group) * float(group.decode_s), rel=1e-5)

@@ -74,7 +74,7 @@ class _Steps(NamedTuple):
     mean_s: jnp.ndarray  # mean step time
     decode_s: jnp.ndarray  # step without a prefill chunk
     chunk_s: jnp.ndarray  # step carrying a prefill chunk
-    chunk_fraction: jnp.ndarray  # f
+    chunk_fraction: jnp.ndarray  # f: of the replica's steps (of its lock-step group's, under lock-step DP)
     prefill_s: jnp.ndarray  # a request's prefill (all its chunks): what it costs its slot
     prefill_latency_s: jnp.ndarray  # its wall time: under PP one budget per step (>= prefill_s)
     chunk_tokens: jnp.ndarray  # prefill tokens a chunk step carries
@@ -94,9 +94,17 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     decode_context = b * (w.isl_tokens + 0.5 * w.osl_tokens)
     decode = StepBatch.decode_only(b, decode_context)
     with_chunk = decode.merged(StepBatch(chunk, 0.0 * b, 0.0 * b, chunk * (cached + 0.5 * isl_eff), 1.0 + 0.0 * b))
-    decode_s = step_time_s(model, hw, layout, decode)
-    chunk_s = step_time_s(model, hw, layout, with_chunk)
     fraction = jnp.clip(b / w.osl_tokens * isl_eff / chunk, 0.0, 1.0)
+    # Lock-step DP ranks (a MoE model's --data-parallel-size) step together: a group step carries a
+    # chunk, and lasts a chunk step, whenever any of its D ranks does, 1 - (1 - f)^D of the steps,
+    # and the expert layers then see the chunks of the D f / (1 - (1 - f)^D) ranks that carry one.
+    ranks = layout.lockstep_ranks
+    lockstep = ranks > 1
+    group_fraction = jnp.where(lockstep, 1.0 - jnp.power(1.0 - fraction, ranks), fraction)
+    chunk_ranks = jnp.maximum(ranks * fraction / jnp.maximum(group_fraction, 1e-9), 1.0)
+    decode_s = step_time_s(model, hw, layout, decode)
+    chunk_s = step_time_s(model, hw, layout, with_chunk, jnp.where(lockstep, ranks * b + chunk_ranks * chunk, (b + chunk) * ranks))
+    fraction = group_fraction
     mean_s = fraction * chunk_s + (1.0 - fraction) * decode_s
     # Every chunk step pays the decode step's cost; the prefill work itself is paid once over all
     # chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes 2 steps). A

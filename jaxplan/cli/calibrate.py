@@ -60,7 +60,7 @@ def calibrate(
     rows, sources = [], []
     if shared_data and data_root_exists():
         rows += load_serving_rows()
-        sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp; kernels_aiconfigurator")
+        sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp, inferencemax_amd; kernels_aiconfigurator")
     for path in paths:
         found = engine_settings.read_rows(path, settings)
         if not found:

@@ -410,10 +410,11 @@ def _accuracy(predicted: list[dict]) -> dict:
 
 
 def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=print, folds: int = 1,
-              held_out_predictions: dict[int, dict] | None = None) -> tuple[dict, dict]:
+              held_out_predictions: dict[int, dict] | None = None, moe_rows: list[dict] | None = None) -> tuple[dict, dict]:
     """(params per GPU, report). `rows` are normalized serving rows (see calibrate.rows). folds: of the
     held-out-configurations check (`held_out_configurations`; 4 scores every configuration, 3 more fits),
-    whose per-row predictions go to `held_out_predictions` when given (its `collect`)."""
+    whose per-row predictions go to `held_out_predictions` when given (its `collect`). `moe_rows`
+    (`moe_rows.load_moe_rows`) are scored, never fitted, into report["moe"] (`moe_rows.moe_accuracy`)."""
     t0 = time.perf_counter()
     gpus = known("gpus")
     priors, prior_sources = calibration_priors(gpus, data_root)
@@ -474,6 +475,11 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):
         other = [r for r in measured_rows(rows) if r.get("backend") == backend]
         report["other_backends"][backend] = accuracy(other, params)
+    if moe_rows:
+        from jaxplan.calibrate.moe_rows import moe_accuracy
+
+        report["moe"] = moe_accuracy(moe_rows, params, report.get("held_out_params", {}))
+        log(f"MoE rows, scored: {len(moe_rows)} ({time.perf_counter() - t0:.0f} s)")
     report["seconds"] = time.perf_counter() - t0
     return params, report
 

@@ -25,6 +25,7 @@ def sweep(
     budget: int | None = None,
     weight_dtypes=None,
     kv_cache_dtypes=None,
+    layout_kinds=None,
     target_throughput: float | None = None,
     rate: float | None = None,
     price=None,
@@ -44,11 +45,11 @@ def sweep(
     model: a ModelSpec, bundled name, HF id or config.json path; gpus: 'h100_sxm,h200_sxm', a list of
     names / GpuSpecs, or one GpuSpec; workload: a Workload or a bundled name / .toml path; space: a
     SearchSpace or a bundled name / .toml path. budget, weight_dtypes ('bf16,fp8' or a list),
-    kv_cache_dtypes, target_throughput (output tokens/s), rate (Poisson requests/s) and price
+    kv_cache_dtypes, layout_kinds ('tp,dp_ep' or a list: a MoE model's tp, ep, dp, dp_ep), target_throughput (output tokens/s), rate (Poisson requests/s) and price
     ('h100_sxm=2.5' or {'h100_sxm': 2.5} USD per GPU-hour) override the workload and the space."""
     inputs = load_inputs(
         model, gpus, workload, space, budget=budget, target_throughput=target_throughput, rate=rate, price=price,
-        weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes,
+        weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, layout_kinds=layout_kinds,
     )
     return run_plan(
         inputs, top=top, chunk_size=chunk_size, params=params, replay=replay, replay_requests=replay_requests, seed=seed,

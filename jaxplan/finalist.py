@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from jaxplan.errors import PlanError
+from jaxplan.layout_kind import KIND_KEYS, kind_label
 
 REPLAY_PREFIX = "replay_"
 
@@ -65,6 +66,12 @@ class Finalist:
     score: float  # stage 4's objective
     reason: int
     digits: tuple[int, ...]  # the candidate's index along each grid axis
+    # The layout's kind (`jaxplan.layout_kind`); a row written without them reads as one tp server.
+    layout_kind: str = "tp"  # tp | ep | dp | dp_ep
+    lockstep_ranks: int = 1  # vLLM's --data-parallel-size of a lock-step kind (D), else 1
+    enable_expert_parallel: bool = False
+    servers: int = 1  # separate `vllm serve` deployments (a dense model's DP replicas are one)
+    expert_weight_format: str = ""  # routed experts' format (the weight dtype; mxfp4 / int4 leave the rest bf16)
     replay: ReplayMetrics | None = None
     extra: tuple[tuple[str, object], ...] = ()  # row keys this class does not name, kept in order for `to_row`
 
@@ -73,10 +80,10 @@ class Finalist:
         """A sweep row (with `replay_*` keys after stage 7; a JSON row may carry null for inf)."""
         names = [f.name for f in dataclasses.fields(cls) if f.name not in ("replay", "extra")]
         replay_names = [REPLAY_PREFIX + f.name for f in dataclasses.fields(ReplayMetrics)]
-        missing = [n for n in names if n not in row]
+        missing = [n for n in names if n not in row and n not in KIND_KEYS]
         if missing:
             raise PlanError(f"a finalist row lacks {', '.join(missing)}; pass rows a sweep wrote (jaxplan sweep --json)")
-        values = {n: _number(row[n]) for n in names}
+        values = {n: _number(row[n]) for n in names if n in row}
         values["digits"] = tuple(int(d) for d in row["digits"])
         replay = None
         if any(n in row for n in replay_names):
@@ -106,8 +113,8 @@ class Finalist:
 
     @property
     def layout(self) -> str:
-        """'4 x h100_sxm: TP2 x PP1 x DP2'."""
-        return f"{self.num_gpus} x {self.gpu}: TP{self.tensor_parallel_size} x PP{self.pipeline_parallel_size} x DP{self.data_parallel_size}"
+        """'4 x h100_sxm: TP2xPP1xDP2', '8 x h200_sxm: TP1xPP1 DP8-lockstep EP8' (`layout_kind.kind_label`)."""
+        return f"{self.num_gpus} x {self.gpu}: {kind_label(self.to_row())}"
 
 
 def _number(value):
@@ -117,9 +124,13 @@ def _number(value):
 
 @dataclasses.dataclass(frozen=True)
 class Winner:
-    """The best finalist and how to launch it: `serve_command` (the head node's `vllm serve` line),
-    `other_node_commands` (one per further node when its replicas span nodes), the KV-cache size to
-    check in vLLM's log, and what the replay found it misses (None: not replayed; []: meets it all).
+    """The best finalist and how to launch it: `serve_command` (the first `vllm serve` line: the head
+    node's, or the first server's), `other_node_commands` (the further lines: one per further node
+    when a server's ranks span nodes, one per further server of a MoE model's independent servers),
+    `line_labels` (where each of `serve_commands` runs), `launch_note` (how they fit together: the
+    router over independent servers, lock-step ranks), the KV-cache size to check in vLLM's log, what
+    the replay found it misses (None: not replayed; []: meets it all) and, for a MoE model, `why`:
+    how it beats the best layout of each other kind on the same GPUs (`jaxplan.why_it_wins`).
     Metric names not defined here read through to `finalist` (winner.output_tokens_per_s)."""
 
     finalist: Finalist
@@ -127,10 +138,13 @@ class Winner:
     other_node_commands: tuple[str, ...]
     kv_cache_check: str
     replay_shortfalls: tuple[str, ...] | None
+    line_labels: tuple[str, ...] = ()
+    launch_note: str = ""
+    why: tuple[str, ...] = ()
 
     @property
     def serve_commands(self) -> tuple[str, ...]:
-        """Every node's line, the head node's first."""
+        """Every line, the head node's (first server's) first."""
         return (self.serve_command, *self.other_node_commands)
 
     def __getattr__(self, name: str):
@@ -140,16 +154,20 @@ class Winner:
 
     def to_row(self) -> dict:
         """The winner as `sweep --json` writes it: the finalist's row plus its launch lines."""
-        row = dict(self.finalist.to_row(), vllm_serve=self.serve_command, kv_cache_check=self.kv_cache_check, vllm_serve_other_nodes=list(self.other_node_commands))
+        row = dict(
+            self.finalist.to_row(), vllm_serve=self.serve_command, kv_cache_check=self.kv_cache_check, vllm_serve_other_nodes=list(self.other_node_commands),
+            vllm_serve_labels=list(self.line_labels), launch_note=self.launch_note, why_it_wins=list(self.why),
+        )
         if self.replay_shortfalls is not None:
             row["replay_shortfalls"] = list(self.replay_shortfalls)
         return row
 
     @classmethod
     def from_row(cls, row: Mapping) -> Winner:
-        launch = ("vllm_serve", "kv_cache_check", "vllm_serve_other_nodes", "replay_shortfalls")
+        launch = ("vllm_serve", "kv_cache_check", "vllm_serve_other_nodes", "replay_shortfalls", "vllm_serve_labels", "launch_note", "why_it_wins")
         shortfalls = row.get("replay_shortfalls")
         return cls(
             Finalist.from_row({k: v for k, v in row.items() if k not in launch}), row["vllm_serve"],
             tuple(row.get("vllm_serve_other_nodes") or ()), row["kv_cache_check"], None if shortfalls is None else tuple(shortfalls),
+            tuple(row.get("vllm_serve_labels") or ()), str(row.get("launch_note") or ""), tuple(row.get("why_it_wins") or ()),
         )

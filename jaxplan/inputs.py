@@ -18,8 +18,8 @@ from jaxplan.specs.space import SearchSpace
 from jaxplan.specs.workload import Workload
 
 # How errors name each option: Python keyword arguments by default.
-API_LABELS = {"price": "price", "weight_dtypes": "weight_dtypes", "kv_cache_dtypes": "kv_cache_dtypes", "target_throughput": "target_throughput", "gpus": "gpus"}
-CLI_LABELS = {"price": "--price", "weight_dtypes": "--weight-dtypes", "kv_cache_dtypes": "--kv-cache-dtypes", "target_throughput": "--target-throughput", "gpus": "--gpus"}
+API_LABELS = {"price": "price", "weight_dtypes": "weight_dtypes", "kv_cache_dtypes": "kv_cache_dtypes", "target_throughput": "target_throughput", "gpus": "gpus", "layout_kinds": "layout_kinds"}
+CLI_LABELS = {"price": "--price", "weight_dtypes": "--weight-dtypes", "kv_cache_dtypes": "--kv-cache-dtypes", "target_throughput": "--target-throughput", "gpus": "--gpus", "layout_kinds": "--layout-kinds"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +91,14 @@ def load_inputs(
     price=None,
     weight_dtypes=None,
     kv_cache_dtypes=None,
+    layout_kinds=None,
     labels: Mapping[str, str] = API_LABELS,
 ) -> Inputs:
     """Load and validate the inputs shared by sweep, report, size and sensitivity: names/paths are
-    loaded, spec objects taken as they are; the options override the workload and the space."""
+    loaded, spec objects taken as they are; the options override the workload and the space
+    (layout_kinds: 'tp,dp_ep' or a list, the space's layout_kind: tp, ep, dp, dp_ep)."""
     from jaxplan.specs import load_model, load_space, load_workload
-    from jaxplan.specs.space import KV_CACHE_DTYPES, WEIGHT_DTYPES
+    from jaxplan.specs.space import KV_CACHE_DTYPES, LAYOUT_KINDS, WEIGHT_DTYPES
     from jaxplan.specs.workload import Arrival
 
     model_spec = model if isinstance(model, ModelSpec) else load_model(model)
@@ -128,5 +130,7 @@ def load_inputs(
         space_spec = space_spec.replace(weight_dtype=dtype_list(weight_dtypes, labels["weight_dtypes"], WEIGHT_DTYPES))
     if kv_cache_dtypes is not None:
         space_spec = space_spec.replace(kv_cache_dtype=dtype_list(kv_cache_dtypes, labels["kv_cache_dtypes"], KV_CACHE_DTYPES))
+    if layout_kinds is not None:
+        space_spec = space_spec.replace(layout_kind=dtype_list(layout_kinds, labels["layout_kinds"], LAYOUT_KINDS))
     space_spec = space_spec.for_model(model_spec)
     return Inputs(model_spec, specs, workload_spec, space_spec, space if isinstance(space, str) else space_spec.name)

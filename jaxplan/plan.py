@@ -224,13 +224,19 @@ def plan_of(inputs: Inputs, result, replayed: list[dict] | None, sizing=None, re
 
 
 def winner_of(result, best: Finalist, replayed: bool) -> Winner:
-    """The winner's `vllm serve` line(s) and KV-cache check; the replay ranks passing finalists
-    first, so a replayed winner with shortfalls means every finalist has some."""
+    """The winner's `vllm serve` line(s), how they fit together and the KV-cache check; for a MoE
+    model, why it beats the best layout of each other kind (`why_it_wins`). The replay ranks passing
+    finalists first, so a replayed winner with shortfalls means every finalist has some."""
     from jaxplan.funnel.replay_stage import replay_shortfalls
-    from jaxplan.report.vllm_command import kv_cache_check, other_node_commands, vllm_serve_command
+    from jaxplan.report.vllm_command import kv_cache_check, launch_note, serve_lines
+    from jaxplan.why_it_wins import why_it_wins
 
     row = best.to_row()
-    block = result.grid.space.block_size_tokens
-    head = vllm_serve_command(result.model, row, result.grid.space.gpu_memory_utilization, block)
+    space = result.grid.space
+    node_gpus = next((g.gpus_per_node for g in result.grid.gpus if g.name == best.gpu), None)
+    lines = serve_lines(result.model, row, space.gpu_memory_utilization, space.block_size_tokens, gpus_per_node=node_gpus)
     shortfalls = tuple(replay_shortfalls(row, result.workload)) if replayed else None
-    return Winner(best, head, tuple(other_node_commands(head, row)), kv_cache_check(row, block), shortfalls)
+    return Winner(
+        best, lines[0].command, tuple(line.command for line in lines[1:]), kv_cache_check(row, space.block_size_tokens), shortfalls,
+        tuple(line.label for line in lines), launch_note(result.model, row, node_gpus), tuple(why_it_wins(result, row)),
+    )

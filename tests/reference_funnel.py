@@ -118,8 +118,24 @@ def largest_stage_share(m, pp: int) -> float:
     return max(stage_layers(m.num_layers, pp)) / m.num_layers
 
 
+# ---- weight formats, layout kinds ------------------------------------------------------------------------
+# (bytes of a routed-expert parameter, bytes of every other parameter): MXFP4 = 4 bits + an 8-bit scale per
+# 32; INT4 = 4 bits + a 16-bit scale per 32; NVFP4 = 4 bits + an 8-bit scale per 16. MXFP4 and INT4
+# checkpoints quantise only the experts.
+FORMAT_BYTES = {"bf16": (2.0, 2.0), "fp8": (1.0, 1.0), "nvfp4": (0.5625, 0.5625), "mxfp4": (0.53125, 2.0), "int4": (0.5625, 2.0)}
+
+
+def kind_of(label: str) -> tuple[bool, int]:
+    """A grid layout-kind label ('tp', 'ep', 'dp:4', 'dp_ep:4') -> (expert parallel, lock-step ranks)."""
+    kind, _, ranks = label.partition(":")
+    return kind in ("ep", "dp_ep"), int(ranks) if ranks else 1
+
+
 # ---- memory per GPU ----------------------------------------------------------------------------------
-def weight_bytes_per_gpu(m, tp: int, pp: int, weight_bytes: float) -> float:
+def weight_bytes_per_gpu(m, tp: int, pp: int, weight_dtype: str, expert_parallel: bool = False, lockstep: int = 1) -> float:
+    """Routed experts split over lockstep x TP GPUs: sliced, or whole (the heaviest GPU holds the
+    ceiling) with expert parallelism; everything else as a dense model."""
+    expert_bytes, other_bytes = FORMAT_BYTES[weight_dtype]
     n = layer_counts(m)
     h = m.hidden_size
     attn_all, attn_kv = softmax_attention_params(m)
@@ -127,8 +143,10 @@ def weight_bytes_per_gpu(m, tp: int, pp: int, weight_bytes: float) -> float:
     linear = n["linear"] * linear_attention_params(m) / tp
     dense = n["dense"] * 3 * h * m.intermediate_size / tp
     expert = 3 * h * m.moe_intermediate_size
-    moe = n["moe"] * ((m.num_experts + m.num_shared_experts) * expert / tp + h * m.num_experts)
-    per_stage = (softmax + linear + dense + moe) * largest_stage_share(m, pp) * weight_bytes
+    group = tp * lockstep
+    routed = math.ceil(m.num_experts / group) if expert_parallel else m.num_experts / group
+    other = softmax + linear + dense + n["moe"] * (m.num_shared_experts * expert / tp + h * m.num_experts)
+    per_stage = (other * other_bytes + n["moe"] * routed * expert * expert_bytes) * largest_stage_share(m, pp)
     embed = m.vocab_size * h / tp * 2.0
     head = 0.0 if m.tie_word_embeddings else m.vocab_size * h / tp * 2.0
     return per_stage + (embed + head if pp == 1 else max(embed, head))
@@ -150,8 +168,10 @@ def reserve_bytes(tp: int, pp: int) -> float:
 
 
 def free_kv_bytes_per_gpu(m, gpu, space, tp, pp, weight_bytes, max_num_seqs, max_num_batched_tokens) -> float:
+    """`weight_bytes`: a weight dtype name, or (dtype, expert parallel, lock-step ranks)."""
     usable = space.gpu_memory_utilization * 0.99 * gpu.hbm_bytes
-    return usable - weight_bytes_per_gpu(m, tp, pp, weight_bytes) - activation_bytes_per_gpu(m, tp, max_num_seqs, max_num_batched_tokens) - reserve_bytes(tp, pp)
+    weights = weight_bytes_per_gpu(m, tp, pp, *weight_bytes) if isinstance(weight_bytes, tuple) else weight_bytes_per_gpu(m, tp, pp, weight_bytes)
+    return usable - weights - activation_bytes_per_gpu(m, tp, max_num_seqs, max_num_batched_tokens) - reserve_bytes(tp, pp)
 
 
 def request_kv_bytes_per_gpu(m, tp: int, pp: int, kv_bytes: float, tokens: float, block: int | None) -> float:
@@ -187,7 +207,9 @@ def longest_request_tokens(w) -> float:
 
 
 # ---- the sieves, one candidate at a time ----------------------------------------------------------------
-def structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, weight_bytes) -> Reason:
+def structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, weight_dtype, expert_parallel=False, lockstep=1) -> Reason:
+    """`dp` counts servers; a lock-step server holds `lockstep` ranks of TP x PP GPUs."""
+    other_bytes = FORMAT_BYTES[weight_dtype][1]
     if m.num_attention_heads % tp or m.hidden_size % tp:
         return Reason.TP_HEADS
     kv = m.num_kv_heads
@@ -195,14 +217,18 @@ def structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, weight_byte
         return Reason.KV_HEADS
     if pp > m.num_layers:
         return Reason.PP_LAYERS
-    if tp * pp > gpu.gpus_per_node and not space.allow_multi_node:
+    if expert_parallel and tp * lockstep == 1:
+        return Reason.EP_ONE_GPU
+    if tp * pp * lockstep > gpu.gpus_per_node and not space.allow_multi_node:
         return Reason.NODE_FIT
-    if tp * pp * dp > space.gpu_budget:
+    if tp * pp * lockstep * dp > space.gpu_budget:
         return Reason.GPU_BUDGET
-    if weight_bytes == 1 and gpu.fp8_flops_per_s <= 0:
+    if other_bytes == 1 and gpu.fp8_flops_per_s <= 0:
         return Reason.FP8_UNSUPPORTED
-    if weight_bytes < 1 and gpu.fp4_flops_per_s <= 0:
+    if other_bytes < 1 and gpu.fp4_flops_per_s <= 0:
         return Reason.FP4_UNSUPPORTED
+    if weight_dtype in ("mxfp4", "int4") and 0 < gpu.compute_capability < 8.0:
+        return Reason.EXPERT_FORMAT_UNSUPPORTED
     if budget_tokens < seqs:
         return Reason.BUDGET_BELOW_SEQS
     return Reason.ADMITTED
@@ -244,8 +270,9 @@ def stages_1_to_3(m, gpus, w, space):
     for _, digits, c in candidates(gpus, space):
         gpu, tp, pp, dp = c["gpu"], c["tensor_parallel_size"], c["pipeline_parallel_size"], c["data_parallel_size"]
         seqs, budget_tokens = c["max_num_seqs"], c["max_num_batched_tokens"]
-        wb, kvb = DTYPE_BYTES[c["weight_dtype"]], DTYPE_BYTES[c["kv_cache_dtype"]]
-        reason = structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, wb)
+        expert_parallel, lockstep = kind_of(c["layout_kind"])
+        wb, kvb = (c["weight_dtype"], expert_parallel, lockstep), DTYPE_BYTES[c["kv_cache_dtype"]]
+        reason = structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, *wb)
         if reason == Reason.ADMITTED:
             reason = memory_reason(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb)
         if reason == Reason.ADMITTED and slots(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb) < 1.0:
@@ -283,22 +310,14 @@ def _stage4_reason_impl(ctx, digits):
     from jaxplan.funnel.estimate import estimate_stage
     import jax.numpy as jnp
 
-    from jaxplan.grid import AXES
-    from jaxplan.physics.shapes import Layout, take
+    from jaxplan.funnel.chunk import layout_of
+    from jaxplan.grid import AXES, candidates_from_digits
+    from jaxplan.physics.shapes import take
     from jaxplan.physics.steady_state import max_concurrency
 
-    value = {name: ctx.axis_values[a][digits[:, a]] for a, name in enumerate(AXES)}
     hw = take(ctx.hardware, digits[:, AXES.index("gpu")])
-    from jaxplan.specs.formats import OTHER_BYTES
-
-    # The reference covers the `tp` layout kind only (dense models): no lock-step, no EP.
-    code = value["weight_dtype"]
-    one = jnp.ones_like(code)
-    layout = Layout(
-        value["tensor_parallel_size"], value["pipeline_parallel_size"], value["data_parallel_size"],
-        jnp.asarray(OTHER_BYTES)[code.astype(jnp.int32)], value["kv_cache_dtype"], value["max_num_seqs"], value["max_num_batched_tokens"],
-        code, one, 0.0 * one,
-    )
+    # Stage 4 is jaxplan's own estimate here (see the module docstring): the grid's decoding serves.
+    layout = layout_of(candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool)))
     capacity = max_concurrency(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization)
     reason, *_ = estimate_stage(ctx.model, hw, layout, ctx.workload, ctx.gpu_memory_utilization, capacity)
     return reason

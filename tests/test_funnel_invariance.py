@@ -90,7 +90,9 @@ def test_device_count_does_not_change_the_answer(baseline):
     1,024 so the shards, pages and merges all differ from the in-process baseline (1 device, unless
     the caller forced 4 already: then the subprocess uses 2)."""
     devices = 4 if baseline.num_devices != 4 else 2
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    # after the suite's own XLA flags (tests/conftest.py: -O0), so the subprocess compiles as fast as this one
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     out = subprocess.run(
         [sys.executable, "-c", SUMMARY, MODEL, GPUS, WORKLOAD, "1024"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,

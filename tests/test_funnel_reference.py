@@ -56,9 +56,10 @@ EDGE_SPACE = SearchSpace(
 GQA_24_4 = dataclasses.replace(load_model("llama-3.1-8b"), name="gqa-24-4", num_attention_heads=24, num_kv_heads=4, hidden_size=3072)
 
 
-def compare(model_name: str | ModelSpec, gpus: str, workload_name: str, space: SearchSpace) -> dict:
+def compare(model_name: str | ModelSpec, gpus, workload_name: str, space: SearchSpace) -> dict:
     model = model_name if isinstance(model_name, ModelSpec) else load_model(model_name)
-    gpu_specs, workload = parse_gpu_list(gpus), load_workload(workload_name)
+    gpu_specs, workload = (parse_gpu_list(gpus) if isinstance(gpus, str) else tuple(gpus)), load_workload(workload_name)
+    space = space.for_model(model)  # what run_sweep plans: the model's layout kinds and formats
     model_name = model.name
     result = run_sweep(model, gpu_specs, workload, space, top_k=5)
     early, survivors = ref.stages_1_to_3(model, gpu_specs, workload, space)
@@ -93,8 +94,24 @@ def test_edge_space_trips_every_early_reason():
     for model in ("llama-3.1-70b", GQA_24_4):
         got.update(compare(model, "h100_sxm,a100_sxm", "coding", EDGE_SPACE))
     for reason in Reason:
-        if reason.stage in (1, 2, 3):
+        if reason.stage in (1, 2, 3) and reason not in MOE_REASONS:
             assert got.get(reason, 0) > 0, f"{reason.name} never fired: the edge space no longer covers it"
+
+
+# Stage-1 reasons only a MoE model can meet (test_moe_layout_kinds_match_the_reference).
+MOE_REASONS = (Reason.EP_ONE_GPU, Reason.EXPERT_FORMAT_UNSUPPORTED)
+
+
+def test_moe_layout_kinds_match_the_reference():
+    """gpt-oss-20b (32 experts, 4 active; MXFP4 experts) over every layout kind (tp, ep, dp:D, dp_ep:D)
+    on H100 and a V100-class GPU (compute capability 7.0: vLLM refuses MXFP4 there): the counts of the
+    reference, which shards the experts by hand (sliced over lock-step ranks x TP, or whole with EP),
+    equal the sweep's, and the MoE-only reasons fire."""
+    v100 = dataclasses.replace(parse_gpu_list("a100_sxm")[0], name="v100_like", compute_capability=7.0, hbm_bytes=32e9)
+    space = load_space("small").replace(weight_dtype=("bf16", "mxfp4"), kv_cache_dtype=("auto",), allow_multi_node=False)
+    got = compare("gpt-oss-20b", (parse_gpu_list("h100_sxm")[0], v100), "coding", space)
+    for reason in MOE_REASONS:
+        assert got.get(reason, 0) > 0, f"{reason.name} never fired"
 
 
 def test_nvfp4_weights_match_the_reference_on_a_gpu_with_fp4_tensor_cores():

@@ -15,7 +15,7 @@ from jaxplan.replay.routing import POLICIES, routing_policy
 from jaxplan.replay.testing import affine_step_time
 from jaxplan.specs.workload import Arrival, Workload
 
-KNOWN = ("least_loaded", "round_robin")
+KNOWN = ("dp_coordinator", "least_loaded", "round_robin")
 
 
 def _one_line_listing_the_known(err: PlanError, name: str) -> str:
@@ -31,7 +31,7 @@ def test_the_registry_holds_each_policy_under_its_own_name():
     assert all(policy.name == name and routing_policy(name) is policy for name, policy in POLICIES.items())
 
 
-@pytest.mark.parametrize(("name", "closest"), [("least-loaded", "least_loaded"), ("roundrobin", "round_robin"), ("dp_coordinator", None), ("", None), (None, None), (3, None)])
+@pytest.mark.parametrize(("name", "closest"), [("least-loaded", "least_loaded"), ("roundrobin", "round_robin"), ("dp-coordinator", "dp_coordinator"), ("", None), (None, None), (3, None)])
 def test_an_unknown_policy_is_one_line_listing_the_known_ones(name, closest):
     with pytest.raises(PlanError) as err:
         routing_policy(name)

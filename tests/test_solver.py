@@ -172,9 +172,17 @@ def test_solver_gradient_is_finite_at_kinks(hardware, model):
     m, hw, layout, w = random_inputs(hardware, model, 3, 256)
     w = w._replace(request_rate_per_s=jnp.asarray(kink_rates(m, hw, layout, w)[0], jnp.float32))
 
+    jac = np.asarray(kink_jacobian(jnp.ones(2, jnp.float32), m, hw, layout, w))
+    assert np.all(np.isfinite(jac)), jac
+
+
+@jax.jit
+def kink_jacobian(params, m, hw, layout, w):
+    """d(sum b, sum p99 TTFT, sum p99 TPOT)/d(rate scale, ISL scale) at params; the inputs are arguments,
+    not constants, so that every model of one shape structure runs one compiled program."""
+
     def outputs(params):
         est = estimate(m, hw, layout, w._replace(request_rate_per_s=params[0] * w.request_rate_per_s, isl_tokens=params[1] * w.isl_tokens), GMU)
         return jnp.stack([jnp.sum(est.concurrency_per_replica), jnp.sum(jnp.where(jnp.isfinite(est.ttft_p99_s), est.ttft_p99_s, 0.0)), jnp.sum(est.tpot_p99_s)])
 
-    jac = np.asarray(jax.jit(jax.jacfwd(outputs))(jnp.ones(2, jnp.float32)))
-    assert np.all(np.isfinite(jac)), jac
+    return jax.jacfwd(outputs)(params)

@@ -177,8 +177,8 @@ def test_checkpoint_weight_formats():
     formats = {name: load_model(name).checkpoint_weight_format for name in NEW_MODELS}
     assert formats == {"gpt-oss-120b": "mxfp4", "gpt-oss-20b": "mxfp4", "minimax-m2.5": "fp8", "qwen3-235b-a22b": "bf16",
                        "kimi-k2.5": "int4", "deepseek-r1": "fp8"}
-    assert "mxfp4 checkpoint (not modeled)" in load_model("gpt-oss-120b").describe()
-    assert "int4 checkpoint (not modeled)" in load_model("kimi-k2.5").describe()
+    assert "mxfp4 experts in the checkpoint" in load_model("gpt-oss-120b").describe()
+    assert "int4 experts in the checkpoint" in load_model("kimi-k2.5").describe()
     assert "checkpoint" not in load_model("qwen3-235b-a22b").describe()
 
 

@@ -30,6 +30,7 @@ GpusOption = Annotated[str, typer.Option(help="Comma-separated GPU types: h100_s
 WorkloadOption = Annotated[str, typer.Option(help="Bundled workload (coding, chat, reasoning, rl-rollout) or a .toml path.")]
 SpaceOption = Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")]
 BudgetOption = Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")]
+LayoutKindsOption = Annotated[Optional[str], typer.Option(help="Layout kinds of a MoE model to search, e.g. tp,dp_ep (overrides the space's layout_kind; default all four): tp, ep (--enable-expert-parallel), dp (--data-parallel-size, lock-step), dp_ep (both). A dense model has tp only.")]
 WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs NVFP4 tensor cores: b200_sxm, b300_sxm, gb200).")]
 KvDtypesOption = Annotated[Optional[str], typer.Option(help="KV-cache dtypes to search: auto,fp8 (overrides the space's kv_cache_dtype).")]
 TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
@@ -60,11 +61,12 @@ ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=Fals
 class Routing(str, enum.Enum):
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
+    DP_COORDINATOR = "dp_coordinator"
 
 
 MaxMemoryGibOption = Annotated[Optional[float], typer.Option("--max-memory-gib", min=0.001, help="Refuse a sweep estimated to need more memory (default: the machine's available memory), or a winner map whose table does not fit.")]
 ReplayMaxSecondsOption = Annotated[Optional[float], typer.Option("--max-seconds", min=0.001, help="Stop a replay whose measured pace projects past this many seconds in all (default: no limit).")]
-RoutingOption = Annotated[Routing, typer.Option(help="Replay: how requests reach data-parallel replicas (round_robin: request i to replica i mod DP; least_loaded: to the replica with the fewest outstanding requests).")]
+RoutingOption = Annotated[Routing, typer.Option(help="Replay: how requests reach data-parallel replicas (round_robin: request i to replica i mod DP; least_loaded: to the replica with the fewest outstanding requests; dp_coordinator: to the lowest 4 x waiting + running, as vLLM's DP coordinator; a MoE model's lock-step DP ranks always use it).")]
 
 
 def check_writable(path: Optional[Path], option: str) -> None:
@@ -132,13 +134,13 @@ def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
 
-def load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None):
+def load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None, layout_kinds=None):
     """The inputs shared by sweep, report, size and sensitivity (`jaxplan.inputs.load_inputs`, errors naming the --flags)."""
     from jaxplan.inputs import CLI_LABELS, load_inputs
 
     return load_inputs(
         model, gpus, workload, space, budget=budget, target_throughput=target_throughput, rate=rate, price=price,
-        weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, labels=CLI_LABELS,
+        weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, layout_kinds=layout_kinds, labels=CLI_LABELS,
     )
 
 

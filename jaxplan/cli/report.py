@@ -33,6 +33,7 @@ from jaxplan.cli.common import (
     progress_bar,
     progress_steps,
     WeightDtypesOption,
+    LayoutKindsOption,
 )
 from jaxplan.cli.sweep import print_winner
 from jaxplan.errors import NothingSurvived, PlanError
@@ -53,6 +54,7 @@ def report(
     budget: BudgetOption = None,
     weight_dtypes: WeightDtypesOption = None,
     kv_cache_dtypes: KvDtypesOption = None,
+    layout_kinds: LayoutKindsOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
@@ -86,7 +88,7 @@ def report(
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
     started = time.perf_counter()
     plan = plan_with_progress(
         inputs, top=top, params=params, replay=replay, replay_requests=replay_requests, seed=seed, routing=routing.value,

@@ -29,6 +29,7 @@ from jaxplan.cli.common import (
     plan_with_progress,
     write_plots,
     WeightDtypesOption,
+    LayoutKindsOption,
 )
 from jaxplan.errors import NothingSurvived
 
@@ -43,6 +44,7 @@ def sensitivity(
     budget: BudgetOption = None,
     weight_dtypes: WeightDtypesOption = None,
     kv_cache_dtypes: KvDtypesOption = None,
+    layout_kinds: LayoutKindsOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=200, help="Finalists to analyse.")] = 10,
@@ -63,7 +65,7 @@ def sensitivity(
 
     check_writable(json_path, "--json")
     params_path = str(params) if params else None
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
     if plot:
         from jaxplan.plots.save import plot_dir
 

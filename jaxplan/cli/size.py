@@ -28,6 +28,7 @@ from jaxplan.cli.common import (
     out,
     plan_with_progress,
     WeightDtypesOption,
+    LayoutKindsOption,
 )
 from jaxplan.cli.exit_codes import ExitCode
 
@@ -42,6 +43,7 @@ def size(
     budget: BudgetOption = None,
     weight_dtypes: WeightDtypesOption = None,
     kv_cache_dtypes: KvDtypesOption = None,
+    layout_kinds: LayoutKindsOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     price: PriceOption = None,
@@ -57,7 +59,7 @@ def size(
     from jaxplan.sizing import size_deployments, sizing_table
 
     check_writable(json_path, "--json")
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
     if inputs.workload.target_output_tokens_per_s <= 0:
         raise PlanError(f"workload {inputs.workload.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
     plan = plan_with_progress(inputs, top=1, params=params, replay=False, size=True, rollout_prompts=rollout_prompts, max_seconds=max_seconds, max_memory_gib=max_memory_gib)

@@ -30,6 +30,7 @@ from jaxplan.cli.common import (
     plan_with_progress,
     write_plots,
     WeightDtypesOption,
+    LayoutKindsOption,
 )
 from jaxplan.cli.exit_codes import ExitCode
 from jaxplan.report.vllm_command import HEAD_ADDRESS
@@ -45,6 +46,7 @@ def sweep(
     budget: BudgetOption = None,
     weight_dtypes: WeightDtypesOption = None,
     kv_cache_dtypes: KvDtypesOption = None,
+    layout_kinds: LayoutKindsOption = None,
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
@@ -64,7 +66,7 @@ def sweep(
     from jaxplan.report.tables import funnel_table, rows_table
 
     check_writable(json_path, "--json")
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
     if plot:
         from jaxplan.plots.save import plot_dir
 
@@ -114,23 +116,40 @@ def replay_warning(shortfalls: list[str]) -> str:
     )
 
 
+MAX_PRINTED_LINES = 8  # serve lines printed; every line is in --json (winner.vllm_serve_*)
+
+
 def print_winner(winner, verdict=None) -> None:
-    """The winner's `vllm serve` line (the head node's, then one per other node when its replicas span
-    nodes), the KV cache to check in its log, its p10-p90 band, the replay's warning when it misses the
-    workload, and `verdict`'s notes (`plan_bands.Verdict`: a runner-up within the bands, an SLO or
-    target the band's far end misses)."""
+    """The winner's `vllm serve` line(s) (the head node's or first server's, then one per other node or
+    server, labelled), how they fit together (a router over independent servers, lock-step ranks),
+    the KV cache to check in its log, its p10-p90 band, why it beats the other layout kinds (a MoE
+    model), the replay's warning when it misses the workload, and `verdict`'s notes
+    (`plan_bands.Verdict`: a runner-up within the bands, an SLO or target the band's far end misses)."""
     from jaxplan.plan_bands import band_line
 
-    others = winner.other_node_commands
-    out.print("[bold]Winner:[/] " + ("(head node) " if others else "") + winner.serve_command, highlight=False, soft_wrap=True)
-    for node, line in enumerate(others, start=1):
-        out.print(f"[bold]Node {node}:[/] {line}", highlight=False, soft_wrap=True)
-    if others:
-        out.print(f"(replicas on {len(others) + 1} nodes: vLLM's multi-node data parallelism; put the head node's address for {HEAD_ADDRESS})", style="dim", highlight=False, soft_wrap=True)
+    lines = winner.serve_commands
+    labels = winner.line_labels if len(winner.line_labels) == len(lines) else ()
+    if len(lines) == 1:
+        out.print("[bold]Winner:[/] " + winner.serve_command, highlight=False, soft_wrap=True)
+    elif all(label.startswith("node ") for label in labels):  # one server's ranks over nodes (no labels: a plan from older JSON)
+        out.print("[bold]Winner:[/] (head node) " + winner.serve_command, highlight=False, soft_wrap=True)
+        for node, line in enumerate(lines[1:], start=1):
+            out.print(f"[bold]Node {node}:[/] {line}", highlight=False, soft_wrap=True)
+        out.print(f"(replicas on {len(lines)} nodes: vLLM's multi-node data parallelism; put the head node's address for {HEAD_ADDRESS})", style="dim", highlight=False, soft_wrap=True)
+    else:
+        out.print(f"[bold]Winner:[/] {winner.finalist.layout}, {len(lines)} commands:", highlight=False, soft_wrap=True)
+        for label, line in list(zip(labels, lines))[:MAX_PRINTED_LINES]:
+            out.print(f"[bold]{label}:[/] {line}", highlight=False, soft_wrap=True)
+        if len(lines) > MAX_PRINTED_LINES:
+            out.print(f"... and {len(lines) - MAX_PRINTED_LINES} more the same way (every line is in --json: winner.vllm_serve_other_nodes)", style="dim", highlight=False)
+    if winner.launch_note:
+        out.print(f"({winner.launch_note})", style="dim", highlight=False, soft_wrap=True)
     out.print(winner.kv_cache_check, style="dim", highlight=False, soft_wrap=True)
     band = band_line(winner.finalist.band)
     if band:
         out.print("Band: " + band, highlight=False, soft_wrap=True)
+    for line in winner.why:
+        out.print("Why: " + line, highlight=False, soft_wrap=True)
     if winner.replay_shortfalls:
         out.print(replay_warning(list(winner.replay_shortfalls)), style="bold yellow", highlight=False, soft_wrap=True)
     for note in verdict.notes if verdict is not None else ():

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from jaxplan import compile_ahead
 from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
@@ -23,6 +24,7 @@ from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_dig
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
+from jaxplan.xla_options import LEAN_COMPILE
 
 FRONTIER_GPU_BINS = 64  # quarter-octave bins of GPU count
 FRONTIER_TPOT_BINS = 64  # 1 ms .. 10 s, log-spaced
@@ -244,8 +246,7 @@ def evaluate_survivors(ctx: SweepContext, c: Candidates, prepared) -> Evaluated:
     return Evaluated(reason, score, layout, est, per_million, hourly, jnp.zeros_like(score), est.bound)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "mesh", "page_size", "window_rows"), donate_argnames=("state",))
-def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, *, model: ModelShape, mesh, page_size: int, window_rows: int):
+def _sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, offsets: jnp.ndarray, *, model: ModelShape, mesh, page_size: int, window_rows: int):
     """Per-device (state, reason histogram) after the chunk at base + offsets. `state` is donated.
 
     window_rows: the layout-table rows one device's share of the chunk can touch (`Grid.layout_window`).
@@ -267,6 +268,20 @@ def sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray, 
     )
 
 
+_CHUNK_STATIC = dict(static_argnames=("model", "mesh", "page_size", "window_rows"), donate_argnames=("state",))
+sweep_chunk = jax.jit(_sweep_chunk, **_CHUNK_STATIC)
+sweep_chunk_lean = jax.jit(_sweep_chunk, **_CHUNK_STATIC, compiler_options=LEAN_COMPILE)  # same results, see xla_options
+
+# Up to this many candidates the chunk kernel compiles with `LEAN_COMPILE`: about 4 s less compilation
+# on XLA:CPU for streaming about 8% slower, which breaks even near 6e8 candidates (bench/README.md).
+LEAN_MAX_CANDIDATES = 500_000_000
+
+
+def chunk_kernel(grid_size: int):
+    """The jitted `sweep_chunk` for a grid of `grid_size` candidates (see LEAN_MAX_CANDIDATES)."""
+    return sweep_chunk_lean if grid_size <= LEAN_MAX_CANDIDATES else sweep_chunk
+
+
 @jax.jit
 def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
@@ -276,4 +291,11 @@ def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
 def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports). The model
     shape is traced (a few rows: one program per K serves every model)."""
+    compile_ahead.wait("evaluate_digits")
     return _evaluate_digits(ctx._replace(model=traced(ctx.model)), digits)
+
+
+def evaluate_digits_ahead(ctx: SweepContext, num_rows: int, num_axes: int) -> None:
+    """Start compiling `evaluate_digits` for [num_rows, num_axes] digits in the background (the
+    reports' rows come after the chunks, and their program is as large as the chunk kernel)."""
+    compile_ahead.ahead("evaluate_digits", _evaluate_digits, ctx._replace(model=traced(ctx.model)), jax.ShapeDtypeStruct((num_rows, num_axes), jnp.int32))

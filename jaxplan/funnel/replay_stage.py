@@ -23,14 +23,17 @@ from jaxplan.replay import ReplayConfig, sample_requests, simulate
 from jaxplan.specs.workload import Arrival
 
 DEFAULT_REQUESTS = 2000
+# How requests reach the ranks of a lock-step (MoE data-parallel) finalist: vLLM's DP coordinator.
+LOCKSTEP_ROUTING = "dp_coordinator"
 
 
-def physics_step(params, batch):
+def physics_step(params, batch, group_batch_tokens=None):
     """The replay's step_time_fn: `step_time_s` of one finalist's (hardware, layout, model shape),
-    given as `physics_params`. One function for every model, so the replay compiles once, not once
-    per model (its jit takes the step function as a static argument)."""
+    given as `physics_params`; `group_batch_tokens`: the tokens of all its lock-step ranks this step
+    (the dp_coordinator routing passes them). One function for every model, so the replay compiles
+    once, not once per model (its jit takes the step function as a static argument)."""
     hw, layout, model = params
-    return step_time_s(model, hw, layout, batch)
+    return step_time_s(model, hw, layout, batch, group_batch_tokens)
 
 
 def physics_params(model: ModelShape, hw: Hardware, layout: Layout):
@@ -58,19 +61,29 @@ def _finalist_arrays(ctx, digits):
     return hw, layout, replay_kv_blocks(ctx.model, hw, layout, ctx.gpu_memory_utilization, ctx.block_size_tokens, context)
 
 
+def lockstep_ranks(layout) -> np.ndarray:
+    """[F] int: the DP ranks of each layout that step together (1: independent replicas)."""
+    return np.rint(np.asarray(layout.lockstep_ranks, np.float64)).astype(np.int64)
+
+
 def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin") -> ReplayConfig:
     """The scheduler capacities of layouts [F] with `kv_blocks` [F] per replica (at least one block).
 
-    routing: how requests reach data-parallel replicas, "round_robin" or "least_loaded".
+    routing: how requests reach independent data-parallel replicas, "round_robin" or
+    "least_loaded". Layouts with lock-step ranks (a MoE model's vLLM data parallelism) are routed
+    as vLLM's DP coordinator routes them (LOCKSTEP_ROUTING), and then so is every layout of the
+    call: replay lock-step and independent finalists in separate calls (as `replay_rows` does).
     """
+    ranks = lockstep_ranks(layout)
     return ReplayConfig.create(
         max_num_seqs=np.asarray(layout.max_num_seqs),
         max_num_batched_tokens=np.asarray(layout.max_num_batched_tokens),
         num_kv_blocks=np.clip(kv_blocks, 1, None),
         data_parallel_size=np.asarray(layout.data_parallel_size),
         pipeline_parallel_size=np.asarray(layout.pipeline_parallel_size),
+        lockstep_ranks=ranks,
         block_size=block_size,
-        routing=routing,
+        routing=LOCKSTEP_ROUTING if np.any(ranks > 1) else routing,
     )
 
 
@@ -81,35 +94,62 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     e.g. a `jaxplan.deadline.Deadline` that stops it.
 
     routing: "round_robin" (request i to replica i % dp) or "least_loaded" (to the replica
-    with the fewest waiting + running requests when it arrives)."""
+    with the fewest waiting + running requests when it arrives), for independent replicas; the
+    ranks of a lock-step (MoE data-parallel) finalist step together and are routed as vLLM's DP
+    coordinator routes (LOCKSTEP_ROUTING), in a replay call of their own."""
     if not rows:
         return []
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
+    lockstep = lockstep_ranks(params[1]) > 1
+    parts = [np.flatnonzero(~lockstep), np.flatnonzero(lockstep)]
+    parts = [idx for idx in parts if idx.size]
+    reported = {"before": 0, "last": 0}  # output tokens of the parts replayed, of this part's total
 
-    hint = replica_steps_hint(rows, workload, requests, configs)
-    metrics = jax.device_get(simulate(configs, requests, workload, physics_step, params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(rows), initial_slots=initial_slots_hint(rows), progress=progress))
+    def part_progress(parts_left: int):
+        if progress is None:
+            return None
+
+        def report(done, total):
+            reported["last"] = total
+            progress(reported["before"] + done, reported["before"] + total * parts_left)
+
+        return report
+
+    metrics, routed_by = [None] * len(rows), [routing] * len(rows)
+    for n, idx in enumerate(parts):
+        sub_rows = [rows[i] for i in idx]
+        sub_params = jax.tree.map(lambda x, idx=idx: np.asarray(x)[idx], params)
+        sub_config = replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing)
+        hint = replica_steps_hint(sub_rows, workload, requests, sub_config)
+        m = jax.device_get(simulate(sub_config, requests, workload, physics_step, sub_params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(sub_rows),
+                                    initial_slots=initial_slots_hint(sub_rows), progress=part_progress(len(parts) - n)))  # fmt: skip
+        reported["before"] += reported["last"]
+        for j, i in enumerate(idx):
+            metrics[i] = jax.tree.map(lambda x, j=j: x[j] if np.ndim(x) else x, m)
+            routed_by[i] = sub_config.routing
     # The API server's per-request time is outside the engine steps the replay re-enacts; it is the
     # same calibrated constant stage 4 adds (physics params `request_overhead_s`).
     overhead_s = np.asarray(params[0].request_overhead_s)
     out = []
     for i, row in enumerate(rows):
         replayed = dict(row)
+        m = metrics[i]
         replayed.update(
-            replay_output_tokens_per_s=float(metrics.output_tokens_per_s[i]),
-            replay_ttft_mean_s=float(metrics.ttft.mean_s[i] + overhead_s[i]),
-            replay_ttft_p99_s=float(metrics.ttft_at_slo_percentile_s[i] + overhead_s[i]),
-            replay_tpot_mean_s=float(metrics.tpot.mean_s[i]),
-            replay_tpot_p99_s=float(metrics.tpot_at_slo_percentile_s[i]),
-            replay_goodput_req_per_s=float(metrics.goodput_req_per_s[i]),
-            replay_slo_attainment=float(metrics.slo_attainment[i]),
-            replay_mean_batch_size=float(metrics.mean_batch_size[i]),
-            replay_kv_utilization_peak=float(metrics.kv_utilization_peak[i]),
-            replay_preemptions=int(metrics.num_preemptions[i]),
-            replay_unfinished=int(metrics.unfinished[i]),
+            replay_output_tokens_per_s=float(m.output_tokens_per_s),
+            replay_ttft_mean_s=float(m.ttft.mean_s + overhead_s[i]),
+            replay_ttft_p99_s=float(m.ttft_at_slo_percentile_s + overhead_s[i]),
+            replay_tpot_mean_s=float(m.tpot.mean_s),
+            replay_tpot_p99_s=float(m.tpot_at_slo_percentile_s),
+            replay_goodput_req_per_s=float(m.goodput_req_per_s),
+            replay_slo_attainment=float(m.slo_attainment),
+            replay_mean_batch_size=float(m.mean_batch_size),
+            replay_kv_utilization_peak=float(m.kv_utilization_peak),
+            replay_preemptions=int(m.num_preemptions),
+            replay_unfinished=int(m.unfinished),
             replay_requests=int(requests.prompt_tokens.shape[0]),
-            replay_routing=configs.routing,
+            replay_routing=routed_by[i],
         )
         replayed["replay_score"] = replay_score(replayed, workload)
         out.append(replayed)
@@ -177,9 +217,13 @@ def replay_shortfalls(row: dict, workload) -> list[str]:
     return misses
 
 
+# One program for the objective's handful of scalar operations, rather than one per operation.
+_objective = jax.jit(objective)
+
+
 def replay_score(row: dict, workload) -> float:
     """The funnel's objective on replayed numbers; failing candidates (`replay_shortfalls`) score below
     every passing one."""
     thr = max(row["replay_output_tokens_per_s"], 1e-9)
-    score = float(objective(thr, row["replay_tpot_p99_s"], row["hourly_usd"], workload.target_output_tokens_per_s))
+    score = float(_objective(thr, row["replay_tpot_p99_s"], row["hourly_usd"], workload.target_output_tokens_per_s))
     return score - 1e3 if replay_shortfalls(row, workload) else score

@@ -29,12 +29,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, effective_chunk
-from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, evaluate_digits, sweep_chunk
+from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, evaluate_digits, evaluate_digits_ahead
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
 from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
 from jaxplan.grid import AXES, Grid
+from jaxplan.layout_kind import kind_fields
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import hardware_table, model_shape
 from jaxplan.physics.traffic import max_context_tokens, workload_params
@@ -165,9 +166,10 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
     window_rows = grid.layout_window(chunk_size // num_devices)
     arrays = ctx._replace(model=None)
+    kernel = chunk_kernel(grid.size)
 
     def run_chunk(state, start):
-        return sweep_chunk(
+        return kernel(
             state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size, window_rows=window_rows
         )
 
@@ -333,6 +335,7 @@ def run_sweep(
     if max_seconds is not None:
         progress = Deadline(max_seconds, progress)
     ctx = build_context(grid, model, workload, params_path)
+    evaluate_digits_ahead(ctx, REPORT_ROWS, len(AXES))  # stages 5-6's rows: compiles while the chunks do
     try:
         part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
     except Exception as error:
@@ -374,8 +377,12 @@ def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
     padded[: len(digits)] = digits
     ev = jax.device_get(evaluate_digits(ctx, jnp.asarray(padded)))
     rows = []
+    is_moe = float(ctx.model.moe_layers) > 0
     for i, d in enumerate(digits):
         row = grid.describe(d)
+        # The DP axis counts servers of a lock-step kind: the row's data_parallel_size counts replicas.
+        kind = kind_fields(row.pop("layout_kind"), row.pop("data_parallel_size"), row["weight_dtype"], is_moe)
+        row["data_parallel_size"] = kind.pop("data_parallel_size")
         e = ev.estimate
         row.update(
             num_gpus=int(ev.layout.num_gpus[i]),
@@ -396,6 +403,7 @@ def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
             score=float(ev.score[i]),
             reason=int(ev.reason[i]),
             digits=[int(x) for x in d],
+            **kind,
         )
         rows.append(row)
     return rows

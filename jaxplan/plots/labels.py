@@ -9,8 +9,11 @@ def gpu_label(name: str) -> str:
 
 
 def split_label(row: dict) -> str:
-    """'TP4xPP1xDP2' for a row with tensor/pipeline/data_parallel_size."""
-    return f"TP{row['tensor_parallel_size']}xPP{row['pipeline_parallel_size']}xDP{row['data_parallel_size']}"
+    """'TP4xPP1xDP2' for a row with tensor/pipeline/data_parallel_size; a MoE row of another layout
+    kind as `layout_kind.kind_label` writes it ('4x(TP2xPP1)', 'TP1xPP1 DP8-lockstep EP8')."""
+    from jaxplan.layout_kind import kind_label
+
+    return kind_label(row)
 
 
 def layout_label(row: dict) -> str:

@@ -18,29 +18,34 @@ KNOB_AXES = ("max_num_seqs", "max_num_batched_tokens", "weight_dtype", "kv_cache
 
 
 def split_digits(grid, num_gpus: int, gpus: tuple[str, ...] | None = None) -> dict[tuple, np.ndarray]:
-    """{(gpu, tp, pp, dp): digits [K, A] of all its candidates} for splits with TP x PP x DP == num_gpus."""
+    """{(gpu, tp, pp, layout kind label, dp): digits [K, A] of all its candidates} for splits of
+    `num_gpus` GPUs: TP x PP x DP x the kind's lock-step ranks (the DP axis counts the servers of a
+    lock-step kind)."""
     from jaxplan.grid import AXES
+    from jaxplan.specs.space import parse_kind_label
 
     labels = grid.labels
     knob_digits = np.array(list(itertools.product(*(range(len(labels[a])) for a in KNOB_AXES))), np.int32)
+    layout_axes = ("tensor_parallel_size", "pipeline_parallel_size", "layout_kind", "data_parallel_size")
     out = {}
     for g, gpu in enumerate(labels["gpu"]):
         if gpus is not None and gpu not in gpus:
             continue
-        for (t, tp), (p, pp), (d, dp) in itertools.product(*(enumerate(labels[a]) for a in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))):
-            if tp * pp * dp != num_gpus:
+        for (t, tp), (p, pp), (k, kind), (d, dp) in itertools.product(*(enumerate(labels[a]) for a in layout_axes)):
+            if tp * pp * dp * parse_kind_label(kind)[1] != num_gpus:
                 continue
             digits = np.zeros((len(knob_digits), len(AXES)), np.int32)
-            digits[:, AXES.index("gpu")], digits[:, AXES.index("tensor_parallel_size")] = g, t
-            digits[:, AXES.index("pipeline_parallel_size")], digits[:, AXES.index("data_parallel_size")] = p, d
-            for k, axis in enumerate(KNOB_AXES):
-                digits[:, AXES.index(axis)] = knob_digits[:, k]
-            out[(gpu, tp, pp, dp)] = digits
+            digits[:, AXES.index("gpu")] = g
+            for axis, digit in zip(layout_axes, (t, p, k, d)):
+                digits[:, AXES.index(axis)] = digit
+            for j, axis in enumerate(KNOB_AXES):
+                digits[:, AXES.index(axis)] = knob_digits[:, j]
+            out[(gpu, tp, pp, kind, dp)] = digits
     return out
 
 
 def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -> list[dict]:
-    """One row per split (GPU type, TP, PP, DP) with TP x PP x DP == num_gpus: the sweep's row of its best
+    """One row per split (GPU type, TP, PP, layout kind, DP) of `num_gpus` GPUs: the sweep's row of its best
     candidate (`passes` True), or, when none passes stages 1-4, `passes` False and `why` (the most
     common reason at the furthest stage its candidates reached). Best first by the sweep's score."""
     import jax
@@ -48,6 +53,7 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     from jaxplan.funnel.chunk import evaluate_digits
     from jaxplan.funnel.reasons import Reason
     from jaxplan.funnel.sweep import REPORT_ROWS, rows_for
+    from jaxplan.layout_kind import kind_fields
 
     splits = split_digits(result.grid, num_gpus, gpus)
     if not splits:
@@ -72,9 +78,11 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
         codes = [Reason(int(r)) for r in reason[part] if int(r) not in (Reason.ADMITTED, Reason.PADDING)]
         furthest = max((c.stage for c in codes), default=0)
         common = max({c for c in codes if c.stage == furthest}, key=lambda c: (codes.count(c), -c), default=None)
-        gpu, tp, pp, dp = key
+        gpu, tp, pp, kind, dp = key
         why = common.description if common is not None else "no finite estimate"
-        rows.append({"gpu": gpu, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": dp,
+        fields = kind_fields(kind, dp, "", float(result.context.model.moe_layers) > 0)
+        del fields["expert_weight_format"]
+        rows.append({"gpu": gpu, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, **fields,
                      "num_gpus": num_gpus, "passes": False, "why": why, "score": float("-inf")})
     return sorted(rows, key=lambda r: -r["score"])
 
@@ -84,7 +92,7 @@ def splits_figure(rows: list[dict], workload=None, *, highlight: dict | None = N
     nothing passes stages 1-4 are listed with the reason. `highlight`: a row (e.g. the winner) to colour."""
     rows = rows[::-1]  # barh draws bottom-up
     names = [f"{gpu_label(r['gpu'])} {split_label(r)}" for r in rows]
-    chosen = [highlight is not None and all(r[k] == highlight[k] for k in ("gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")) for r in rows]
+    chosen = [highlight is not None and all(r.get(k) == highlight.get(k) for k in ("gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "layout_kind", "lockstep_ranks")) for r in rows]
     colours = [OKABE_ITO["orange"] if c else OKABE_ITO["blue"] for c in chosen]
     num_gpus = rows[0]["num_gpus"] if rows else 0
     height = max(4.5, 1.6 + 0.42 * len(rows))

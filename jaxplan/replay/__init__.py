@@ -18,7 +18,10 @@ a step does); `reference.py` is the same scheduler in plain Python, which the
 replay matches exactly. Requests go to replicas round-robin (`roundrobin.py`) or,
 with `routing="least_loaded"` (a ReplayConfig field, or a simulate keyword), to
 the replica with the fewest waiting + running requests when they arrive
-(`balance.py`); each replica has its own scheduler and KV cache. A routing
+(`balance.py`); each replica has its own scheduler and KV cache. With
+`routing="dp_coordinator"`, groups of `lockstep_ranks` replicas step together
+as a MoE model's vLLM DP ranks do, and requests go where vLLM's DP coordinator
+sends them (`lockstep.py`; `step_time_fn(params, batch, group_batch_tokens)`). A routing
 policy is one `routing.RoutingPolicy` (the functions the driver calls), looked
 up by name in `routing.POLICIES`. The replay's
 memory is estimated before it runs (`memory.py`): finalists that do not fit at

@@ -105,9 +105,16 @@ def _earliest(mask, hi, lo):
     return first, anything, jnp.where(anything, m_hi + m_lo, jnp.inf)
 
 
-def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int):
-    """One iteration of a least-loaded lane: release, route one arrival, step the earliest replica."""
-    st, rt = carry
+def outstanding(st: LaneState, rt: Route, clock, a):
+    """[D] requests each replica holds at time `a`: waiting (routed, not admitted, or preempted) and
+    running, counting those its last iteration finished at its clock, after `a`."""
+    return st.n_run + st.n_pq + rt.n_routed - st.next_k + jnp.where(clock > a, rt.last_fin, 0)
+
+
+def release_and_route(st: LaneState, rt: Route, lane: LaneInput, load_fn=outstanding):
+    """Steps 1 and 2 of an iteration (see the module docstring), routing to the lowest
+    `load_fn(st, rt, clock [D], arrival s) -> [D]` (ties to the lowest index).
+    Returns (st, rt, clock [D] s)."""
     num_s, num_d = st.run_i.shape[-1], st.n_run.shape[0]
     d_idx = jnp.arange(num_d, dtype=I32)
     pos = jnp.arange(num_s, dtype=I32)
@@ -124,16 +131,26 @@ def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
     pend = jnp.where(any_rel & (d_idx == y), 0, rt.pend)
     st = st._replace(arrival=arrival, submitted=st.submitted + n_rel)
 
-    # 2. Route the next arrival, if it came by t*: fewest outstanding at its arrival time, lowest index.
+    # 2. Route the next arrival, if it came by t*: lowest load at its arrival time, lowest index.
     a = arrival[num_s + rt.next_id]
     do_route = jnp.isfinite(a) & (a <= t_star)  # a = inf: nothing (yet) to route
-    load = st.n_run + st.n_pq + rt.n_routed - st.next_k + jnp.where(clock > a, rt.last_fin, 0)
+    load = load_fn(st, rt, clock, a)
     target = jnp.argmin(jnp.where(d_idx < lane.num_replicas, load, BIG)).astype(I32)
     slot = jnp.where(do_route, num_s + rt.n_routed[target], BIG)
     routed = rt.routed.at[target, slot].set(rt.next_id, mode="drop")
     n_routed = rt.n_routed + ((d_idx == target) & do_route).astype(I32)
     next_id = rt.next_id + do_route.astype(I32)
-    rt = Route(routed, n_routed, rt.last_fin, pend, next_id)
+    return st, Route(routed, n_routed, rt.last_fin, pend, next_id), clock
+
+
+def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int):
+    """One iteration of a least-loaded lane: release, route one arrival, step the earliest replica."""
+    st, rt = carry
+    num_s, num_d = st.run_i.shape[-1], st.n_run.shape[0]
+    d_idx = jnp.arange(num_d, dtype=I32)
+    pos = jnp.arange(num_s, dtype=I32)
+    st, rt, clock = release_and_route(st, rt, lane)
+    arrival, pend, routed, n_routed, next_id = st.arrival, rt.pend, rt.routed, rt.n_routed, rt.next_id
 
     # 3. Step the earliest replica, unless something at or before its start is left to release or route.
     _, busy, s_hi, s_lo = _status(st, rt, lane)

@@ -18,7 +18,7 @@ from jaxplan.replay.routing import routing_policy
 
 # Most allowed per field. Token and block sums stay below 2**24 so that the
 # replay's float32 prefix sums are exact; 4,096 running requests per replica.
-LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024, "pipeline_parallel_size": 64}
+LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 2**24, "num_kv_blocks": 2**24, "data_parallel_size": 1024, "pipeline_parallel_size": 64, "lockstep_ranks": 1024}
 def check_routing(routing) -> str:
     """`routing` if it names a routing policy (routing.POLICIES), else a one-line PlanError listing the known ones."""
     return routing_policy(routing).name
@@ -37,10 +37,15 @@ class ReplayConfig:
         replica step (the physics' `step_time_s`) carries PP micro-batches, each with its own
         token budget: pp x max_num_batched_tokens tokens in all, at most one budget per request
         (a request sits in one micro-batch), as stage 4 assumes.
+    lockstep_ranks: DP ranks of a MoE deployment that step together (vLLM's
+        `--data-parallel-size` for a MoE model): replica r is in group r // lockstep_ranks, which
+        divides data_parallel_size; 1 = independent replicas. Only the "dp_coordinator" routing
+        runs groups of more than one (lockstep.py).
     block_size: tokens per KV block (static, shared by all finalists).
     routing: the routing policy's name (routing.POLICIES): "round_robin" (request i to replica
-        i % dp) or "least_loaded" (to the replica with the fewest waiting + running requests at
-        its arrival); static.
+        i % dp), "least_loaded" (to the replica with the fewest waiting + running requests at
+        its arrival) or "dp_coordinator" (vLLM's DP load balancing, to the rank with the lowest
+        4 x waiting + running, over lock-step groups); static.
     """
 
     max_num_seqs: np.ndarray
@@ -48,13 +53,14 @@ class ReplayConfig:
     num_kv_blocks: np.ndarray
     data_parallel_size: np.ndarray
     pipeline_parallel_size: np.ndarray
+    lockstep_ranks: np.ndarray
     block_size: int = dataclasses.field(default=16, metadata={"static": True})
     routing: str = dataclasses.field(default="round_robin", metadata={"static": True})
 
     @staticmethod
-    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16, routing: str = "round_robin", pipeline_parallel_size=1) -> ReplayConfig:
+    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16, routing: str = "round_robin", pipeline_parallel_size=1, lockstep_ranks=1) -> ReplayConfig:
         """Broadcast scalars / sequences to int32 arrays [F] and validate them (PlanError naming the field)."""
-        raw = (max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size, pipeline_parallel_size)
+        raw = (max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size, pipeline_parallel_size, lockstep_ranks)
         try:
             values = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in raw))
         except (TypeError, ValueError) as err:
@@ -69,9 +75,14 @@ class ReplayConfig:
         step_tokens = fields["max_num_batched_tokens"].astype(np.int64) * fields["pipeline_parallel_size"]
         if np.any(step_tokens > LIMITS["max_num_batched_tokens"]):
             raise bad_value("pipeline_parallel_size x max_num_batched_tokens", step_tokens.tolist()[:8], f"must be at most {LIMITS['max_num_batched_tokens']:,} tokens per step", where="ReplayConfig")
+        if np.any(fields["data_parallel_size"] % fields["lockstep_ranks"]):
+            raise bad_value("lockstep_ranks", fields["lockstep_ranks"].tolist()[:8], f"must divide data_parallel_size {fields['data_parallel_size'].tolist()[:8]} (groups of lock-step ranks)", where="ReplayConfig")
+        routing = check_routing(routing)
+        if routing != "dp_coordinator" and np.any(fields["lockstep_ranks"] > 1):
+            raise bad_value("routing", routing, "runs independent replicas; lock-step ranks (lockstep_ranks > 1) need routing 'dp_coordinator'", where="ReplayConfig")
         if not isinstance(block_size, int) or isinstance(block_size, bool) or not 1 <= block_size <= 4096:
             raise bad_value("block_size", block_size, "must be an integer in 1..4096 tokens", where="ReplayConfig")
-        return ReplayConfig(**fields, block_size=block_size, routing=check_routing(routing))
+        return ReplayConfig(**fields, block_size=block_size, routing=routing)
 
     @property
     def num_finalists(self) -> int:

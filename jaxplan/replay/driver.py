@@ -45,11 +45,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxplan import compile_ahead
 from jaxplan.buckets import bucket_size
 from jaxplan.errors import bad_value
 from jaxplan.replay import memory
 from jaxplan.replay.config import ReplayConfig
-from jaxplan.replay.metrics import ReplayMetrics, summarize
+from jaxplan.replay.metrics import ReplayMetrics, summarize, summarize_ahead
 from jaxplan.replay.routing import RoutingPolicy, routing_policy
 from jaxplan.replay.scheduler import LaneInput
 from jaxplan.replay.split import LANE_OVERHEAD as LANE_OVERHEAD
@@ -61,6 +62,7 @@ from jaxplan.replay.split import split_sizes as split_sizes
 from jaxplan.replay.state import LaneState
 from jaxplan.replay.traffic import Requests, pad_requests, request_bucket
 from jaxplan.specs.workload import Arrival, Workload
+from jaxplan.xla_options import LEAN_COMPILE
 
 DEFAULT_WINDOW = 128
 INITIAL_SLOTS = 32  # slot rows per lane to start with
@@ -147,7 +149,7 @@ def _on_lanes(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, lanes), tree)
 
 
-@functools.partial(jax.jit, static_argnames=("num_slots", "max_dp", "policy", "mesh"))
+@functools.partial(jax.jit, static_argnames=("num_slots", "max_dp", "policy", "mesh"), compiler_options=LEAN_COMPILE)
 def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
     (its finalist's stream). `requests` [R] are padded; the first `num_requests` are real."""
@@ -225,7 +227,7 @@ def _grow(inputs: LaneInput, state, *, num_slots: int, policy: RoutingPolicy, me
     return _on_lanes(policy.widen(inputs, state, extra), mesh)
 
 
-@functools.partial(jax.jit, static_argnames=("policy",))
+@functools.partial(jax.jit, static_argnames=("policy",), compiler_options=LEAN_COMPILE)
 def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, policy: RoutingPolicy) -> ReplayTrace:
     """The trace [F, ...] of lanes [L], merged back to one per finalist by the policy."""
     merged = policy.merge(inputs, state, position, split, dp, _lanes_done(state, inputs, policy))
@@ -336,6 +338,7 @@ def simulate_trace(
     max_replicas_per_lane: int | None = None,
     initial_slots: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    compile_summary: Callable | None = None,
 ) -> ReplayTrace:
     """Replay `requests` on every finalist; raw per-request and per-replica results.
 
@@ -354,8 +357,9 @@ def simulate_trace(
         in `replica_overflow` (their results are then not exact).
     max_replicas: padded replica count (static); default max(data_parallel_size)
         rounded up to a power of two, so that nearby configs share one program.
-    routing: a routing policy's name (`routing.POLICIES`: "round_robin" or "least_loaded");
-        default `configs.routing`.
+    routing: a routing policy's name (`routing.POLICIES`: "round_robin", "least_loaded" or
+        "dp_coordinator", which alone runs lock-step groups and calls
+        step_time_fn(params, batch, group_batch_tokens)); default `configs.routing`.
     memory_limit_bytes: most bytes the replay may use; default MEMORY_FRACTION of the
         machine's available memory. Finalists run in chunks that fit; a request
         count that does not fit for one finalist is a PlanError.
@@ -373,10 +377,15 @@ def simulate_trace(
     progress: called as progress(output tokens produced, output tokens of the whole call) after
         every loop call, which are then short (see the module docstring); it may raise (e.g. a
         `jaxplan.deadline.Deadline` past its limit) to stop the replay. Results do not depend on it.
+    compile_summary: called (on a worker thread) with the trace's shapes (a ReplayTrace of
+        ShapeDtypeStructs) while the loop compiles, to compile what consumes the trace meanwhile
+        (`simulate` compiles its summary). Results do not depend on it.
     """
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
     policy = routing_policy(configs.routing if routing is None else routing)
+    if policy.name != "dp_coordinator" and np.any(np.asarray(configs.lockstep_ranks) > 1):
+        raise bad_value("routing", policy.name, "runs independent replicas; lock-step ranks (lockstep_ranks > 1) need routing 'dp_coordinator'")
     if not isinstance(window, int) or window < 1:
         raise bad_value("window", window, "must be an integer >= 1 steps")
     num_f = configs.num_finalists
@@ -416,7 +425,7 @@ def simulate_trace(
     run = functools.partial(
         _replay, padded, num_r, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
         num_slots=num_slots, max_dp=max_dp, policy=policy, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
-        tokens_per_finalist=tokens_per_finalist,
+        tokens_per_finalist=tokens_per_finalist, compile_summary=compile_summary,
     )  # fmt: skip
     parts_total = -(-num_f // per_call) * per_call * tokens_per_finalist  # finalists padded to whole calls
 
@@ -457,18 +466,19 @@ def requests_count(requests: Requests) -> int:
 
 
 def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
-    fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size", "pipeline_parallel_size")}
+    fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size", "pipeline_parallel_size", "lockstep_ranks")}
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, policy: RoutingPolicy, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
+def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, policy: RoutingPolicy, devices, initial_slots, tokens_per_finalist: int, compile_summary=None, progress=None) -> ReplayTrace:
     """One replay call over configs [F] on the lanes of `split` (see simulate_trace) of the first
     `num_r` of the padded requests `reqs` (the trace has those only), sharded over
     `devices` local devices when the lanes split evenly over them; `progress(done, total)` in output
     tokens (`tokens_per_finalist` each) after every loop call."""
     configs = ReplayConfig(
-        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, block_size=configs.block_size, routing=policy.name
-    )
+        configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, configs.lockstep_ranks,
+        block_size=configs.block_size, routing=policy.name,
+    )  # fmt: skip
     max_seqs = int(np.max(configs.max_num_seqs))
     slots = num_slots if num_slots is not None else min(_slot_bucket(max_seqs), _slot_bucket(initial_slots))
     finalist = np.asarray(split.finalist, np.int64)
@@ -479,6 +489,12 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     # params per lane (the lane's finalist's), gathered on the host and sent to the lanes' devices
     step_params = jax.tree.map(lambda x: np.asarray(x)[finalist], jax.device_get(step_params))
     step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
+    dp = jnp.asarray(policy.routed_replicas(configs.data_parallel_size, closed), jnp.int32)
+    loop_options = dict(step_time_fn=step_time_fn, window=window, block_size=configs.block_size, policy=policy, mesh=mesh)
+    # While the loop compiles (its first call), the merge and then the summary compile on worker
+    # threads: the loop's state keeps its shapes and its layout over the lanes, so the merge's
+    # arguments are known now.
+    compile_ahead.ahead("replay_finish", _finish, reqs, inputs, compile_ahead.abstract(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist
     per_call = chunk if progress is None else min(chunk, PROGRESS_FIRST_ITERATIONS)
@@ -486,18 +502,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
         grow = num_slots is None and slots < max_seqs
         budget = min(per_call, max_iterations - used)
         t0 = time.perf_counter()
-        state, ran, done, overflow = _advance(
-            inputs,
-            state,
-            step_params,
-            np.int32(budget),
-            np.bool_(grow),
-            step_time_fn=step_time_fn,
-            window=window,
-            block_size=configs.block_size,
-            policy=policy,
-            mesh=mesh,
-        )
+        state, ran, done, overflow = _advance(inputs, state, step_params, np.int32(budget), np.bool_(grow), **loop_options)
         used += int(ran)
         if progress is not None:
             produced = int(np.sum(np.asarray(policy.lane_state(state).rep_tokens_out, np.int64)))
@@ -510,7 +515,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
             # more requests in flight than rows: resume where it stopped, with more rows
             slots = min(max(2 * slots, _slot_bucket(int(jnp.max(_demand(inputs, state, policy=policy))))), _slot_bucket(max_seqs))
             inputs, state = _grow(inputs, state, num_slots=slots, policy=policy, mesh=mesh)
-    dp = jnp.asarray(policy.routed_replicas(configs.data_parallel_size, closed), jnp.int32)
+    compile_ahead.wait("replay_finish")
     return _real_requests(_finish(reqs, inputs, state, position, split, dp, policy=policy), num_r)
 
 
@@ -527,5 +532,8 @@ def simulate(
     **kwargs,
 ) -> ReplayMetrics:
     """Replay and summarise: ReplayMetrics with leading axis [F] (see simulate_trace for arguments)."""
-    trace = simulate_trace(configs, requests, workload, step_time_fn, step_params, window=window, max_iterations=max_iterations, **kwargs)
+    def compile_summary(trace_info):
+        summarize_ahead(trace_info, workload, series_points=series_points)
+
+    trace = simulate_trace(configs, requests, workload, step_time_fn, step_params, window=window, max_iterations=max_iterations, compile_summary=compile_summary, **kwargs)
     return summarize(trace, workload, series_points=series_points)

@@ -71,9 +71,9 @@ class Timing(NamedTuple):
     batch_sum: jnp.ndarray  # float32 sum over the k steps of scheduled requests
 
 
-def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *, step_time_fn, window: int, block_size: int) -> Timing:
-    """The step's StepBatch and time, and how many steps with the same grants to jump (k >= 1)."""
-    bs = block_size
+def step_batches(st: LaneState, queue: Queue, plan: Plan, window: int) -> tuple[StepBatch, jnp.ndarray]:
+    """The StepBatch of this step and of the next window - 1 with the same grants ([window] each
+    field: the contexts and prompt prefixes grow), and the decoding requests (int32)."""
     r_i = st.run_i
     comp, out = r_i[COMP], r_i[OUT]
     g, cg = plan.grant, plan.c_grant
@@ -89,13 +89,25 @@ def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *,
     j = jnp.arange(window, dtype=I32)
     jf = j.astype(F32)
     ones = jnp.ones(window, F32)
-    batches = StepBatch(pf_tokens * ones, n_dec.astype(F32) * ones, ctx0 + (j * n_dec).astype(F32), pairs + jf * pairs_growth, pf_seqs * ones)
-    dts = jax.vmap(lambda b: jnp.asarray(step_time_fn(params, b), F32))(batches)
-    dts = jax.lax.optimization_barrier(dts)  # evaluate the physics once, not once per use
-    cum = cumsum(dts)
+    return StepBatch(pf_tokens * ones, n_dec.astype(F32) * ones, ctx0 + (j * n_dec).astype(F32), pairs + jf * pairs_growth, pf_seqs * ones), n_dec
 
-    # Jump length: the same grants (plan.steady), no finish before the k-th step, KV for k more
-    # steps' tokens, no admissible arrival.
+
+class JumpLimits(NamedTuple):
+    """What bounds a jump of one replica (int32 steps, scalars): k = max(1, min of them) if `eligible`."""
+
+    eligible: jnp.ndarray  # bool: the same grants may repeat (nothing admitted or preempted, something granted)
+    k_own: jnp.ndarray  # its own requests: no finish before the k-th step, KV for k more steps, same grants
+    k_arrival: jnp.ndarray  # no admissible arrival before the k-th step starts (window when admission is closed)
+
+
+def jump_limits(st: LaneState, rep: Replica, queue: Queue, plan: Plan, dts, *, window: int, block_size: int) -> JumpLimits:
+    """How many steps with the same grants may run at once, given their times `dts` [window] s."""
+    bs = block_size
+    r_i = st.run_i
+    comp, out = r_i[COMP], r_i[OUT]
+    g = plan.grant
+    dec = (g > 0) & (out >= 1) & (comp == r_i[PROMPT] + out - 1)
+    cum = cumsum(dts)
     valid = jnp.arange(comp.shape[0]) < rep.n_run
     elig = (window > 1) & (plan.admitted == 0) & (plan.kept == rep.n_run) & jnp.any(g > 0)
     k_fin = jnp.min(jnp.where(dec, r_i[OSL] - out, BIG))
@@ -104,8 +116,15 @@ def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *,
     extra_c = jnp.sum(jnp.where(valid[None, :], cdiv(comp[None, :] + cands[:, None] * g[None, :], bs) - alloc[None, :], 0), axis=1)
     k_kv = cands[jnp.maximum(jnp.sum(extra_c <= plan.free0) - 1, 0)]
     k_arr = jnp.where((queue.n_wait > 0) | plan.closed, window, 1 + jnp.sum(cum[:-1] < (queue.t_next - queue.clock_hi) - queue.clock_lo))
-    k = jnp.where(elig, jnp.maximum(1, jnp.minimum(jnp.minimum(jnp.minimum(k_fin, k_kv), jnp.minimum(k_arr, window)), plan.steady)), 1).astype(I32)
-    dt = cum[k - 1]
+    return JumpLimits(elig, jnp.minimum(jnp.minimum(k_fin, k_kv), plan.steady).astype(I32), k_arr.astype(I32))
+
+
+def timing_of(st: LaneState, rep: Replica, queue: Queue, plan: Plan, dts, k, n_dec, *, block_size: int) -> Timing:
+    """The Timing of `k` steps with the same grants, taking `dts` [window] s each."""
+    bs = block_size
+    comp, g = st.run_i[COMP], plan.grant
+    valid = jnp.arange(comp.shape[0]) < rep.n_run
+    dt = cumsum(dts)[k - 1]
     end_hi, end_lo = two_sum_add(queue.clock_hi, queue.clock_lo, dt)
 
     # KV blocks in use over the k steps: request i holds ceil((comp_i + j g_i) / bs) in step j.
@@ -123,6 +142,18 @@ def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *,
         kv_last=jnp.where(jump, kv_k, plan.used_step),
         batch_sum=((jnp.sum(g > 0) + plan.admitted) * k).astype(F32),
     )
+
+
+def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *, step_time_fn, window: int, block_size: int) -> Timing:
+    """The step's StepBatch and time, and how many steps with the same grants to jump (k >= 1)."""
+    batches, n_dec = step_batches(st, queue, plan, window)
+    dts = jax.vmap(lambda b: jnp.asarray(step_time_fn(params, b), F32))(batches)
+    dts = jax.lax.optimization_barrier(dts)  # evaluate the physics once, not once per use
+    # Jump length: the same grants (plan.steady), no finish before the k-th step, KV for k more
+    # steps' tokens, no admissible arrival.
+    lim = jump_limits(st, rep, queue, plan, dts, window=window, block_size=block_size)
+    k = jnp.where(lim.eligible, jnp.maximum(1, jnp.minimum(lim.k_own, jnp.minimum(lim.k_arrival, window))), 1).astype(I32)
+    return timing_of(st, rep, queue, plan, dts, k, n_dec, block_size=block_size)
 
 
 class Rows(NamedTuple):

@@ -18,9 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan import compile_ahead
 from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
 from jaxplan.replay.traffic import request_bucket
+from jaxplan.xla_options import LEAN_COMPILE
 
 PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -105,7 +107,7 @@ def _pad_trace(trace, size: int):
     return trace._replace(**{name: pad(name) for name in _NEVER_ARRIVED})
 
 
-@functools.partial(jax.jit, static_argnames=("series_points",))
+@functools.partial(jax.jit, static_argnames=("series_points",), compiler_options=LEAN_COMPILE)
 def _summarize(trace, num_requests, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
     """Metrics of a trace whose request axis is padded (past `num_requests`: requests that never arrived);
     `scored` [F, R] bool: the requests the latency distributions count (`clients.scored_requests`)."""
@@ -171,6 +173,7 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
     num_r = int(np.shape(trace.prompt_tokens)[-1])
     padded = _pad_trace(trace, request_bucket(num_r))
     scored = scored_requests(trace.arrival_s, workload)
+    compile_ahead.wait("replay_summary")
     return _summarize(
         padded,
         jnp.int32(num_r),
@@ -180,3 +183,12 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
         jnp.asarray(workload.slo_percentile, jnp.float32),
         series_points=series_points,
     )
+
+
+def summarize_ahead(trace_info, workload, *, series_points: int = 64) -> None:
+    """Start compiling `summarize`'s program in the background for traces shaped like `trace_info`
+    (a ReplayTrace of ShapeDtypeStructs whose request axis is already a bucket, as the replay's are)."""
+    host = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trace_info)  # summarize gets NumPy traces
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    scored = jax.ShapeDtypeStruct(host.arrival_s.shape, jnp.bool_)
+    compile_ahead.ahead("replay_summary", _summarize, host, jax.ShapeDtypeStruct((), jnp.int32), scored, scalar, scalar, scalar, series_points=series_points)

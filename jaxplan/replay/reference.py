@@ -3,7 +3,8 @@
 It implements the same vLLM-V1-style semantics as `jaxplan.replay.scheduler`
 (see that module's docstring) with ordinary lists and loops, one step at a
 time: round robin replays one replica after the other, least loaded runs all
-replicas in one event loop (`least_loaded`). The JAX replay must match it
+replicas in one event loop (`least_loaded`), and so does vLLM's DP coordinator over
+lock-step groups of ranks (`dp_coordinator`). The JAX replay must match it
 exactly (step counts, the step of each request's first token and finish,
 preemptions, replicas) whenever the arithmetic on times is exact (e.g. dyadic
 step times and arrivals).
@@ -87,11 +88,23 @@ class RefScheduler:
 
     def step(self) -> list[RefRequest]:
         """Run its next step (call only when next_start() is not None); the requests it finished."""
+        scheduled, batch = self.plan(self.next_start())
+        if batch is None:
+            return []
+        return self.execute(scheduled, self.rep.clock + self.step_time(batch))
+
+    def plan(self, now: float):
+        """Schedule a step starting at `now`: (scheduled [(request, new tokens, tokens in KV before)],
+        its batch dict), or ([], None) if the replica stalls. With nothing to run (a lock-step rank's
+        dummy step), ([], an empty batch)."""
         bs, budget, num_kv_blocks, rep = self.bs, self.budget, self.num_kv_blocks, self.rep
         pending, waiting, running = self.pending, self.waiting, self.running
-        rep.clock = self.next_start()
+        rep.clock = now
         while pending and pending[0].arrival is not None and pending[0].arrival <= rep.clock:
             waiting.append(pending.popleft())
+        batch = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "decode_context_tokens": 0.0, "prefill_attention_pairs": 0.0, "prefill_seqs": 0.0}
+        if not running and not waiting:
+            return [], batch
 
         # A request that cannot fit even alone can never finish: stop the replica.
         head = running[0] if running else waiting[0]
@@ -99,7 +112,7 @@ class RefScheduler:
         head_new = min(head.prompt + head.out - head_kv, budget)
         if _blocks(head_kv + head_new, bs) > num_kv_blocks:
             rep.stalled = True
-            return []
+            return [], None
 
         token_budget = self.step_budget
         free = num_kv_blocks - sum(_blocks(r.computed, bs) for r in running)
@@ -150,8 +163,6 @@ class RefScheduler:
         rep.kv_block_steps += num_kv_blocks - free
         rep.scheduled_sum += len(scheduled)
 
-        # 3. Execute the step.
-        batch = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "decode_context_tokens": 0.0, "prefill_attention_pairs": 0.0, "prefill_seqs": 0.0}
         for req, new, before in scheduled:
             if req.out >= 1 and before == req.prompt + req.out - 1:
                 batch["decode_tokens"] += 1
@@ -160,7 +171,11 @@ class RefScheduler:
                 batch["prefill_tokens"] += new
                 batch["prefill_attention_pairs"] += new * (before + new / 2)
                 batch["prefill_seqs"] += 1
-        end = rep.clock + self.step_time(batch)
+        return scheduled, batch
+
+    def execute(self, scheduled, end: float) -> list[RefRequest]:
+        """Execute a planned step that ends at `end` s; the requests it finished."""
+        rep, pending, running = self.rep, self.pending, self.running
         finished = []
         for req, new, before in scheduled:
             req.computed = before + new
@@ -238,6 +253,71 @@ def least_loaded(reqs: list[RefRequest], dp: int, closed_concurrency: int, **kwa
     return [s.rep for s in schedulers]
 
 
+def dp_coordinator(reqs: list[RefRequest], dp: int, ranks: int, closed_concurrency: int, **kwargs) -> list[RefReplica]:
+    """vLLM's DP deployment of a MoE model: groups of `ranks` consecutive ranks that step together,
+    each arrival to the rank with the lowest 4 x waiting + running (of every rank), in one event loop.
+
+    Events in time order as in `least_loaded`; a group's step starts when its earliest rank has
+    something to run, and every rank of the group that is not stalled takes part: each schedules
+    its own batch (an idle rank an empty one), and the step lasts the longest of their
+    step_time(batch with "group_batch_tokens": the prefill + decode tokens of the whole group).
+    At a routing time t, a rank's waiting requests are its queue (routed, not admitted, or
+    preempted); its running ones are its running list and those of its last step that finished
+    after t.
+    """
+    schedulers = [RefScheduler([], closed=False, **kwargs) for _ in range(dp)]
+    groups = [list(range(first, first + ranks)) for first in range(0, dp, ranks)]
+    routed: list[list[RefRequest]] = [[] for _ in range(dp)]
+    unrouted = deque(r for r in reqs if r.arrival is not None)  # arrival order
+    next_submit = closed_concurrency
+    submissions: list[tuple[float, int, int]] = []  # closed loop: (time, rank, requests) not yet submitted
+
+    def score(d: int, t: float) -> int:
+        s = schedulers[d]
+        running = len(s.running) + sum(1 for r in routed[d] if r.finish_time is not None and r.finish_time > t)
+        return 4 * (len(s.waiting) + len(s.pending)) + running
+
+    def group_start(members: list[int]) -> float | None:
+        starts = [start for d in members if (start := schedulers[d].next_start()) is not None]
+        return min(starts) if starts else None
+
+    while True:
+        events = [(t, 0, d) for t, d, _ in submissions]
+        if unrouted:
+            events.append((unrouted[0].arrival, 1, unrouted[0].rid))
+        events += [(start, 2, g) for g, members in enumerate(groups) if (start := group_start(members)) is not None]
+        if not events:
+            break
+        t, kind, who = min(events)
+        if kind == 0:  # the client replaces finished requests
+            entry = next(e for e in submissions if e[0] == t and e[1] == who)
+            submissions.remove(entry)
+            for _ in range(entry[2]):
+                if next_submit < len(reqs):
+                    reqs[next_submit].arrival = t
+                    unrouted.append(reqs[next_submit])
+                    next_submit += 1
+        elif kind == 1:  # route an arrival
+            req = unrouted.popleft()
+            scores = [score(d, req.arrival) for d in range(dp)]
+            d = scores.index(min(scores))
+            routed[d].append(req)
+            req.replica = d
+            schedulers[d].pending.append(req)
+        else:  # the group's step
+            plans = {d: schedulers[d].plan(t) for d in groups[who] if not schedulers[d].rep.stalled}
+            plans = {d: p for d, p in plans.items() if p[1] is not None}  # without the ranks that stall now
+            if not any(scheduled for scheduled, _ in plans.values()):
+                continue
+            group_tokens = sum(batch["prefill_tokens"] + batch["decode_tokens"] for _, batch in plans.values())
+            end = t + max(schedulers[d].step_time({**batch, "group_batch_tokens": group_tokens}) for d, (_, batch) in plans.items())
+            for d, (scheduled, _) in plans.items():
+                finished = schedulers[d].execute(scheduled, end)
+                if closed_concurrency > 0 and finished:
+                    submissions.append((end, d, len(finished)))
+    return [s.rep for s in schedulers]
+
+
 def reference_replay(
     requests: Requests,
     *,
@@ -250,6 +330,7 @@ def reference_replay(
     step_time: Callable[[dict], float],
     closed_concurrency: int = 0,
     routing: str = "round_robin",
+    lockstep_ranks: int = 1,
 ) -> RefResult:
     """Replay one finalist, one scheduler per replica.
 
@@ -261,10 +342,11 @@ def reference_replay(
     split over min(dp, N) replicas round-robin, each replica's client sending
     its next request when one of its requests finishes.
     routing "least_loaded": see `least_loaded` (closed loop: one client keeps N
-    requests in flight over all dp replicas).
+    requests in flight over all dp replicas). routing "dp_coordinator": see `dp_coordinator`,
+    groups of `lockstep_ranks` ranks in lock-step (closed loop as least loaded).
     """
     num_r = len(requests.prompt_tokens)
-    balanced = routing == "least_loaded"
+    balanced = routing in ("least_loaded", "dp_coordinator")
     dp = data_parallel_size if closed_concurrency <= 0 or balanced else min(data_parallel_size, closed_concurrency)
     reqs = []
     for i in range(num_r):
@@ -277,6 +359,8 @@ def reference_replay(
         reqs.append(RefRequest(i, prompt, int(requests.output_tokens[i]), hit, arrival))
     step_budget = max_num_batched_tokens * pipeline_parallel_size
     kwargs = {"max_num_seqs": max_num_seqs, "budget": max_num_batched_tokens, "step_budget": step_budget, "num_kv_blocks": num_kv_blocks, "block_size": block_size, "step_time": step_time}
+    if routing == "dp_coordinator":
+        return RefResult(reqs, dp_coordinator(reqs, dp, lockstep_ranks, closed_concurrency, **kwargs))
     if balanced:
         return RefResult(reqs, least_loaded(reqs, dp, closed_concurrency, **kwargs))
     for req in reqs:

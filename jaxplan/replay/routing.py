@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxplan.errors import unknown_name
-from jaxplan.replay import balance, roundrobin, split
+from jaxplan.replay import balance, lockstep, roundrobin, split
 from jaxplan.replay.scheduler import lane_done
 from jaxplan.replay.step import lane_step
 from jaxplan.replay.traffic import routing_dp
@@ -109,7 +109,26 @@ LEAST_LOADED = RoutingPolicy(
     tables_of_every_replica=True,
 )
 
-POLICIES = {policy.name: policy for policy in (ROUND_ROBIN, LEAST_LOADED)}
+# vLLM's DP load balancing (to the rank with the lowest 4 x waiting + running) over lock-step groups
+# of ranks (lockstep.py; ReplayConfig.lockstep_ranks, 1: independent replicas): one lane per
+# finalist, as least loaded. Its step_time_fn takes the group's tokens as a third argument.
+DP_COORDINATOR = RoutingPolicy(
+    name="dp_coordinator",
+    routed_replicas=_every_replica,
+    choose_split=split.one_lane_each,
+    lane_count=split.unpadded_lane_count,
+    start=lockstep.start_lockstep,
+    step=lockstep.lockstep_step,
+    done=lockstep.lockstep_done,
+    lane_state=lockstep.lockstep_lane_state,
+    demand=lockstep.lockstep_demand,
+    widen=lockstep.lockstep_widen,
+    merge=lockstep.merge_lockstep,
+    route_bytes_per_replica=8,
+    tables_of_every_replica=True,
+)
+
+POLICIES = {policy.name: policy for policy in (ROUND_ROBIN, LEAST_LOADED, DP_COORDINATOR)}
 
 
 def routing_policy(name) -> RoutingPolicy:

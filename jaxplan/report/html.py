@@ -131,7 +131,7 @@ def _winner(summary: dict) -> str:
     if not w:
         return f"<p>{_e(summary.get('empty_explanation') or 'no configuration passed')}</p>"
     facts = [
-        ["layout", f"{w['num_gpus']} x {w['gpu']}: TP{w['tensor_parallel_size']} x PP{w['pipeline_parallel_size']} x DP{w['data_parallel_size']}"],
+        ["layout", f"{w['num_gpus']} x {w['gpu']}: {split_label(w)}" + (f" (kind {w['layout_kind']})" if "layout_kind" in w else "")],
         ["batching", f"max_num_seqs {w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}"],
         ["dtypes", f"weights {w['weight_dtype']}, KV cache {w['kv_cache_dtype']}"],
         ["KV cache", w["kv_cache_check"].removeprefix("Check: ")],
@@ -150,7 +150,16 @@ def _winner(summary: dict) -> str:
         facts.append(["warning", "replayed step by step, no finalist meets the workload; the winner misses it by " + "; ".join(w["replay_shortfalls"])])
     for note in (summary.get("winner_verdict") or {}).get("notes", []):
         facts.append(["caution", note])
-    lines = [w["vllm_serve"]] + [f"# node {k}:\n{line}" for k, line in enumerate(w.get("vllm_serve_other_nodes") or [], start=1)]
+    if w.get("launch_note"):
+        facts.append(["launch", w["launch_note"]])
+    for line in w.get("why_it_wins") or []:
+        facts.append(["why it wins", line])
+    others = w.get("vllm_serve_other_nodes") or []
+    labels = w.get("vllm_serve_labels") or []
+    if others and len(labels) == len(others) + 1 and not all(label.startswith("node ") for label in labels):  # several servers
+        lines = [f"# {label}:\n{line}" for label, line in zip(labels, [w["vllm_serve"], *others])]
+    else:
+        lines = [w["vllm_serve"]] + [f"# node {k}:\n{line}" for k, line in enumerate(others, start=1)]
     return f"<pre><code>{_e(chr(10).join(lines))}</code></pre>" + _table([], facts, left=2)
 
 

@@ -46,8 +46,8 @@ NON_NEGATIVE_INT_FIELDS = (
     "num_shared_experts",
     "first_dense_layers",
 )
-# Native weight format of the checkpoint an hf_id names ("" = not recorded). Recorded, not planned with:
-# the physics plans the weight dtypes of the search space (bf16 | fp8 | nvfp4); mxfp4 and int4 are not modeled.
+# Native weight format of the checkpoint an hf_id names ("" = not recorded). A MoE checkpoint stored as
+# mxfp4 or int4 (experts only) is planned in that format by default (`SearchSpace.for_model`).
 CHECKPOINT_WEIGHT_FORMATS = ("", "bf16", "fp8", "nvfp4", "mxfp4", "int4", "other")
 # Guards against absurd inputs (a 10^30-parameter model): generous upper bounds.
 MAX_DIM = 1 << 20
@@ -281,8 +281,10 @@ class ModelSpec:
             kinds.append(f"{self.linear_attention_layers} linear-attention")
         ffn = f"MoE {self.experts_per_token}/{self.num_experts} experts" if self.is_moe else "dense FFN"
         checkpoint = ""
-        if self.checkpoint_weight_format in ("mxfp4", "int4", "other"):  # what the planned dtypes cannot reproduce
-            checkpoint = f", {self.checkpoint_weight_format} checkpoint (not modeled)"
+        if self.checkpoint_weight_format in ("mxfp4", "int4"):
+            checkpoint = f", {self.checkpoint_weight_format} experts in the checkpoint"
+        elif self.checkpoint_weight_format == "other":
+            checkpoint = ", checkpoint in a format jaxplan does not model"
         return (
             f"{self.name}: {self.total_params / 1e9:.1f}B params ({self.active_params / 1e9:.1f}B active), "
             f"{self.num_layers} layers ({', '.join(kinds)}), {ffn}{checkpoint}"

@@ -33,6 +33,7 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV-cache block sizes (tokens) vLLM
 VLLM_DEFAULT_BLOCK_SIZE_TOKENS = 16  # what vLLM uses without --block-size
 
 INT_AXES = (
+    "lockstep_sizes",
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "data_parallel_size",
@@ -58,6 +59,7 @@ class SearchSpace:
     weight_dtype: tuple[str, ...] = DEFAULT_WEIGHT_DTYPES
     kv_cache_dtype: tuple[str, ...] = KV_CACHE_DTYPES
     layout_kind: tuple[str, ...] = ()  # empty: every kind the model has (`for_model`)
+    lockstep_sizes: tuple[int, ...] = ()  # DP ranks of a lock-step server; empty: the powers of two among the DP values
     gpu_budget: int = 64
     gpu_memory_utilization: float = 0.9
     block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS
@@ -68,7 +70,7 @@ class SearchSpace:
         where = f"space {self.name!r}"
         for axis in INT_AXES:
             values = tuple(getattr(self, axis))
-            if not values:
+            if not values and axis != "lockstep_sizes":
                 raise bad_value(axis, [], "needs at least one value", where=where)
             for value in values:
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000_000:
@@ -112,9 +114,10 @@ class SearchSpace:
 
     def layout_kind_labels(self) -> tuple[str, ...]:
         """The grid's layout-kind axis: `tp` and `ep` as they are, and each lock-step kind once per
-        lock-step size D > 1 among the DP values, as 'dp:D' / 'dp_ep:D'. The DP axis then counts the
-        servers of a lock-step kind, each of D ranks (so its replicas number D x DP)."""
-        sizes = [d for d in self.data_parallel_size if d > 1]
+        lock-step size D (`lockstep_sizes`; by default the powers of two above 1 among the DP values,
+        the sizes expert groups take in practice), as 'dp:D' / 'dp_ep:D'. The DP axis then counts
+        the servers of a lock-step kind, each of D ranks (so its replicas number D x DP)."""
+        sizes = self.lockstep_sizes or [d for d in self.data_parallel_size if d > 1 and d & (d - 1) == 0]
         labels = []
         for kind in self.layout_kind or ("tp",):
             labels.extend([f"{kind}:{d}" for d in sizes] if kind in LOCKSTEP_KINDS else [kind])

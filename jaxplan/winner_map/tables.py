@@ -49,7 +49,7 @@ def map_tables(wmap: WinnerMap) -> list:
                     text = f"[bold]*{text}[/]"
                 cells.append(text)
             table.add_row(_value(y.name, y.values[iy]) if y else "", *cells)
-        table.caption = "cell: winning (GPU, TP, PP, DP) layout; +x% = its objective over the best other layout's; * = nearest the current workload"
+        table.caption = "cell: winning (GPU, TP, PP, DP, layout kind) layout; +x% = its objective over the best other layout's; * = nearest the current workload"
         tables.append(table)
     return tables
 

@@ -1,0 +1,127 @@
+"""Why a MoE model's winner beats the best layout of each other kind on the same GPUs.
+
+For every layout kind (tp, ep, dp, dp_ep) other than the winner's, the best candidate of that kind
+on the winner's GPU type and count (`plots.splits.best_per_split`: every split and batching knob,
+scored by stage 4) is set against the winner on two things the physics prices:
+- KV capacity: the deployment's KV-cache tokens (replicas x blocks x block size) and weight bytes per
+  GPU, which the experts' split sets (lock-step and EP kinds spread them over D x TP GPUs);
+- one decode step at the same load (the winner's concurrent requests, spread evenly over each
+  layout's replicas), broken into `physics.step_time.StepCost`'s parts: communication (all-reduce,
+  dispatch and combine), GEMMs and weight streaming, attention, overhead.
+One line per other kind, computed, never canned.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from jaxplan.layout_kind import kind_label, kind_name, row_kind
+
+KIND_ORDER = ("tp", "ep", "dp", "dp_ep")
+MAX_ROWS = 8  # rows of one evaluation (winner + up to 3 rivals), padded: one compilation
+
+
+def why_it_wins(result, winner: dict) -> list[str]:
+    """Lines saying how `winner` (a sweep or replayed row) beats the best layout of each other kind
+    on the same GPUs; [] for a dense model or a space with one kind."""
+    if not result.model.is_moe or len(set(result.grid.space.layout_kind)) < 2:
+        return []
+    from jaxplan.plots.splits import best_per_split
+
+    rows = best_per_split(result, int(winner["num_gpus"]), (winner["gpu"],))
+    mine = row_kind(winner)[0]
+    best: dict[str, dict] = {}
+    for r in rows:  # best first
+        kind = row_kind(r)[0]
+        if kind != mine and kind not in best:
+            best[kind] = r
+    rivals = [best[k] for k in KIND_ORDER if k in best]
+    if not rivals:
+        return []
+    passing = [r for r in rivals if r["passes"]]
+    costs = decode_costs(result, [winner, *passing], concurrency=float(winner["concurrency_per_replica"]) * int(winner["data_parallel_size"]))
+    lines = []
+    for r in rivals:
+        kind = row_kind(r)[0]
+        if not r["passes"]:
+            lines.append(f"{kind_name(winner)} over {kind}: no {kind} layout of {winner['num_gpus']} {winner['gpu']} passes ({r['why']})")
+            continue
+        lines.append(compare_line(winner, r, costs[0], costs[1 + passing.index(r)], result.grid.space.block_size_tokens))
+    return lines
+
+
+def compare_line(winner: dict, rival: dict, mine: dict, theirs: dict, block_size_tokens: int) -> str:
+    """One line: KV capacity, weights per GPU, and the decode step's parts (ms) against `rival`."""
+    ours, their_tokens = kv_tokens(winner, block_size_tokens), kv_tokens(rival, block_size_tokens)
+    parts = []
+    for name, key in (("communication", "communication_s"), ("GEMM/weights", "gemm_s"), ("attention", "attention_s"), ("overhead", "overhead_s")):
+        delta_ms = (mine[key] - theirs[key]) * 1e3
+        if abs(delta_ms) >= 0.05:
+            parts.append(f"{name} {delta_ms:+.1f}")
+    return (
+        f"{kind_name(winner)} over {row_kind(rival)[0]} (best: {kind_label(rival)} {rival['weight_dtype']}/{rival['kv_cache_dtype']}): "
+        f"{ours / max(their_tokens, 1.0):.2f}x the KV cache ({_tokens(ours)} vs {_tokens(their_tokens)} tokens; "
+        f"weights {mine['weight_bytes_per_gpu'] / 1e9:.1f} vs {theirs['weight_bytes_per_gpu'] / 1e9:.1f} GB/GPU); "
+        f"decode step at {mine['concurrency']:,.0f} requests {mine['total_s'] * 1e3:.1f} vs {theirs['total_s'] * 1e3:.1f} ms"
+        + (f" ({', '.join(parts)} ms)" if parts else "")
+        + f"; stage 4 {winner['output_tokens_per_s']:,.0f} vs {rival['output_tokens_per_s']:,.0f} tok/s, "
+        f"p99 TPOT {winner['tpot_p99_s'] * 1e3:.1f} vs {rival['tpot_p99_s'] * 1e3:.1f} ms"
+    )
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e4 else f"{n:,.0f}"
+
+
+def kv_tokens(row: dict, block_size_tokens: int) -> float:
+    """KV-cache tokens of the whole deployment: replicas x blocks per replica x the block size."""
+    return float(row["kv_blocks_per_replica"]) * block_size_tokens * int(row["data_parallel_size"])
+
+
+def decode_costs(result, rows: list[dict], concurrency: float) -> list[dict]:
+    """Per row: one decode step of a replica carrying concurrency / replicas requests at the workload's
+    mean context (StepCost's parts, seconds), its weight bytes per GPU, and the concurrency."""
+    import jax
+    import jax.numpy as jnp
+
+    digits = np.zeros((MAX_ROWS, len(rows[0]["digits"])), np.int32)
+    digits[: len(rows)] = [r["digits"] for r in rows]
+    per_replica = np.ones(MAX_ROWS, np.float32)
+    per_replica[: len(rows)] = [max(concurrency / int(r["data_parallel_size"]), 1.0) for r in rows]
+    workload = result.context.workload
+    context = float(workload.isl_tokens) + 0.5 * float(workload.osl_tokens)
+    cost, weights = jax.device_get(_decode_cost(result.context, jnp.asarray(digits), jnp.asarray(per_replica), jnp.float32(context)))
+    return [
+        {**{k: float(getattr(cost, k)[i]) for k in cost._fields}, "weight_bytes_per_gpu": float(weights[i]), "concurrency": concurrency}
+        for i in range(len(rows))
+    ]
+
+
+def _decode_cost(ctx, digits, per_replica, context_tokens):
+    from jaxplan.physics.shapes import traced
+
+    return _jitted()(ctx._replace(model=traced(ctx.model)), digits, per_replica, context_tokens)
+
+
+@functools.cache
+def _jitted():
+    import jax  # on first use: importing this module does not import JAX
+
+    return jax.jit(_decode_cost_impl)
+
+
+def _decode_cost_impl(ctx, digits, per_replica, context_tokens):
+    from jaxplan.funnel.chunk import layout_of
+    from jaxplan.grid import candidates_from_digits
+    from jaxplan.physics.batch import StepBatch
+    from jaxplan.physics.memory import weight_bytes_per_gpu
+    from jaxplan.physics.shapes import take
+    from jaxplan.physics.step_time import step_cost
+
+    c = candidates_from_digits(ctx.axis_values, digits, digits[:, 0] >= 0)
+    layout = layout_of(c)
+    hw = take(ctx.hardware, c.gpu_index)
+    cost = step_cost(ctx.model, hw, layout, StepBatch.decode_only(per_replica, per_replica * context_tokens))
+    return cost, weight_bytes_per_gpu(ctx.model, layout)

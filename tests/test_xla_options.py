@@ -1,0 +1,44 @@
+"""`xla_options.LEAN_COMPILE` changes how XLA:CPU compiles a program, never what it computes:
+the chunk kernel compiled both ways gives the same tables bit for bit, and the replay's one-shot
+programs (start, merge, summary) with it give the same metrics as without it."""
+
+from __future__ import annotations
+
+import jax
+
+from jaxplan.funnel import chunk
+from jaxplan.funnel import run_sweep
+from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+
+
+def _sweep():
+    # two GPU types and the llama-3.1-70b model: every stage rejects some candidates
+    return run_sweep(load_model("llama-3.1-70b"), parse_gpu_list("h100_sxm,h200_sxm"), load_workload("coding"), load_space("small"), top_k=10)
+
+
+def test_the_lean_chunk_kernel_gives_the_same_tables(monkeypatch):
+    assert chunk.chunk_kernel(10) is chunk.sweep_chunk_lean and chunk.chunk_kernel(10**10) is chunk.sweep_chunk
+    monkeypatch.setattr(chunk, "LEAN_MAX_CANDIDATES", 0)  # the default emitters
+    default = _sweep()
+    monkeypatch.setattr(chunk, "LEAN_MAX_CANDIDATES", 10**12)
+    lean = _sweep()
+    assert default.shortlist, "something must survive for the comparison to mean anything"
+    assert lean.reason_counts == default.reason_counts
+    assert [r["digits"] for r in lean.shortlist] == [r["digits"] for r in default.shortlist]
+    assert [r["digits"] for r in lean.frontier] == [r["digits"] for r in default.frontier]
+    assert [r["score"] for r in lean.shortlist] == [r["score"] for r in default.shortlist]
+
+
+def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
+    from jaxplan.funnel.replay_stage import replay_rows
+    from jaxplan.replay import driver, metrics
+
+    result = _sweep()
+    rows = result.shortlist[:4]
+    lean = replay_rows(result, rows, num_requests=200)
+    # the same programs compiled with XLA's default options
+    for module, name, static in ((driver, "_start", ("num_slots", "max_dp", "policy", "mesh")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))):
+        monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static))
+    default = replay_rows(result, rows, num_requests=200)
+    keys = [k for k in lean[0] if k.startswith("replay_")]
+    assert keys and [[r[k] for k in keys] for r in lean] == [[r[k] for k in keys] for r in default]

@@ -287,7 +287,9 @@ def weight_only_note(gpu, weight_dtype: str) -> str:
     (the physics prices them so; the sweep's structure sieve leaves such layouts out)."""
     if weight_dtype == "bf16" or gpu.tensor_core_flops_per_s(weight_dtype) > 0:
         return ""
-    cores = "FP8" if weight_dtype == "fp8" else "FP4"
+    if weight_dtype == "int4":
+        return "; int4 experts priced weight-only (bf16 GEMMs over dequantised weights, as vLLM's INT4 MoE kernels run)"
+    cores = {"fp8": "FP8", "mxfp4": "MXFP4"}.get(weight_dtype, "FP4")
     return f"; {gpu.name} has no {cores} tensor cores: {weight_dtype} weights priced weight-only (bf16 GEMMs as in vLLM's Marlin kernels)"
 
 

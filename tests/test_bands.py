@@ -11,7 +11,7 @@ import pytest
 from jaxplan import bands
 from jaxplan.calibrate import _data
 
-H200, H100, MI300X, B200 = "h200_sxm", "h100_sxm", "mi300x", "b200_sxm"
+H200, H100, MI325X, B200 = "h200_sxm", "h100_sxm", "mi325x", "b200_sxm"  # MI325X: no rows, no kernel tables
 SEEN, UNSEEN = "llama-3.1-70b", "llama-3.1-8b"
 
 
@@ -75,7 +75,7 @@ def test_a_class_with_enough_rows_of_its_own_model_pool_keeps_its_regime():
 
 def test_classes_name_the_evidence_the_model_and_the_regime():
     classes = bands.classify(
-        [H200, H100, MI300X, "my_gpu", H200], [SEEN, SEEN, SEEN, UNSEEN, UNSEEN], [True, True, False, True, False],
+        [H200, H100, MI325X, "my_gpu", H200], [SEEN, SEEN, SEEN, UNSEEN, UNSEEN], [True, True, False, True, False],
         fitted_gpus=[H200, B200], prior_gpus=[H200, B200, H100], fitted_models=[SEEN],
     )  # fmt: skip
     assert classes.tolist() == [
@@ -149,12 +149,12 @@ def test_the_bundled_bands_cover_every_class_with_p10_below_p90():
 
 
 def test_predict_rows_carry_their_band_and_class():
-    """H200 and B200 are fitted, H100 has kernel tables, MI300X only its spec sheet; p10 and p90 are the
+    """H200 and B200 are fitted, H100 has kernel tables, MI325X only its spec sheet; p10 and p90 are the
     prediction times the class's ratio quantiles as the bundled file states them."""
     from jaxplan.prediction import predict_rows
 
     common = {"tensor_parallel_size": 8, "weight_dtype": "fp8", "kv_cache_dtype": "fp8", "isl": 1000, "osl": 500, "concurrency": 16}
-    rows = [{**common, "model": SEEN, "gpu": H200}, {**common, "model": SEEN, "gpu": H100}, {**common, "model": SEEN, "gpu": MI300X, "weight_dtype": "bf16", "kv_cache_dtype": "auto"},
+    rows = [{**common, "model": SEEN, "gpu": H200}, {**common, "model": SEEN, "gpu": H100}, {**common, "model": SEEN, "gpu": MI325X, "weight_dtype": "bf16", "kv_cache_dtype": "auto"},
             {**common, "model": UNSEEN, "gpu": B200}]  # fmt: skip
     out = bands.with_bands(predict_rows(rows))
     assert [r["prediction_class"] for r in out] == ["calibrated/seen/kv_fits", "kernel_tables/seen/kv_fits", "spec_sheet/seen/kv_fits", "calibrated/unseen/kv_fits"]
@@ -180,7 +180,7 @@ def test_predict_cli_writes_the_band_columns_and_the_file_reads_back(tmp_path):
     from jaxplan.cli import app
 
     source = tmp_path / "in.csv"
-    source.write_text("model,gpu,tensor_parallel_size,weight_dtype,kv_cache_dtype,isl,osl,concurrency\nllama-3.1-70b,h200_sxm,8,fp8,fp8,1000,500,16\nllama-3.1-70b,mi300x,8,bf16,auto,1000,500,16\n")
+    source.write_text("model,gpu,tensor_parallel_size,weight_dtype,kv_cache_dtype,isl,osl,concurrency\nllama-3.1-70b,h200_sxm,8,fp8,fp8,1000,500,16\nllama-3.1-70b,mi325x,8,bf16,auto,1000,500,16\n")
     target = tmp_path / "out.csv"
     result = CliRunner().invoke(app, ["predict", str(source), "-o", str(target), "--method", "analytical"])
     assert result.exit_code == 0, result.output
@@ -292,7 +292,7 @@ def test_simulate_writes_the_band_columns_and_the_file_reads_back(tmp_path):
     from jaxplan.cli import app
 
     source = tmp_path / "in.csv"
-    source.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency,num_prompts\nllama-3.1-8b,mi300x,1,500,50,4,12\n")
+    source.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency,num_prompts\nllama-3.1-8b,mi325x,1,500,50,4,12\n")
     target = tmp_path / "out.csv"
     result = CliRunner().invoke(app, ["simulate", str(source), "-o", str(target)])
     assert result.exit_code == 0, result.output
@@ -321,7 +321,8 @@ def test_calibrate_writes_no_bands_from_a_handful_of_rows(tmp_path, monkeypatch)
 
 def test_the_regime_of_a_prediction_is_the_one_calibrate_gives_its_measured_row():
     """`bands.kv_regime` (from predict's kv_cache_tokens) agrees with `run.kv_holds_concurrency` (from the
-    KV budget of the physics) on every measured vLLM row of the shared data, the 4 KV-starved ones among them."""
+    KV budget of the physics) on every measured vLLM row of the shared data, the 6 KV-starved ones among them
+    (4 NVIDIA, 2 MI300X TP1 at 64 clients)."""
     if not _data.data_root_exists():
         pytest.skip("measured data not present (../shared/data or $JAXPLAN_SHARED_DATA)")
     from jaxplan.calibrate.run import FIT_BACKEND, kv_holds_concurrency, measured_rows
@@ -332,4 +333,4 @@ def test_the_regime_of_a_prediction_is_the_one_calibrate_gives_its_measured_row(
     rows = measured_rows([r for r in load_serving_rows() if r.get("backend") == FIT_BACKEND])
     expected = kv_holds_concurrency(rows, efficiency_for({r["gpu"] for r in rows}))
     assert bands.kv_regime(predict_rows(rows, source="measurements")).tolist() == expected
-    assert expected.count(False) == 4
+    assert expected.count(False) == 6

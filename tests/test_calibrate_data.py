@@ -240,9 +240,9 @@ def test_serving_row_counts():
     assert len(serving.load_trtllm_rows()) == 380  # 31 of them FP4 (NVFP4, B200)
     assert len(serving.load_vllm_a100_rows()) == 16
     rows = serving.load_serving_rows()
-    assert len(rows) == 1081  # the default set; inferencemax_amd is loaded by name (tests/test_inferencemax_amd.py)
+    assert len(rows) == 1201  # 120 of them InferenceMAX AMD (tests/test_inferencemax_amd.py)
     by_backend = {b: sum(r["backend"] == b for r in rows) for b in ("vllm", "sglang", "trtllm")}
-    assert by_backend == {"vllm": 217, "sglang": 149, "trtllm": 715}
+    assert by_backend == {"vllm": 337, "sglang": 149, "trtllm": 715}
     assert sum(r["weight_dtype"] == "nvfp4" for r in rows) == 253 and {r["gpu"] for r in rows if r["weight_dtype"] == "nvfp4"} == {"b200_sxm"}
 
 
@@ -489,7 +489,7 @@ def test_vllm_bench_json_not_json(tmp_path):
 
 def test_fixture_serving_rows_round_trip(tmp_path):
     rows = R.read_predict_csv(FIXTURES / "serving_rows.csv")
-    assert len(rows) == 125
+    assert len(rows) == 133
     assert {r["dataset"] for r in rows} == set(serving.DATASETS)
     # lengths files are named relative to the CSV and resolved against its folder on reading
     with_lengths = [r for r in rows if r["lengths_file"]]
@@ -711,7 +711,7 @@ def test_random_split_is_seeded():
     rows = R.read_predict_csv(FIXTURES / "serving_rows.csv")
     a_train, a_test = metrics.random_split(rows, 0.25, seed=3)
     b_train, b_test = metrics.random_split(rows, 0.25, seed=3)
-    assert a_test == b_test and a_train == b_train and len(a_test) == 31  # round(0.25 x 125)
+    assert a_test == b_test and a_train == b_train and len(a_test) == 33  # round(0.25 x 133)
     assert metrics.random_split(rows, 0.25, seed=4)[1] != a_test
     g_train, g_test = metrics.random_split(rows, 0.3, seed=1, group_key="model")
     assert not {r["model"] for r in g_train} & {r["model"] for r in g_test}

@@ -92,12 +92,15 @@ def test_only_the_inconsistent_campaign_is_left_out_of_the_fit():
     from jaxplan.calibrate.run import implied_peak_fraction, unseen_gpu_groups
     from jaxplan.calibrate.serving import SILICON, VLLM_A100
 
+    from jaxplan.calibrate.inferencemax import INFERENCEMAX_AMD
+
     rows = vllm_rows()
     small = [r for r in rows if r["model"] == "llama-3.1-8b"]
     large = [r for r in rows if r["model"] == "llama-3.1-70b" and r["dataset"] == SILICON]
     a100 = [r for r in rows if r["dataset"] == VLLM_A100]
-    assert len(small) == 21 and len(large) == 180 and len(a100) == 16 and len(rows) == 217
-    assert all(fit_excluded(r) for r in small) and not any(fit_excluded(r) for r in large + a100)
+    amd = [r for r in rows if r["dataset"] == INFERENCEMAX_AMD]
+    assert len(small) == 21 and len(large) == 180 and len(a100) == 16 and len(amd) == 120 and len(rows) == 337
+    assert all(fit_excluded(r) for r in small) and not any(fit_excluded(r) for r in large + a100 + amd)
     assert all(r["gpu_hbm_bytes_override"] == 40 * 1024**3 for r in a100)
     assert unseen_gpu_groups(rows) == {}
     assert max(implied_peak_fraction(r) for r in small) > 0.9
@@ -127,7 +130,7 @@ def test_shipped_report_holds_the_documented_held_out_numbers():
     # With FP8 KV (the silicon loader) and vLLM's own memory accounting, 118 of B200's rows' caches
     # hold their clients and 58 of H200's (not TP1 FP8 at 64 clients, 9,216 tokens each).
     assert report["held_out"]["b200_sxm"]["kv_fits"]["rows"] == 118 and report["held_out"]["h200_sxm/llama-3.1-70b"]["kv_fits"]["rows"] == 58
-    assert report["fit_rows"] == 196 and report["fit_rows_kv_fits"] == 192
+    assert report["fit_rows"] == 316 and report["fit_rows_kv_fits"] == 310  # 196 / 192 NVIDIA, 120 / 118 AMD
     assert any("llama-3.1-8b" in key for key in report["not_fitted"])
 
 
@@ -169,7 +172,7 @@ def test_held_out_configurations_recomputed():
     from jaxplan.calibrate import fit
     from jaxplan.calibrate.run import held_out_configurations, trained_mask
 
-    fit_rows = [r for r in vllm_rows() if not fit_excluded(r)]
+    fit_rows = [r for r in vllm_rows() if not fit_excluded(r) and r["gpu"] in FITTED_GPUS]  # a CUDA GPU's held-out fit sees CUDA GPUs only
     priors = {g: fit.kernel_priors(g) for g in FITTED_GPUS}
     result = held_out_configurations(fit_rows, trained_mask(fit_rows, priors), priors)
     shipped = json.loads(REPORT.read_text())["held_out_configurations"]
@@ -186,7 +189,7 @@ def held_out():
     from jaxplan.calibrate import fit
     from jaxplan.calibrate.run import held_out_params, trained_rows
 
-    fit_rows = [r for r in vllm_rows() if not fit_excluded(r)]
+    fit_rows = [r for r in vllm_rows() if not fit_excluded(r) and r["gpu"] in FITTED_GPUS]  # a CUDA GPU's held-out fit sees CUDA GPUs only
     priors = {g: fit.kernel_priors(g) for g in FITTED_GPUS}
     train = trained_rows(fit_rows, priors)
     return fit_rows, {g: held_out_params(train, g, priors) for g in GPUS}

@@ -404,7 +404,7 @@ def install_stub_fit(monkeypatch):
     from jaxplan.prediction import predict_rows
     from jaxplan.specs import known
 
-    def fake(rows, *, data_root=None, steps=None, log=print, folds=1, held_out_predictions=None):
+    def fake(rows, *, data_root=None, steps=None, log=print, folds=1, held_out_predictions=None, moe_rows=None):
         usable = run.measured_rows([r for r in rows if r.get("backend") == run.FIT_BACKEND])
         gpus = sorted({r["gpu"] for r in usable})
         if usable:

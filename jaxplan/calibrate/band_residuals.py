@@ -8,9 +8,9 @@ evidence a user's prediction can rest on:
   e.g. a model it does not fit) by the final fit;
 - kernel_tables: a fitted GPU's rows by the fit that held the GPU out, the GPU priced from its kernel
   tables (`run.held_out_params`); a GPU no fit sees, with kernel tables, by the final fit;
-- spec_sheet: a fitted GPU's rows by the fit that held the GPU out with the GPU priced from the
-  default efficiencies instead of its kernel tables (`run.unfitted_gpu_params` of DEFAULTS, as a GPU
-  without tables is shipped); a GPU no fit sees, without kernel tables, by the final fit.
+- spec_sheet: a fitted GPU's rows by the fit that held the GPU out with the GPU priced as one without
+  kernel tables (every fitted field from that fit, `run.unfitted_gpu_params` with tables=False, as a
+  GPU without tables is shipped); a GPU no fit sees, without kernel tables, by the final fit.
 
 Each residual row is labelled with its model class (the fit saw the model's rows, or not) and regime
 (`run.kv_holds_concurrency`).
@@ -53,11 +53,11 @@ def _scored(group: list[dict], params: dict[str, dict[str, float]], evidence: st
     return [_residual(r, p, evidence, r["model"] in models, f) for r, p, f in zip(group, predicted, fits)]
 
 
-def spec_sheet_params(held_out: dict[str, float]) -> dict[str, float]:
+def spec_sheet_params(shared: dict[str, float]) -> dict[str, float]:
     """Parameters of a held-out GPU priced as if it had no kernel tables: what `run.calibrate` ships
-    for such a GPU (`run.unfitted_gpu_params` of DEFAULTS, no serving ratio), with the fit that held it
-    out (`held_out`, `run.held_out_params`) for the fitted fields outside the kernel fields."""
-    return {**DEFAULTS, **{f: held_out[f] for f in fit.FIT_FIELDS if f not in run.KERNEL_FIELDS}}
+    for such a GPU (`run.unfitted_gpu_params` with tables=False), every fitted field from the shared
+    fit that held it out (`shared`, report["held_out_shared"]), DEFAULTS for the rest."""
+    return {**DEFAULTS, **{f: shared[f] for f in fit.FIT_FIELDS}}
 
 
 def fitted(rows: list[dict], params: dict[str, dict[str, float]]) -> tuple[set[str], set[str]]:
@@ -87,7 +87,7 @@ def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], re
             if gpu in report.get("held_out_params", {}):
                 held = report["held_out_params"][gpu]
                 out += _scored(mine, {gpu: held}, "kernel_tables", models)
-                out += _scored(mine, {gpu: spec_sheet_params(held)}, "spec_sheet", models)
+                out += _scored(mine, {gpu: spec_sheet_params(report["held_out_shared"][gpu])}, "spec_sheet", models)
         else:
             out += _scored(mine, {gpu: params[gpu]}, "spec_sheet" if sources.get(gpu) == NO_TABLES else "kernel_tables", models)
     return out

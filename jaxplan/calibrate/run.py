@@ -102,18 +102,62 @@ def not_fitted_groups(evaluated: list[dict]) -> dict[str, list[dict]]:
     return dict(sorted(groups.items()))
 
 
-def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratios: dict[str, float] | None = None) -> dict[str, float]:
+def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratios: dict[str, float] | None = None, *,
+                        tables: bool = True) -> dict[str, float]:
     """Parameters of a GPU whose serving rows were not fitted: its kernel priors for KERNEL_FIELDS (times
     `ratios`, `serving_ratios`, for SERVING_RATIO_FIELDS), `fitted` (a serving fit on other GPUs) for the
-    other fitted fields."""
+    other fitted fields. tables=False (a GPU without kernel tables, whose priors are DEFAULTS, a typical
+    Hopper's): `fitted` for the kernel fields too, since what its stack's fitted GPUs reach of their own
+    peaks is evidence and DEFAULTS is none."""
+    if not tables:
+        return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS}}
     scaled = {f: float(np.clip(prior[f] * r, BOUNDS[f][1], BOUNDS[f][2])) for f, r in (ratios or {}).items()}
     return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS}, **scaled}
 
 
 def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[str, float]]) -> dict[str, float]:
     """SERVING_RATIO_FIELDS -> the mean over the fitted GPUs (`fitted`: GPU -> its serving-fit values) of
-    fitted value / kernel prior."""
+    fitted value / kernel prior (pass only GPUs whose priors are kernel tables)."""
     return {f: float(np.mean([values[f] / priors[g][f] for g, values in fitted.items()])) for f in SERVING_RATIO_FIELDS}
+
+
+# A GPU without rows whose die and software image equal a fitted GPU's takes that GPU's fitted values:
+# MI325X is MI300X's CDNA 3 compute die with HBM3E instead of HBM3 (its own spec peaks carry the
+# difference), and the InferenceMAX runs use the same ROCm vLLM image on both.
+SAME_SILICON = {"mi325x": "mi300x"}
+
+
+def software_stack(gpu: str) -> str:
+    """"cuda" or "rocm": the serving stack a GPU runs (a CUDA compute capability in its spec, or none).
+    The runtime's fixed costs and the kernels' reach of the peaks are properties of the stack (CUDA
+    graphs and cuBLAS vs HIP graphs and hipBLASLt), so a GPU without rows is priced from its own
+    stack's fitted GPUs (`stack_peers`)."""
+    from jaxplan.specs import load_gpu
+
+    return "cuda" if load_gpu(gpu).compute_capability else "rocm"
+
+
+def stack_peers(gpu: str, fitted: list[str]) -> list[str]:
+    """The GPUs of `fitted` (other than `gpu`) on `gpu`'s software stack; all of them where none is."""
+    others = [g for g in fitted if g != gpu]
+    same = [g for g in others if software_stack(g) == software_stack(gpu)]
+    return same or others
+
+
+def priced_without_rows(gpu: str, priors: dict[str, dict[str, float]], vectors: dict[str, np.ndarray], scaled: set[str]) -> dict[str, float]:
+    """Complete parameters of `gpu` from serving fits that did not see its rows: `vectors` (fitted GPU ->
+    its free vector; a shared fit gives every fitted GPU the same one). Its SAME_SILICON sibling's
+    values where that GPU was fitted; else `unfitted_gpu_params` of the mean free vector of its
+    `stack_peers`, the serving ratio of those peers whose priors are kernel tables (`scaled`) applied
+    where `gpu` has tables of its own."""
+    sibling = SAME_SILICON.get(gpu)
+    if sibling in vectors:
+        return {**DEFAULTS, **priors[sibling], **fit.values_of(vectors[sibling])}
+    peers = stack_peers(gpu, sorted(vectors))
+    shared = fit.values_of(np.mean([vectors[g] for g in peers], axis=0))
+    with_tables = [g for g in peers if g in scaled]
+    ratios = serving_ratios({g: fit.values_of(vectors[g]) for g in with_tables}, priors) if gpu in scaled and with_tables else None
+    return {**DEFAULTS, **unfitted_gpu_params(priors[gpu], shared, ratios, tables=gpu in scaled)}
 
 
 def trained_rows(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[dict]:
@@ -147,16 +191,20 @@ def serving_fit(rows: list[dict], priors: dict[str, dict[str, float]], *, steps:
     return gpus, z, loss
 
 
-def held_out_params(train_rows: list[dict], held: str, priors: dict[str, dict[str, float]], *, steps: int = fit.STEPS) -> dict[str, float]:
-    """Parameters for GPU `held` from one shared fit on the other GPUs' rows among `train_rows` (the
-    rows the fit may see, `trained_rows`; their kernel priors as the prior), applied as to a GPU
-    without rows (`unfitted_gpu_params`): no row of `held` is seen (it is listed in the fit, with no
-    say in it, so that the fit reuses the complete fit's program)."""
+def held_out_params(train_rows: list[dict], held: str, priors: dict[str, dict[str, float]], scaled: set[str] | None = None, *,
+                    steps: int = fit.STEPS, shared_out: dict | None = None) -> dict[str, float]:
+    """Parameters for GPU `held` from one shared fit on the rows among `train_rows` (the rows the fit
+    may see, `trained_rows`; their kernel priors as the prior) of its `stack_peers`, applied as to a GPU
+    without rows (`priced_without_rows`, `scaled`: the GPUs with kernel tables): no row of `held` is
+    seen (it is listed in the fit, with no say in it, so that the fit reuses the complete fit's program).
+    `scaled` None: every GPU of `priors` has kernel tables. `shared_out`, when given, gets the shared
+    fit's values (what a GPU without kernel tables would take for every fitted field)."""
     gpus = sorted({r["gpu"] for r in train_rows})
-    _, z, _ = serving_fit([r for r in train_rows if r["gpu"] != held], priors, steps=steps, shared=True, gpus=gpus, like=train_rows)
-    fitted = fit.values_of(z[0])
-    ratios = serving_ratios({g: fitted for g in gpus if g != held}, priors)
-    return {**DEFAULTS, **unfitted_gpu_params(priors[held], fitted, ratios)}
+    peers = stack_peers(held, gpus)
+    _, z, _ = serving_fit([r for r in train_rows if r["gpu"] in peers], priors, steps=steps, shared=True, gpus=gpus, like=train_rows)
+    if shared_out is not None:
+        shared_out.update(fit.values_of(z[0]))
+    return priced_without_rows(held, priors, {g: z[0] for g in peers}, set(priors) if scaled is None else scaled)
 
 
 def layout_label(row: dict) -> str:
@@ -243,14 +291,9 @@ def params_without(rest: list[dict], train: list[dict], priors: dict[str, dict[s
     if not fitted_gpus:
         return params
     gpus, z, _ = serving_fit(rest, priors, steps=steps, gpus=sorted({r["gpu"] for r in train} | set(fitted_gpus)), like=train)
-    for g, vector in zip(gpus, z):
-        if g in fitted_gpus:
-            params[g].update(fit.values_of(vector))
-    shared = fit.values_of(z[[gpus.index(g) for g in fitted_gpus]].mean(axis=0))
-    ratios = serving_ratios({g: params[g] for g in fitted_gpus}, priors)
+    vectors = {g: z[gpus.index(g)] for g in fitted_gpus}
     for g in priors:
-        if g not in fitted_gpus:
-            params[g] = {**DEFAULTS, **unfitted_gpu_params(priors[g], shared, ratios if g in scaled else None)}
+        params[g] = {**DEFAULTS, **priors[g], **fit.values_of(vectors[g])} if g in vectors else priced_without_rows(g, priors, vectors, scaled)
     return params
 
 
@@ -367,10 +410,11 @@ def _accuracy(predicted: list[dict]) -> dict:
 
 
 def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=print, folds: int = 1,
-              held_out_predictions: dict[int, dict] | None = None) -> tuple[dict, dict]:
+              held_out_predictions: dict[int, dict] | None = None, moe_rows: list[dict] | None = None) -> tuple[dict, dict]:
     """(params per GPU, report). `rows` are normalized serving rows (see calibrate.rows). folds: of the
     held-out-configurations check (`held_out_configurations`; 4 scores every configuration, 3 more fits),
-    whose per-row predictions go to `held_out_predictions` when given (its `collect`)."""
+    whose per-row predictions go to `held_out_predictions` when given (its `collect`). `moe_rows`
+    (`moe_rows.load_moe_rows`) are scored, never fitted, into report["moe"] (`moe_rows.moe_accuracy`)."""
     t0 = time.perf_counter()
     gpus = known("gpus")
     priors, prior_sources = calibration_priors(gpus, data_root)
@@ -398,12 +442,12 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
         _, z, loss = serving_fit(train, priors, steps=steps, like=train)
         for g, vector in zip(fitted_gpus, z):
             params[g].update(fit.values_of(vector))
-        shared = fit.values_of(z.mean(axis=0))
-        ratios = serving_ratios({g: params[g] for g in fitted_gpus}, priors)
-        report["serving_ratios"] = ratios
-        for g in gpus:  # GPUs without serving rows: kernel priors for KERNEL_FIELDS, the shared fit for the rest
-            if g not in fitted_gpus:  # (the serving ratio scales kernel-table priors, not DEFAULTS)
-                params[g] = unfitted_gpu_params(priors[g], shared, ratios if prior_sources[g] != PRIOR_SOURCES[2] else None)
+        vectors = dict(zip(fitted_gpus, z))
+        scaled = {g for g in gpus if prior_sources[g] != PRIOR_SOURCES[2]}
+        report["serving_ratios"] = serving_ratios({g: params[g] for g in fitted_gpus if g in scaled}, priors)
+        for g in gpus:  # GPUs without serving rows: priced from their stack's fitted GPUs (`priced_without_rows`)
+            if g not in fitted_gpus:
+                params[g] = priced_without_rows(g, priors, vectors, scaled)
         report["in_sample"] = {g: accuracy([r for r in fit_rows if r["gpu"] == g], params) for g in fitted_gpus}
         for key, group in not_fitted_groups(evaluated).items():
             report["not_fitted"][key] = {"reason": fit_excluded(group[0]), **accuracy(group, params)}
@@ -413,7 +457,8 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
         by_model: dict[int, dict] = {}  # ... by the fit that held its model out
         for held in fitted_gpus if len(fitted_gpus) > 1 else []:
             held_params = {g: dict(priors[g]) for g in gpus}
-            held_params[held] = held_out_params(train, held, priors, steps=steps)
+            report.setdefault("held_out_shared", {})[held] = {}
+            held_params[held] = held_out_params(train, held, priors, scaled, steps=steps, shared_out=report["held_out_shared"][held])
             report["held_out_params"][held] = {**DEFAULTS, **held_params[held]}
             held_rows = [r for r in evaluated if r["gpu"] == held]  # none of them was fitted
             predicted, fits = _predicted(held_rows, {held: held_params[held]})
@@ -423,7 +468,6 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
                 mine = [k for k, r in enumerate(held_rows) if r["model"] == model]
                 report["held_out"][f"{held}/{model}"] = _summary([predicted[k] for k in mine], [fits[k] for k in mine])
             log(f"held out {held}: {report['held_out'][held]}")
-        scaled = {g for g in gpus if prior_sources[g] != PRIOR_SOURCES[2]}
         report["held_out_models"] = held_out_models(evaluated, train, priors, scaled, params, steps=steps, collect=by_model, log=log)
         report["accuracy_table"] = accuracy_table(evaluated, {"gpu": by_gpu, "model": by_model})
         report["held_out_configurations"] = held_out_configurations(fit_rows, trained, priors, steps=steps, folds=folds, collect=held_out_predictions)
@@ -431,6 +475,11 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
     for backend in sorted({r.get("backend") for r in rows} - {FIT_BACKEND}):
         other = [r for r in measured_rows(rows) if r.get("backend") == backend]
         report["other_backends"][backend] = accuracy(other, params)
+    if moe_rows:
+        from jaxplan.calibrate.moe_rows import moe_accuracy
+
+        report["moe"] = moe_accuracy(moe_rows, params, report.get("held_out_params", {}))
+        log(f"MoE rows, scored: {len(moe_rows)} ({time.perf_counter() - t0:.0f} s)")
     report["seconds"] = time.perf_counter() - t0
     return params, report
 

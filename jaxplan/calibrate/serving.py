@@ -44,10 +44,7 @@ from jaxplan.specs.lengths import json_records
 SILICON = "aiconfigurator_silicon"
 TRTLLM = "trtllm_perf_overview"
 VLLM_A100 = "vllm_a100_tp_vs_pp"
-DATASETS = (SILICON, TRTLLM, VLLM_A100)
-# Loadable by name (load_serving_rows(datasets=...)) but not yet in the default set the bundled fit reads:
-# the AMD rows are fitted on their own (`calibrate.amd`, configs/calibration/amd.toml).
-ALL_DATASETS = DATASETS + (INFERENCEMAX_AMD,)
+DATASETS = (SILICON, TRTLLM, VLLM_A100, INFERENCEMAX_AMD)
 
 # Source model labels (lower case) that jaxplan's alias table does not know -> bundled model.
 # Llama-3.3-70B has the Llama-3.1-70B architecture; DeepSeek-R1 / V3.1 have the DeepSeek-V3 architecture.
@@ -409,7 +406,7 @@ def load_serving_rows(data_root: str | Path | None = None, datasets=DATASETS) ->
     datasets = (datasets,) if isinstance(datasets, str) else tuple(datasets)
     for name in datasets:
         if name not in _LOADERS:
-            raise bad_value("datasets", name, f"choose from {', '.join(ALL_DATASETS)}")
+            raise bad_value("datasets", name, f"choose from {', '.join(DATASETS)}")
     return [row for name in datasets for row in _rows(name, data_root)]
 
 

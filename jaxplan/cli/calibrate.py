@@ -57,10 +57,13 @@ def calibrate(
     check_writable(report_path, "--report")
     check_writable(rows_path, "--rows")
     check_writable(table_path, "--accuracy-table")
-    rows, sources = [], []
+    rows, sources, moe_rows = [], [], []
     if shared_data and data_root_exists():
+        from jaxplan.calibrate.moe_rows import load_moe_rows
+
         rows += load_serving_rows()
-        sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp; kernels_aiconfigurator")
+        moe_rows = load_moe_rows()  # scored into the report, not fitted
+        sources.append("shared/data: e2e_aiconfigurator_silicon, trtllm_perf_overview, vllm_a100_tp_vs_pp, inferencemax_amd; kernels_aiconfigurator")
     for path in paths:
         found = engine_settings.read_rows(path, settings)
         if not found:
@@ -87,7 +90,7 @@ def calibrate(
             progress.advance(task)
 
         configuration_predictions: dict = {}  # id(row) -> its held-out-configuration prediction, for the bands
-        params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds, held_out_predictions=configuration_predictions)
+        params, report = run_calibration(rows, steps=steps, log=log, folds=held_out_folds, held_out_predictions=configuration_predictions, moe_rows=moe_rows)
         replayed: dict = {}
         # The parameters are final here (the replay check only reports on them): write them now.
         write_params(params, target, provenance(rows, report, sources), report.get("priors"))

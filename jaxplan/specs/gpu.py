@@ -69,9 +69,11 @@ class GpuSpec:
             raise bad_value("gpus_per_node", self.gpus_per_node, "must be an integer in 1..1024", where=where)
 
     def tensor_core_flops_per_s(self, weight_dtype: str) -> float:
-        """Dense peak of the tensor cores that run `weight_dtype`'s GEMMs (bf16 | fp8 | nvfp4); 0 where
-        the GPU has none for it (then vLLM runs them weight-only, at the bf16 peak)."""
-        return {"bf16": self.bf16_flops_per_s, "fp8": self.fp8_flops_per_s, "nvfp4": self.fp4_flops_per_s}[weight_dtype]
+        """Dense peak of the tensor cores that run `weight_dtype`'s GEMMs (bf16 | fp8 | nvfp4 | mxfp4 |
+        int4); 0 where the GPU has none for it (then vLLM runs them weight-only, at the bf16 peak; INT4
+        always: vLLM's INT4 MoE kernels dequantise into bf16 GEMMs)."""
+        return {"bf16": self.bf16_flops_per_s, "fp8": self.fp8_flops_per_s, "nvfp4": self.fp4_flops_per_s,
+                "mxfp4": self.mxfp4_flops_per_s, "int4": 0.0}[weight_dtype]
 
     @property
     def supports_fp8(self) -> bool:

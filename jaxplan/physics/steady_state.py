@@ -390,7 +390,7 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # A run that is one wave (a burst, or a closed loop with a client per request) is not refilled: it
     # drains, and lasts until its longest request is done (`wave_makespan_s`).
     per_replica = w.concurrency / dp
-    one_wave = (burst | closed) & (per_replica >= w.num_requests / dp)
+    one_wave = burst | (closed & (per_replica >= w.num_requests / dp))
     makespan_s = wave_makespan_s(model, hw, layout, w, steps, b, per_replica)
     served = jnp.where(one_wave, dp * w.osl_tokens * per_replica / makespan_s, served)
     throughput = jnp.where(poisson & (utilization < 1.0), w.request_rate_per_s * w.osl_tokens, served)

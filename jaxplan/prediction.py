@@ -24,7 +24,7 @@ from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
-from jaxplan.physics.traffic import WorkloadParams, length_shape
+from jaxplan.physics.traffic import WorkloadParams, length_shape, longest_output_factor
 from jaxplan.specs import ModelSpec, load_gpu, load_model
 from jaxplan.specs.formats import BY_NAME as FORMAT_BY_NAME
 from jaxplan.specs.formats import EXPERT_ONLY
@@ -127,6 +127,7 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
             arrival_code=code, max_context_factor=max_context_factor, length_cv=length_cv,
             ttft_slo_s=math.inf, tpot_slo_s=math.inf, target_output_tokens_per_s=0.0,
             num_requests=max(num_prompts, conc) if has_concurrency else num_prompts,
+            longest_output_factor=longest_output_factor(Workload(name="row", isl_mean_tokens=isl, osl_mean_tokens=osl, **shape), num_prompts),
         )
         for name, value in values.items():
             fields[name].append(value)

@@ -8,7 +8,7 @@ import pytest
 
 from jaxplan.calibrate import _data
 from jaxplan.calibrate.fit import FIT_FIELDS
-from jaxplan.calibrate.run import KERNEL_FIELDS, fit_excluded, unfitted_gpu_params
+from jaxplan.calibrate.run import ENGINE_FIELDS, KERNEL_FIELDS, fit_excluded, unfitted_gpu_params
 from jaxplan.physics.params import DEFAULTS
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "calibration_report.json"
@@ -48,7 +48,7 @@ def test_unfitted_gpu_takes_kernel_fields_from_its_priors_and_the_rest_from_the_
     fitted = {f: DEFAULTS[f] * 0.5 for f in FIT_FIELDS}
     params = unfitted_gpu_params(prior, fitted)
     for f in FIT_FIELDS:
-        assert params[f] == (prior[f] if f in KERNEL_FIELDS else fitted[f]), f
+        assert params[f] == (prior[f] if f in KERNEL_FIELDS + ENGINE_FIELDS else fitted[f]), f
     assert set(KERNEL_FIELDS) < set(FIT_FIELDS)
     assert "memory_bandwidth_efficiency" not in KERNEL_FIELDS  # decode's HBM fraction comes from serving
 

@@ -34,7 +34,7 @@ import optax
 from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.physics.params import BOUNDS, DEFAULTS
 from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
-from jaxplan.physics.steady_state import estimate
+from jaxplan.physics.steady_state import as_finite_run, estimate, prepare
 from jaxplan.prediction import GPU_OVERRIDES, RowBatch, row_batches
 from jaxplan.specs import load_gpu
 
@@ -50,8 +50,12 @@ FIT_FIELDS = (
     "step_overhead_s",
     "per_seq_overhead_s",
     "request_overhead_s",
+    "pipeline_seq_overhead_s",
 )
 FRACTIONS = {f for f in FIT_FIELDS if f.endswith("efficiency") or f.endswith("fraction")}
+# Fitted in linear units of their upper bound, not log: a cost whose prior is near 0 (none where vLLM
+# hides it) has no gradient in log space there, so a log-space fit could never find it.
+LINEAR = {"pipeline_seq_overhead_s"}
 LATENCY_FLOOR_S = 1e-7  # log-space latencies need a floor above BOUNDS' 0
 PRIOR_WEIGHT = 0.05  # per unconstrained unit, relative to the squared log error of one row
 STEPS = 400
@@ -65,6 +69,8 @@ def to_free(field: str, value: float) -> float:
     if field in FRACTIONS:
         x = (min(max(value, low + 1e-6), high - 1e-6) - low) / (high - low)
         return math.log(x / (1.0 - x))
+    if field in LINEAR:
+        return min(max(value, low), high) / high
     return math.log(max(value, LATENCY_FLOOR_S))
 
 
@@ -72,6 +78,8 @@ def from_free(field: str, z):
     _, low, high = BOUNDS[field]
     if field in FRACTIONS:
         return low + (high - low) * jax.nn.sigmoid(z)
+    if field in LINEAR:
+        return jnp.clip(z, low / high, 1.0) * high
     return jnp.clip(jnp.exp(z), LATENCY_FLOOR_S, high)
 
 
@@ -340,7 +348,11 @@ def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple):
     """Stage 4 for a fit batch: [G] `hw_table` gathered per row, with the rows' own spec values (`peaks`)."""
     hw = take(hw_table, jnp.asarray(batch.gpu_index))
     hw = hw._replace(**{field: jnp.asarray(value) for field, value in zip(GPU_OVERRIDES.values(), peaks)})
-    return estimate(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization)
+    # Measured runs are finite: an overloaded Poisson run whose requests all get a slot is one wave, as
+    # `predict_rows` predicts it (else its TTFT is infinite and the fit flees the parameters that cause it).
+    prep = prepare(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization)
+    workload = as_finite_run(batch.workload, batch.layout, prep)
+    return estimate(batch.model, hw, batch.layout, workload, batch.gpu_memory_utilization, prepared=prep)
 
 
 def log_errors(data: FitData, hw_table: Hardware):

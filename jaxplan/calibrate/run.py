@@ -68,6 +68,10 @@ KERNEL_FIELDS = (
 # both serving fits land below them (H200 0.88, B200 0.97 of the table's FP8/BF16 efficiency). Without
 # it an H100 (no serving rows, the H200's silicon) would prefill faster than the H200.
 SERVING_RATIO_FIELDS = ("gemm_flops_efficiency",)
+# Fitted fields that describe the engine a GPU's rows were served with, not the GPU: a GPU whose rows were
+# not fitted keeps its prior (the default: vLLM V1) rather than the fitted GPUs' mean. The A100 TP4 x PP2
+# runs are the only pipeline-parallel rows, served by vLLM 0.8.3's V0 fallback (`pipeline_seq_overhead_s`).
+ENGINE_FIELDS = ("pipeline_seq_overhead_s",)
 
 # (dataset, model) campaigns that are evaluated but not fitted, with the reason.
 FIT_EXCLUDED = {
@@ -112,7 +116,7 @@ def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratio
     if not tables:
         return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS}}
     scaled = {f: float(np.clip(prior[f] * r, BOUNDS[f][1], BOUNDS[f][2])) for f, r in (ratios or {}).items()}
-    return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS}, **scaled}
+    return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS + ENGINE_FIELDS}, **scaled}
 
 
 def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -66,6 +66,13 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "step_overhead_s": (2.5e-3, 0.0, 0.1),
     "per_seq_overhead_s": (4e-6, 0.0, 1e-3),
     "p2p_latency_s": (20e-6, 0.0, 1e-2),
+    # Host seconds per running sequence per step that a pipeline-parallel replica (PP > 1) pays on the
+    # step's critical path on top of `per_seq_overhead_s`: vLLM's V0 engine turns asynchronous output
+    # processing off under PP (config.py: "Async output processing can not be enabled with pipeline
+    # parallel"), so each step's per-sequence output processing no longer hides behind the next step's
+    # GPU work; and vLLM 0.8.x-0.9.0 serve PP on V0 unless `--distributed-executor-backend ray` is
+    # given. The default is per_seq_overhead_s's (V1 hides it); the A100 TP4 x PP2 runs fit it.
+    "pipeline_seq_overhead_s": (4e-6, 0.0, 1e-3),
     "request_overhead_s": (0.02, 0.0, 2.0),
 }
 # Fields that parameter files may hold but the physics does not read; accepted and dropped, so such a

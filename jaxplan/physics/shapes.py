@@ -156,6 +156,7 @@ class Hardware(NamedTuple):
     step_overhead_s: jnp.ndarray
     per_seq_overhead_s: jnp.ndarray
     p2p_latency_s: jnp.ndarray
+    pipeline_seq_overhead_s: jnp.ndarray  # host s per sequence per step, PP > 1 only (params.py)
     request_overhead_s: jnp.ndarray  # per request, outside the engine step (API server)
 
 

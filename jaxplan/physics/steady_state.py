@@ -78,6 +78,7 @@ class _Steps(NamedTuple):
     prefill_s: jnp.ndarray  # a request's prefill (all its chunks): what it costs its slot
     prefill_latency_s: jnp.ndarray  # its wall time: under PP one budget per step (>= prefill_s)
     chunk_tokens: jnp.ndarray  # prefill tokens a chunk step carries
+    work_s: jnp.ndarray  # a request's prefill work alone: prefill_s less the decode steps its chunks ride
 
 
 def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
@@ -114,7 +115,7 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     # The slot time (and with it b, throughput and TPOT) counts a step's prefill capacity; the first
     # token waits for the prompt's own chunks, one budget per step (equal to prefill_s without PP).
     latency_s = ste_ceil(isl_eff / own_chunk) * decode_s + work_s
-    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s, chunk)
+    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s, chunk, work_s)
 
 
 def slot_time_s(steps: _Steps, w: WorkloadParams):
@@ -279,6 +280,37 @@ def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
     return jnp.where(saturated, prep.b_max, _next_point(*carry))
 
 
+def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, steps: _Steps, b, requests):
+    """Seconds a replica takes for `requests` that all arrive at once, b of them running (the rest
+    wait in line, one slot time per b): the line, then the last b prefill (b x their prefill work)
+    and decode while the batch shrinks as they finish. A decode step is priced as the line through
+    one request and b requests, s(n) = s0 + s1 n (step_time_s at both ends), so the shrinking batch
+    costs s0 per step until the longest output is done plus s1 per output token:
+    s0 x OSL x `longest_output_factor` + s1 x b x OSL. A steady state of b running requests, which
+    leaves out the drain, is 2-3x too fast for a burst of ShareGPT prompts (A100 runs in ../shared)."""
+    light = StepBatch.decode_only(1.0 + 0.0 * b, w.isl_tokens + 0.5 * w.osl_tokens)
+    light_s = step_time_s(model, hw, layout, light)
+    per_seq_s = (steps.decode_s - light_s) / jnp.maximum(b - 1.0, 1e-3)
+    fixed_s = light_s - per_seq_s
+    line_s = jnp.maximum(requests - b, 0.0) * slot_time_s(steps, w) / jnp.maximum(b, 1e-3)
+    drain_s = b * steps.work_s + fixed_s * w.osl_tokens * w.longest_output_factor + per_seq_s * b * w.osl_tokens
+    return line_s + drain_s
+
+
+def as_finite_run(w: WorkloadParams, layout: Layout, prep: Prepared) -> WorkloadParams:
+    """`w` as a finite benchmark run: Poisson arrivals faster than a replica serves them (no steady
+    state) of no more requests per replica than it has slots become one wave of num_requests clients
+    that start together, which is what such a run is (vLLM admits each request as it arrives; nothing
+    queues for a slot). `predict_rows` predicts measured rows so (its `all_at_once`); the fit calls
+    this so that it sees the same rows instead of an infinite TTFT. Planning keeps the steady state:
+    the funnel never calls this."""
+    dp = layout.data_parallel_size
+    overloaded = w.request_rate_per_s / dp * prep.full_slot_s >= prep.b_max
+    flood = (w.arrival_code == 0) & overloaded & (w.num_requests / dp <= prep.b_max)
+    return w._replace(arrival_code=jnp.where(flood, 2.0, w.arrival_code), concurrency=jnp.where(flood, w.num_requests, w.concurrency),
+                      request_rate_per_s=jnp.where(flood, 0.0, w.request_rate_per_s))
+
+
 def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization, capacity=None, prepared: Prepared | None = None) -> Estimate:
     """Steady-state estimate per candidate (elementwise over [C]).
 
@@ -289,7 +321,8 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     rate = w.request_rate_per_s / dp
     poisson = w.arrival_code == 0
 
-    b_poisson = poisson_concurrency(model, hw, layout, w, rate, prep)
+    # A run never holds more requests in flight than it has (num_requests per replica).
+    b_poisson = jnp.minimum(poisson_concurrency(model, hw, layout, w, rate, prep), jnp.maximum(w.num_requests / dp, 1e-3))
     b_closed = jnp.minimum(b_max, jnp.maximum(w.concurrency / dp, 1e-3))
     b = jnp.where(poisson, b_poisson, b_closed)
     bound = jnp.where(b < 0.999 * b_max, BOUND_DEMAND, bound)
@@ -301,7 +334,12 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     # Waiting before prefill starts.
     rho = jnp.clip(utilization, 0.0, 0.999)
     slot_wait = slot_s / b_max * rho ** (jnp.sqrt(2.0 * (b_max + 1.0)) - 1.0) / (1.0 - rho)
-    prefill_rho = jnp.clip(steps.chunk_fraction, 0.0, 0.999)
+    # The prefill "server" is the token budget the decodes leave (vLLM packs several prompts' chunks into
+    # one step): its load is the prompt tokens arriving per step over that room. (The share of steps
+    # that carry a chunk is 1 whenever a prompt arrives every step, however little of the room they use.)
+    room = jnp.maximum(layout.pipeline_parallel_size * layout.max_num_batched_tokens - b, 1.0)
+    isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
+    prefill_rho = jnp.clip(b / w.osl_tokens * isl_eff / room, 0.0, 0.999)
     prefill_wait = prefill_rho / (2.0 * (1.0 - prefill_rho)) * steps.prefill_s
     poisson_wait = slot_wait + prefill_wait
     # Closed loop / burst: requests beyond what the engine admits wait in line. vLLM admits a request
@@ -357,6 +395,12 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     tpot_p99 = jnp.minimum(tpot_mean + P99_Z * spread, jnp.maximum(steps.chunk_s, tpot_mean))
     # A stable open loop serves exactly what arrives; otherwise b requests share the slot time.
     served = dp * w.osl_tokens * b / slot_s
+    # A run that is one wave (a burst, or a closed loop with a client per request) is not refilled: it
+    # drains, and lasts until its longest request is done (`wave_makespan_s`).
+    per_replica = w.concurrency / dp
+    one_wave = burst | (closed & (per_replica >= w.num_requests / dp))
+    makespan_s = wave_makespan_s(model, hw, layout, w, steps, b, per_replica)
+    served = jnp.where(one_wave, dp * w.osl_tokens * per_replica / makespan_s, served)
     throughput = jnp.where(poisson & (utilization < 1.0), w.request_rate_per_s * w.osl_tokens, served)
     return Estimate(
         output_tokens_per_s=throughput,

@@ -8,7 +8,8 @@ at most 10% above it where both terms are equal, differentiable everywhere,
 and cheap: one square root). Added to that: a fixed latency per layer (kernel launches),
 two all-reduces per layer under TP (latency + ring bandwidth term, on the
 inter-node link once the TP group spans nodes), PP point-to-point hops, and a
-per-step and per-sequence runtime overhead (scheduler, sampling).
+per-step and per-sequence runtime overhead (scheduler, sampling), and under PP the per-sequence
+output processing vLLM then runs on the step's critical path (`pipeline_host_overhead_s`).
 
 Mixture-of-experts layers (`physics.moe`): expert GEMMs per GPU of the expert group (sliced or
 expert-parallel, over lockstep DP ranks x TP), only the experts a step touches streamed, and under
@@ -234,6 +235,13 @@ def p2p_time_s(hw: Hardware, layout: Layout, message_bytes):
     return (pp - 1.0) * (hw.p2p_latency_s + message_bytes / link)
 
 
+def pipeline_host_overhead_s(hw: Hardware, layout: Layout, seqs):
+    """Host seconds a pipeline-parallel replica (PP > 1) adds to a step of `seqs` running sequences:
+    `pipeline_seq_overhead_s` each, the per-sequence output processing that vLLM's V0 engine, which serves
+    PP without asynchronous output processing, runs between steps instead of behind them. 0 without PP."""
+    return jnp.where(layout.pipeline_parallel_size > 1, hw.pipeline_seq_overhead_s * seqs, 0.0)
+
+
 def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch, group_batch_tokens=None) -> StepCost:
     """Time of one scheduler step of a replica over `batch` (see the module docstring).
 
@@ -253,7 +261,8 @@ def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch,
     message = tokens * model.hidden_size * ACTIVATION_BYTES
     dispatch = model.moe_layers * dispatch_combine_time_s(hw, layout, group_tokens, model.hidden_size, allreduce_efficiency)
     communication = (2.0 * model.num_layers * allreduce_time_s(hw, layout, message) + dispatch) * uneven + p2p_time_s(hw, layout, message)
-    overhead = model.num_layers * hw.layer_latency_s * uneven + hw.step_overhead_s + hw.per_seq_overhead_s * (batch.decode_tokens + batch.prefill_seqs)
+    seqs = batch.decode_tokens + batch.prefill_seqs
+    overhead = model.num_layers * hw.layer_latency_s * uneven + hw.step_overhead_s + hw.per_seq_overhead_s * seqs + pipeline_host_overhead_s(hw, layout, seqs)
     total = gemm + attention + communication + overhead
     return StepCost(gemm, attention, communication, overhead, total)
 

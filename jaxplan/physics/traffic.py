@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 
@@ -28,6 +30,7 @@ class WorkloadParams(NamedTuple):
     tpot_slo_s: jnp.ndarray
     target_output_tokens_per_s: jnp.ndarray  # 0: none
     num_requests: jnp.ndarray  # requests in the run; a closed loop's first wave is concurrency / num_requests of them
+    longest_output_factor: jnp.ndarray  # the run's longest output / mean output (`longest_output_factor`)
 
 
 def _p99_factor(distribution: LengthDistribution, spread: float) -> float:
@@ -63,6 +66,27 @@ def length_shape(w: Workload) -> tuple[float, float]:
     return (isl_max + osl_max) / (w.isl_mean_tokens + w.osl_mean_tokens), _cv(w.osl_distribution, w.osl_spread)
 
 
+def longest_output_factor(w: Workload, count: float | None = None) -> float:
+    """Expected longest output among `count` requests (default the workload's num_requests) / the
+    mean output, a plain float: what a burst's last request decodes after the others finished.
+
+    With a `lengths_file`: the file's own longest / mean (its 1 - 1 / (count + 1) quantile when
+    `count` is below the file's size). Fixed lengths: 1; uniform +- s: 1 + s (n - 1) / (n + 1), the
+    expected maximum of n; lognormal: its 1 - 1 / (n + 1) quantile / mean."""
+    n = max(float(count if count is not None else w.num_requests), 1.0)
+    lengths = w.lengths()
+    if lengths is not None:
+        out = np.asarray(lengths.output_tokens, np.float64)
+        top = float(np.max(out)) if n >= len(out) else float(np.quantile(out, 1.0 - 1.0 / (n + 1.0)))
+        return top / float(np.mean(out))
+    if w.osl_distribution == LengthDistribution.UNIFORM:
+        return 1.0 + w.osl_spread * (n - 1.0) / (n + 1.0)
+    if w.osl_distribution == LengthDistribution.LOGNORMAL and w.osl_spread > 0:
+        sigma = math.sqrt(math.log1p(w.osl_spread**2))
+        return math.exp(-0.5 * sigma**2 + sigma * statistics.NormalDist().inv_cdf(1.0 - 1.0 / (n + 1.0)))
+    return 1.0
+
+
 def workload_params(w: Workload, **overrides) -> WorkloadParams:
     """The Workload's continuous parameters; keyword overrides replace fields (e.g. for scenarios)."""
     max_context_factor, length_cv = length_shape(w)
@@ -80,6 +104,7 @@ def workload_params(w: Workload, **overrides) -> WorkloadParams:
         tpot_slo_s=w.tpot_slo_s,
         target_output_tokens_per_s=w.target_output_tokens_per_s,
         num_requests=w.num_requests,
+        longest_output_factor=longest_output_factor(w),
     )
     values.update(overrides)
     return WorkloadParams(**{k: jnp.asarray(v, jnp.float32) for k, v in values.items()})

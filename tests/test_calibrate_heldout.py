@@ -17,11 +17,11 @@ FITTED_GPUS = ("a100_sxm", "b200_sxm", "h200_sxm")
 # Leave-one-GPU-out as reached (docs/accuracy.md), Llama-3.1-70B rows where the KV cache holds the
 # clients (118 of B200's 120, FP8 and NVFP4; 58 of H200's 60): TTFT 11.5% / 16.9% analytical, 11.8% /
 # 17.7% replayed (B200 / H200); TPOT 9.1% / 11.2% and 8.8% / 10.8%.
-DOCUMENTED_KV_TTFT = {"b200_sxm": 0.115, "h200_sxm": 0.169}
-DOCUMENTED_KV_TPOT = {"b200_sxm": 0.091, "h200_sxm": 0.112}
-DOCUMENTED_KV_TTFT_REPLAY = {"b200_sxm": 0.118, "h200_sxm": 0.177}
-DOCUMENTED_KV_TPOT_REPLAY = {"b200_sxm": 0.088, "h200_sxm": 0.108}
-# In sample (the shipped fit), replayed: 11.7% / 6.1%.
+DOCUMENTED_KV_TTFT = {"b200_sxm": 0.121, "h200_sxm": 0.153}
+DOCUMENTED_KV_TPOT = {"b200_sxm": 0.075, "h200_sxm": 0.088}
+DOCUMENTED_KV_TTFT_REPLAY = {"b200_sxm": 0.125, "h200_sxm": 0.157}
+DOCUMENTED_KV_TPOT_REPLAY = {"b200_sxm": 0.071, "h200_sxm": 0.085}
+# In sample (the shipped fit), replayed: 11.7% / 6.0%.
 DOCUMENTED_KV_TTFT_REPLAY_IN_SAMPLE = {"b200_sxm": 0.121, "h200_sxm": 0.065}
 ROWS = {"b200_sxm": 120, "h200_sxm": 60}  # Llama-3.1-70B silicon vLLM rows: B200 FP8 and NVFP4, H200 FP8
 
@@ -111,8 +111,8 @@ def test_only_the_inconsistent_campaign_is_left_out_of_the_fit():
 def test_shipped_report_holds_the_documented_held_out_numbers():
     """docs/calibration_report.json (written by `jaxplan calibrate --report`) against docs/accuracy.md:
     held out, Llama-3.1-70B, as reached: TTFT within 20% on both GPUs, analytical and replayed; TPOT
-    9.3% (B200) and 11.5% (H200), above the earlier 10% bar since the A100 rows' runtime fields join the
-    transfer (docs/accuracy.md), pinned so that a change is seen."""
+    7.5% (B200) and 8.8% (H200) on the rows whose KV cache holds their clients, pinned so that a change
+    is seen."""
     report = json.loads(REPORT.read_text())
     for gpu in GPUS:
         held = report["held_out"][f"{gpu}/llama-3.1-70b"]
@@ -136,20 +136,22 @@ def test_shipped_report_holds_the_documented_held_out_numbers():
 
 def test_shipped_report_holds_the_documented_a100_numbers():
     """docs/accuracy.md, A100-40GB held out (leave-one-GPU-out), 16 rows replayed with each run's own
-    request lengths: TTFT 36% analytical and 28% replayed, TPOT 36% / 38% (under-predicted), replayed
-    throughput 26% (over where the load is) at Spearman 0.97. In sample (A100 is fitted): TPOT 19%."""
+    request lengths: TTFT 35% analytical and 28% replayed, TPOT 35% / 38% (under-predicted), replayed
+    throughput 26% (over where the load is) at Spearman 0.97; held out, the A100's own pipeline host
+    cost (vLLM 0.8.3's V0 engine) is unknown, so stage 4 orders its throughput at Spearman 0.78 only.
+    In sample (A100 is fitted): TPOT 10%."""
     report = json.loads(REPORT.read_text())
     analytical, replay = report["held_out"]["a100_sxm/llama-3.1-70b"], report["held_out_replay"]["a100_sxm"]
     assert analytical["rows"] == replay["rows"] == 16 and "not_predicted" not in replay
-    assert analytical["ttft_mape"] == pytest.approx(0.359, abs=0.01) and replay["ttft_mape"] == pytest.approx(0.283, abs=0.01)
+    assert analytical["ttft_mape"] == pytest.approx(0.347, abs=0.01) and replay["ttft_mape"] == pytest.approx(0.283, abs=0.01)
     assert analytical["tpot_mape"] == pytest.approx(0.357, abs=0.01) and replay["tpot_mape"] == pytest.approx(0.379, abs=0.01)
     assert replay["throughput_mape"] == pytest.approx(0.264, abs=0.01) and replay["throughput_spearman"] >= 0.97
-    assert analytical["throughput_spearman"] >= 0.89
-    # p99 (measured on these rows only): TTFT 39% / 45%, TPOT 52% / 52%, every row scored
+    assert analytical["throughput_spearman"] >= 0.75
+    # p99 (measured on these rows only): TTFT 35% / 45%, TPOT 52% / 52%, every row scored
     assert analytical["ttft_p99_rows"] == replay["tpot_p99_rows"] == 16
-    assert analytical["ttft_p99_mape"] == pytest.approx(0.394, abs=0.01) and replay["ttft_p99_mape"] == pytest.approx(0.447, abs=0.01)
+    assert analytical["ttft_p99_mape"] == pytest.approx(0.348, abs=0.01) and replay["ttft_p99_mape"] == pytest.approx(0.447, abs=0.01)
     assert analytical["tpot_p99_mape"] == pytest.approx(0.517, abs=0.01) and replay["tpot_p99_mape"] == pytest.approx(0.517, abs=0.01)
-    assert report["in_sample"]["a100_sxm"]["tpot_mape"] == pytest.approx(0.186, abs=0.01)
+    assert report["in_sample"]["a100_sxm"]["tpot_mape"] == pytest.approx(0.096, abs=0.01)
 
 
 def test_shipped_report_holds_the_documented_held_out_configurations():

@@ -135,7 +135,7 @@ def test_a_model_no_fit_has_seen_is_predicted_from_its_config_json_alone(model, 
 # default runtime fields. Llama-3.1-8B is scored by the complete fit, which never saw it.
 LEAVE_ONE_MODEL_OUT = {  # model -> GPU -> (rows, TTFT MAPE, TPOT MAPE)
     # MI300X and MI355X have no kernel tables: with no row left they are priced at DEFAULTS (docs/amd.md).
-    "llama-3.1-70b": {"a100_sxm": (16, 0.357, 0.311), "b200_sxm": (120, 0.253, 0.064), "h200_sxm": (60, 0.141, 0.072),
+    "llama-3.1-70b": {"a100_sxm": (16, 0.414, 0.307), "b200_sxm": (120, 0.253, 0.064), "h200_sxm": (60, 0.141, 0.072),
                       "mi300x": (60, 0.577, 0.254), "mi355x": (60, 0.460, 0.174)},
     "llama-3.1-8b": {"h200_sxm": (21, 1.337, 1.112)},
 }
@@ -157,7 +157,7 @@ def test_shipped_report_leave_one_model_out_per_row_group():
             scores = held[model]["by_gpu"][gpu]
             assert scores["rows"] == rows and "not_predicted" not in scores, (model, gpu)
             assert scores["ttft_mape"] == pytest.approx(ttft, abs=0.005) and scores["tpot_mape"] == pytest.approx(tpot, abs=0.005), (model, gpu)
-    assert held["llama-3.1-70b"]["throughput_spearman"] == pytest.approx(0.959, abs=0.005)
+    assert held["llama-3.1-70b"]["throughput_spearman"] == pytest.approx(0.970, abs=0.005)
 
 
 def test_shipped_report_table_covers_every_dense_vllm_row_under_both_protocols():

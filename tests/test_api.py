@@ -169,7 +169,7 @@ def test_a_misspelt_arrival_is_refused():
     (dict(weight_dtypes=["fp16"]), "'fp16' is not one of them"),
     (dict(top=0), "top = 0: must be an integer in 1..1,000"),
     (dict(replay_requests=5), "replay_requests = 5"),
-    (dict(routing="random"), "Known: least_loaded, round_robin"),
+    (dict(routing="random"), "Known: dp_coordinator, least_loaded, round_robin"),
     (dict(target_throughput=0), "target_throughput = 0"),
 ])
 def test_bad_sweep_input_is_a_one_line_plan_error(change, fragment):

@@ -162,4 +162,6 @@ def test_stage4_obeys_the_same_bounds():
     assert all(r["status"] == "ok" for r in rows)
     for k, n in ((1, 2), (2, 4)):
         assert 1.0 <= tok[k] / tok[0] <= n * 1.01
-    assert tok[4] / tok[3] == pytest.approx(4, rel=1e-4)  # the same concurrency per replica, steady state: exactly N
+    # The same concurrency per replica: N times one replica, up to each replica's own drain of the burst
+    # (stage 4 prices a burst's makespan), within the 1% the issue allows.
+    assert 4 * 0.99 <= tok[4] / tok[3] <= 4 * 1.01

@@ -284,16 +284,20 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
     """Seconds a replica takes for `requests` that all arrive at once, b of them running (the rest
     wait in line, one slot time per b): the line, then the last b prefill (b x their prefill work)
     and decode while the batch shrinks as they finish. A decode step is priced as the line through
-    one request and b requests, s(n) = s0 + s1 n (step_time_s at both ends), so the shrinking batch
-    costs s0 per step until the longest output is done plus s1 per output token:
-    s0 x OSL x `longest_output_factor` + s1 x b x OSL. A steady state of b running requests, which
+    one request and b requests, s(n) = s(1) + s1 (n - 1) (step_time_s at both ends), so the shrinking
+    batch costs s(1) per step until the longest output is done (OSL x `longest_output_factor` steps)
+    plus s1 per output token beyond one a step (b x OSL tokens, at least one a step). A steady state of b running requests, which
     leaves out the drain, is 2-3x too fast for a burst of ShareGPT prompts (A100 runs in ../shared)."""
     light = StepBatch.decode_only(1.0 + 0.0 * b, w.isl_tokens + 0.5 * w.osl_tokens)
     light_s = step_time_s(model, hw, layout, light)
     per_seq_s = (steps.decode_s - light_s) / jnp.maximum(b - 1.0, 1e-3)
-    fixed_s = light_s - per_seq_s
     line_s = jnp.maximum(requests - b, 0.0) * slot_time_s(steps, w) / jnp.maximum(b, 1e-3)
-    drain_s = b * steps.work_s + fixed_s * w.osl_tokens * w.longest_output_factor + per_seq_s * b * w.osl_tokens
+    # Every drain step holds the longest request, so its steps carry at least as many tokens as there
+    # are steps; priced as light_s per step plus per_seq_s per token beyond one a step, the drain then
+    # weighs s(1) and s(b) both positively: a faster GPU never lengthens it.
+    drain_steps = w.osl_tokens * w.longest_output_factor
+    drain_tokens = jnp.maximum(b * w.osl_tokens, drain_steps)
+    drain_s = b * steps.work_s + light_s * drain_steps + per_seq_s * (drain_tokens - drain_steps)
     return line_s + drain_s
 
 

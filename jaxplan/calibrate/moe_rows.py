@@ -27,6 +27,7 @@ from pathlib import Path
 
 from jaxplan.calibrate._data import resolve_root
 from jaxplan.calibrate.rows import make_row
+from jaxplan.calibrate.serving import silicon_run_left_out, silicon_source
 
 MOE_SILICON = "aiconfigurator_silicon_moe"
 # Source model label -> bundled jaxplan model (the MoE models whose vLLM rows the data holds).
@@ -89,20 +90,13 @@ def parallel_layout(raw: dict) -> tuple[int, int, bool] | str:
 @functools.cache
 def moe_silicon_rows(root: Path) -> tuple[tuple[dict, ...], tuple]:
     """(rows, sorted (reason, count) pairs of the source rows left out) of the vLLM MoE silicon rows."""
-    import csv
-
     dropped, rows, seen = Counter(), [], set()
-    with open(root / "e2e_aiconfigurator_silicon" / "silicon_calibration.csv", newline="") as handle:
-        source = list(csv.DictReader(handle))
-    for raw in source:
+    for raw in silicon_source(root):
         model = MOE_MODELS.get(raw["model_path"].strip().lower())
         if raw["backend"] != "vllm" or model is None:
             continue
-        if raw["mode"] != "agg":
-            dropped["disagg mode (separate prefill/decode workers)"] += 1
-            continue
-        if "wip=True" in raw["silicon_data_source"]:
-            dropped["marked wip=True"] += 1
+        if reason := silicon_run_left_out(raw):
+            dropped[reason] += 1
             continue
         gpu = MOE_GPUS.get(raw["system"])
         if gpu is None:

@@ -186,16 +186,33 @@ def silicon_weight_dtype(precision: str, gemm_quant_mode: str) -> str | None:
     return None
 
 
+SILICON_CSV = Path("e2e_aiconfigurator_silicon") / "silicon_calibration.csv"
+
+
+@functools.cache
+def silicon_source(root: Path) -> tuple[dict, ...]:
+    """The silicon CSV's rows as read (one read per data root; dense and MoE loaders share it; do not
+    modify the dicts)."""
+    return tuple(_read_csv(root / SILICON_CSV))
+
+
+def silicon_run_left_out(raw: dict) -> str | None:
+    """Why a silicon run is left out whatever its model: disaggregated serving, or marked work in
+    progress by its source; None if kept."""
+    if raw["mode"] != "agg":
+        return "disagg mode (separate prefill/decode workers)"
+    if "wip=True" in raw["silicon_data_source"]:
+        return "marked wip=True"
+    return None
+
+
 @functools.cache
 def _silicon(root: Path) -> tuple[tuple[dict, ...], tuple]:
     dropped = Counter()
     rows, seen = [], set()
-    for raw in _read_csv(root / "e2e_aiconfigurator_silicon" / "silicon_calibration.csv"):
-        if raw["mode"] != "agg":
-            dropped["disagg mode (separate prefill/decode workers)"] += 1
-            continue
-        if "wip=True" in raw["silicon_data_source"]:
-            dropped["marked wip=True"] += 1
+    for raw in silicon_source(root):
+        if reason := silicon_run_left_out(raw):
+            dropped[reason] += 1
             continue
         gpu = map_gpu(raw["system"])
         if gpu is None:

@@ -8,15 +8,14 @@ of the release alone: no model of jaxplan's is involved. `docs/vllm_versions.md`
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from jaxplan.calibrate._data import require_file, resolve_root, version_key
-
-SILICON_CSV = Path("e2e_aiconfigurator_silicon") / "silicon_calibration.csv"
+from jaxplan.calibrate._data import resolve_root, version_key
+from jaxplan.calibrate.serving import SILICON_CSV as SILICON_CSV
+from jaxplan.calibrate.serving import silicon_source
 CONFIGURATION = ("model_path", "system", "gemm_quant_mode", "tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size", "isl", "osl", "batch_size")
 
 
@@ -37,14 +36,12 @@ class ReleasePair(NamedTuple):
 def release_pairs(data_root: str | Path | None = None) -> list[ReleasePair]:
     """Every (model, GPU, earlier release, later release) with configurations measured under both
     (vLLM, aggregated serving; rows without a release are left out), sorted."""
-    path = require_file(resolve_root(data_root) / SILICON_CSV)
     runs: dict[tuple, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    with open(path, newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            if row["backend"] != "vllm" or row["mode"] != "agg" or not row["backend_version"]:
-                continue
-            key = tuple(row[c] for c in CONFIGURATION)
-            runs[key][row["backend_version"]].append((float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])))
+    for row in silicon_source(resolve_root(data_root)):
+        if row["backend"] != "vllm" or row["mode"] != "agg" or not row["backend_version"]:
+            continue
+        key = tuple(row[c] for c in CONFIGURATION)
+        runs[key][row["backend_version"]].append((float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])))
     # A configuration measured more than once under one release counts as the mean of its runs.
     measured = {key: {release: tuple(map(statistics.fmean, zip(*values))) for release, values in by.items()} for key, by in runs.items()}
     ratios: dict[tuple, list[tuple[float, float]]] = defaultdict(list)

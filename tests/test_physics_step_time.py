@@ -119,6 +119,7 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     floor = np.select([fp4, fp8], [hw["fp4_gemm_floor_s"], hw["fp8_gemm_floor_s"]], hw["gemm_floor_s"])
     # The weights a GEMM streams cost their stored bytes, but NVFP4 ones on FP4 tensor cores the GPU's
     # `fp4_weight_read_bytes_per_param` (its kernels stream them slower than FP8's stream one byte).
+    stored = wb
     wb = np.where(fp4, hw["fp4_weight_read_bytes_per_param"], wb)
     ops = []
     kv_ways = np.minimum(tp, m.kv_heads)
@@ -129,12 +130,20 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     ffn = m.ffn_intermediate_per_token / tp
     mlp_w = m.dense_mlp_params_per_layer / tp
     ops.append((m.dense_mlp_layers, 2 * T * mlp_w, mlp_w * wb + T * (h + ffn) * 2, gemm_rate, 2 * floor))
-    # MoE: compute for the k active (+ shared) experts per token; weights read for every expert at
-    # least one token of the micro-batch was routed to: E (1 - (1 - k/E)^T) under uniform routing.
+    # MoE: the shared experts and the activations as a dense GEMM (one roofline, no floor); the routed
+    # experts as NVIDIA's fused-MoE tables time them, per format (the weights' here): the kernel's least
+    # time + the stored bytes of every expert at least one token was routed to, E (1 - (1 - k/E)^T) under
+    # uniform routing, at its streaming rate + the k experts' FLOPs per token at its GEMM rate.
     E, k = m.num_experts, m.experts_per_token
-    touched = E * (1 - (1 - k / E) ** T) + m.shared_experts
-    ops.append((m.moe_layers, 2 * T * (k + m.shared_experts) * m.expert_params / tp,
-                touched * m.expert_params / tp * wb + T * (h + ffn) * 2, gemm_rate, 2 * floor))
+    ops.append((m.moe_layers, 2 * T * m.shared_experts * m.expert_params / tp,
+                m.shared_experts * m.expert_params / tp * wb + T * (h + ffn) * 2, gemm_rate, None))
+    fmt = np.select([stored < 0.75, stored == 1.0], ["nvfp4", "fp8"], "bf16")
+    moe_field = lambda what: np.select([fmt == "nvfp4", fmt == "fp8"], [hw[f"moe_nvfp4_{what}"], hw[f"moe_fp8_{what}"]], hw[f"moe_bf16_{what}"])  # noqa: E731
+    peak = np.select([(fmt == "nvfp4") & (hw["fp4_flops_per_s"] > 0), (fmt == "fp8") & (hw["fp8_flops_per_s"] > 0)],
+                     [hw["fp4_flops_per_s"], hw["fp8_flops_per_s"]], hw["bf16_flops_per_s"])
+    touched = E * (1 - (1 - k / E) ** T)
+    routed = m.moe_layers * (moe_field("floor_s") + 2 * T * k * m.expert_params / tp / (peak * moe_field("flops_fraction"))
+                             + touched * m.expert_params / tp * stored / (hw["hbm_bandwidth_bytes_per_s"] * moe_field("hbm_fraction")))
     head_w = V * h / tp  # LM head in BF16 on BF16 tensor cores
     ops.append((1.0, 2 * logit_rows * head_w, head_w * 2 + logit_rows * (h + V / tp) * 2, hw["bf16_flops_per_s"] * hw["gemm_flops_efficiency"], hw["gemm_floor_s"]))
     # Attention cores. KV bytes of one token in one layer on one GPU:
@@ -152,6 +161,7 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     ops.append((m.linear_layers, (micro["prefill"] + micro["decode"]) * m.linear_flops_per_token_per_layer / tp,
                 2 * seqs * m.linear_state_bytes_per_layer / tp, attn_rate, None))
     compute = sum(n * (ref_roofline(f / rate, b / bw) if least is None else ref_roofline(ref_roofline(f / rate, b / bw), least)) for n, f, b, rate, least in ops)
+    compute = compute + np.where(m.moe_layers > 0, routed, 0.0)
     # FP8 and NVFP4 GEMMs first quantise their input (a kernel of its own, at the HBM bandwidth): per token the
     # hidden state into QKV and into gate/up (or the experts), the TP shard of the attention output
     # into O and of the FFN activation into the down projection.

@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from jaxplan.buckets import bucket_size, pad_rows
+from jaxplan.calibrate.moe_kernels import moe_kernel_prior
 from jaxplan.physics.params import BOUNDS, DEFAULTS
 from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
 from jaxplan.physics.steady_state import as_finite_run, estimate, prepare
@@ -103,6 +104,7 @@ def has_kernel_tables(gpu: str, data_root=None) -> bool:
         return False
 
 
+
 def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     """Efficiencies read off NVIDIA's per-kernel measurements of `gpu` (DEFAULTS where absent)."""
     from jaxplan.calibrate import kernels
@@ -146,6 +148,7 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
     except Exception:  # noqa: BLE001
         pass
     prior.update(allreduce_prior(gpu, spec, data_root))
+    prior.update(moe_kernel_prior(gpu, spec, data_root))
     return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
 
 

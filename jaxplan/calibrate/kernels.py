@@ -52,7 +52,11 @@ FAMILIES = {
     "generation_attention": ("attention/vllm", "generation_attention_perf.parquet"),
     "nccl": ("comm/nccl", "nccl_perf.parquet"),
     "custom_allreduce": ("comm/vllm", "custom_allreduce_perf.parquet"),
+    "moe": ("moe/vllm", "moe_perf.parquet"),
 }
+# The MoE tables' expert formats, kept under their source labels: w4a16 (weight-only, bf16 activations)
+# and w4a8 (MXFP8 activations) MXFP4 are different kernels.
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4_wo")
 
 
 class GemmTable(NamedTuple):
@@ -109,6 +113,23 @@ class CommTable(NamedTuple):
     num_gpus: np.ndarray  # int64: GPUs in the group
     dtype: np.ndarray  # str: 'fp16' | 'bf16' | 'int8'
     message_bytes: np.ndarray  # int64: elements * element size
+    latency_s: np.ndarray  # float64: seconds per call
+
+
+class MoeTable(NamedTuple):
+    """Timed fused-MoE layers (routing, both expert GEMMs and the activation, vLLM's kernels) on one GPU
+    of an expert group of moe_tp x moe_ep GPUs; arrays [N]."""
+
+    tokens: np.ndarray  # int64: tokens entering the layer
+    hidden_size: np.ndarray  # int64
+    intermediate_size: np.ndarray  # int64: one expert's FFN width (before TP slicing)
+    top_k: np.ndarray  # int64: experts per token
+    num_experts: np.ndarray  # int64: routed experts of the layer (all GPUs)
+    moe_tp: np.ndarray  # int64: ways each expert is sliced
+    moe_ep: np.ndarray  # int64: ways the experts are dealt out
+    dtype: np.ndarray  # str: one of MOE_DTYPES
+    distribution: np.ndarray  # str: token routing, 'balanced' | 'power_law_<alpha>'
+    kernel_source: np.ndarray  # str ('' where the table does not say)
     latency_s: np.ndarray  # float64: seconds per call
 
 
@@ -242,6 +263,22 @@ def load_gemm(
         latency_s=cols["latency"][keep].astype(np.float64) * MS_TO_S,
     )
     return subsample(table, max_rows, seed)
+
+
+def load_moe(gpu: str, *, version: str | None = None, data_root: str | Path | None = None) -> MoeTable:
+    """Fused-MoE timings of one GPU, newest vLLM version by default (every dtype and routing)."""
+    path = table_path(gpu, "moe", version, data_root)
+    wanted = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size", "moe_dtype", "distribution", "latency")
+    cols = _columns(path, wanted, optional=("kernel_source",))
+    unknown = sorted(set(np.unique(cols["moe_dtype"])) - set(MOE_DTYPES))
+    if unknown:
+        raise PlanError(f"{path}: unexpected moe_dtype value(s) {unknown}; add them to jaxplan.calibrate.kernels.MOE_DTYPES")
+    size = len(cols["latency"])
+    ints = {name: cols[column].astype(np.int64) for name, column in (
+        ("tokens", "num_tokens"), ("hidden_size", "hidden_size"), ("intermediate_size", "inter_size"), ("top_k", "topk"),
+        ("num_experts", "num_experts"), ("moe_tp", "moe_tp_size"), ("moe_ep", "moe_ep_size"))}
+    return MoeTable(**ints, dtype=cols["moe_dtype"], distribution=cols["distribution"],
+                    kernel_source=cols.get("kernel_source", np.full(size, "")), latency_s=cols["latency"].astype(np.float64) * MS_TO_S)
 
 
 def _attention_columns(gpu: str, family: str, version, data_root, kv_dtypes, window_tokens):

@@ -34,6 +34,7 @@ import numpy as np
 from jaxplan.calibrate import fit
 from jaxplan.calibrate.accuracy_table import accuracy_table
 from jaxplan.calibrate.metrics import mape, spearman
+from jaxplan.calibrate.moe_kernels import all_fields as moe_kernel_fields
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
@@ -491,20 +492,32 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
 PRIOR_SOURCES = ("kernel tables", "bundled parameter file", "defaults")
 
 
+# A GPU without MoE kernel tables whose MoE kernels are another's builds takes that GPU's `moe_*` fields
+# (fractions of its own peaks): B300 and GB200 run the SM100 FlashInfer / CUTLASS / Marlin MoE kernels
+# that NVIDIA's B200 tables time.
+MOE_KERNEL_PEERS = {"b300_sxm": "b200_sxm", "gb200": "b200_sxm"}
+
+
 def calibration_priors(gpus, data_root=None) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """(priors per GPU, where each came from): `fit.kernel_priors` where NVIDIA's kernel tables for the
     GPU are on disk; else the [prior.<gpu>] table of the bundled parameter file (the kernel priors the
     shipped fit started from, so a clone without ../shared calibrates its own rows from the same
-    place); else DEFAULTS."""
+    place); else DEFAULTS. A GPU of MOE_KERNEL_PEERS then takes its peer's `moe_*` fields."""
     bundled = load_priors()
+
+    def prior_of(g: str) -> tuple[dict[str, float], str]:
+        if fit.has_kernel_tables(g, data_root):
+            return fit.kernel_priors(g, data_root), PRIOR_SOURCES[0]
+        if g in bundled:
+            return dict(bundled[g]), PRIOR_SOURCES[1]
+        return dict(DEFAULTS), PRIOR_SOURCES[2]
+
     priors, sources = {}, {}
     for g in gpus:
-        if fit.has_kernel_tables(g, data_root):
-            priors[g], sources[g] = fit.kernel_priors(g, data_root), PRIOR_SOURCES[0]
-        elif g in bundled:
-            priors[g], sources[g] = dict(bundled[g]), PRIOR_SOURCES[1]
-        else:
-            priors[g], sources[g] = dict(DEFAULTS), PRIOR_SOURCES[2]
+        priors[g], sources[g] = prior_of(g)
+        if g in MOE_KERNEL_PEERS and sources[g] != PRIOR_SOURCES[0]:
+            peer = priors[MOE_KERNEL_PEERS[g]] if MOE_KERNEL_PEERS[g] in priors else prior_of(MOE_KERNEL_PEERS[g])[0]
+            priors[g].update({f: peer[f] for f in moe_kernel_fields()})
     return priors, sources
 
 

@@ -68,36 +68,39 @@ def moe_weight_params_per_gpu(model: ModelShape, layout: Layout):
     return routed, other
 
 
-def expert_gemm_rate(hw: Hardware, layout: Layout):
-    """(achievable FLOP/s, HBM bytes streamed per routed-expert parameter, least seconds of one GEMM) of
-    the routed experts' GEMMs, by their format: FP8 / NVFP4 / MXFP4 on their tensor cores where the
-    GPU has them, else weight-only (dequantised into bf16 GEMMs, streaming the stored bytes); INT4
-    always weight-only."""
-    code = layout.expert_weight_format
-    stored = formats.expert_bytes_per_param(code)
-    bf16 = hw.bf16_flops_per_s * hw.gemm_flops_efficiency
-    on_fp8 = formats.is_format(code, table.FP8) & (hw.fp8_flops_per_s > 0)
-    on_nvfp4 = formats.is_format(code, table.NVFP4) & (hw.fp4_flops_per_s > 0)
-    on_mxfp4 = formats.is_format(code, table.MXFP4) & (hw.mxfp4_flops_per_s > 0)
-    flops = jnp.where(on_fp8, hw.fp8_flops_per_s * hw.gemm_flops_efficiency, bf16)
-    flops = jnp.where(on_nvfp4, hw.fp4_flops_per_s * hw.fp4_gemm_flops_efficiency, flops)
-    flops = jnp.where(on_mxfp4, hw.mxfp4_flops_per_s * hw.fp4_gemm_flops_efficiency, flops)
-    # FP4 kernels stream their weights slower than their stored bytes (calibrated for NVFP4); MXFP4's
-    # smaller scales are taken in proportion.
-    fp4_read = hw.fp4_weight_read_bytes_per_param * stored / table.NVFP4.expert_bytes_per_param
-    read = jnp.where(on_nvfp4 | on_mxfp4, fp4_read, stored)
-    floor = jnp.where(on_nvfp4 | on_mxfp4, hw.fp4_gemm_floor_s, jnp.where(on_fp8, hw.fp8_gemm_floor_s, hw.gemm_floor_s))
-    return flops, read, floor
+def expert_peak_flops_per_s(hw: Hardware, code):
+    """The peak the routed experts' GEMMs of format `code` run against: FP8 and NVFP4 on their tensor
+    cores where the GPU has them, MXFP4 at the FP8 rate where the GPU has MX tensor cores (vLLM runs it
+    with MXFP8 activations there), else, and for INT4 and BF16, the BF16 peak (weight-only kernels
+    dequantise into bf16 GEMMs). `calibrate.moe_kernels.expert_peaks` is the same rule on spec numbers."""
+    fp8 = jnp.where(hw.fp8_flops_per_s > 0, hw.fp8_flops_per_s, hw.bf16_flops_per_s)
+    peak = jnp.where(formats.is_format(code, table.FP8), fp8, hw.bf16_flops_per_s)
+    peak = jnp.where(formats.is_format(code, table.NVFP4) & (hw.fp4_flops_per_s > 0), hw.fp4_flops_per_s, peak)
+    return jnp.where(formats.is_format(code, table.MXFP4) & (hw.mxfp4_flops_per_s > 0), fp8, peak)
+
+
+def expert_kernel(hw: Hardware, code):
+    """(least seconds per layer, achievable FLOP/s, achievable HBM bytes/s) of the fused-MoE kernel of
+    format `code` on `hw`: its `moe_<format>_*` fields (`calibrate.moe_kernels`)."""
+    floor_s, hbm, flops = hw.moe_bf16_floor_s, hw.moe_bf16_hbm_fraction, hw.moe_bf16_flops_fraction
+    for fmt in table.FORMATS[1:]:
+        here = formats.is_format(code, fmt)
+        floor_s = jnp.where(here, getattr(hw, f"moe_{fmt.name}_floor_s"), floor_s)
+        hbm = jnp.where(here, getattr(hw, f"moe_{fmt.name}_hbm_fraction"), hbm)
+        flops = jnp.where(here, getattr(hw, f"moe_{fmt.name}_flops_fraction"), flops)
+    return floor_s, expert_peak_flops_per_s(hw, code) * flops, hw.hbm_bandwidth_bytes_per_s * hbm
 
 
 def moe_layer_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, group_tokens, roofline, dense_flops_per_s, dense_read_bytes):
-    """Seconds of one MoE layer's GEMMs on the busiest GPU of its expert group.
+    """Seconds of one MoE layer on the busiest GPU of its expert group.
 
     tokens: this rank's tokens (one micro-batch); group_tokens: the tokens of all lockstep ranks
-    that meet in the layer (= tokens without lock-step). The shared experts run over this rank's
-    tokens at the dense weights' rate (`dense_flops_per_s`, `dense_read_bytes` per parameter); the
-    routed experts at their format's (`expert_gemm_rate`). One roofline for the layer, at least two
-    of the experts' GEMM floors (gate-up and down)."""
+    that meet in the layer (= tokens without lock-step). The routed experts cost what NVIDIA's MoE
+    kernel tables say vLLM's fused kernel costs (`expert_kernel`): its least time, plus the touched
+    experts' stored bytes at its streaming rate, plus their pairs' FLOPs at its GEMM rate, added as
+    the tables were read (`calibrate.moe_kernels`). The shared experts run over this rank's tokens at
+    the dense weights' rate (`dense_flops_per_s`, `dense_read_bytes` per parameter), one roofline with
+    the tokens' activations."""
     h = model.hidden_size
     k, e, p = model.experts_per_token, model.num_experts, model.expert_params
     g = layout.expert_group_gpus
@@ -109,15 +112,17 @@ def moe_layer_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, gr
     params_per_pair = jnp.where(ep, p, p / g)
     touched = expected_experts_touched(e, k, group_tokens)
     touched_on_gpu = jnp.where(ep, routed_experts_per_gpu(model, layout) * touched / jnp.maximum(e, 1.0), touched / g)
-    expert_flops_per_s, expert_read_bytes, floor_s = expert_gemm_rate(hw, layout)
+    code = layout.expert_weight_format
+    floor_s, expert_flops_per_s, expert_bytes_per_s = expert_kernel(hw, code)
+    routed_s = (2.0 * gpu_pairs * params_per_pair / expert_flops_per_s
+                + touched_on_gpu * p * formats.expert_bytes_per_param(code) / expert_bytes_per_s)
     tp = layout.tensor_parallel_size
     shared_params = model.shared_experts * p / tp
-    compute_s = 2.0 * gpu_pairs * params_per_pair / expert_flops_per_s + 2.0 * tokens * shared_params / dense_flops_per_s
     # Sliced: every token in and its FFN activation's slice out; EP: each pair's token in and activation out.
     activations = jnp.where(ep, gpu_pairs * (h + intermediate), group_tokens * (h + model.ffn_intermediate_per_token / g))
-    moved = touched_on_gpu * p * expert_read_bytes + shared_params * dense_read_bytes + activations * ACTIVATION_BYTES
-    memory_s = moved / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency)
-    return roofline(roofline(compute_s, memory_s), 2.0 * floor_s)
+    shared_s = roofline(2.0 * tokens * shared_params / dense_flops_per_s,
+                        (shared_params * dense_read_bytes + activations * ACTIVATION_BYTES) / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency))
+    return floor_s + routed_s + shared_s
 
 
 def dispatch_combine_time_s(hw: Hardware, layout: Layout, group_tokens, hidden_size, allreduce_efficiency):

@@ -75,6 +75,21 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "pipeline_seq_overhead_s": (4e-6, 0.0, 1e-3),
     "request_overhead_s": (0.02, 0.0, 2.0),
 }
+# The fused-MoE kernel of each expert format (`calibrate.moe_kernels`, which reads them off NVIDIA's MoE
+# tables; never fitted): its least time per layer, the fraction of the HBM peak at which it streams the
+# touched experts' stored bytes, and the fraction of the format's peak (`physics.moe.expert_peak_flops_per_s`)
+# its grouped GEMMs reach. Defaults: H100's table (vLLM 0.24), NVFP4 B200's (Hopper has no NVFP4 kernel).
+MOE_KERNEL_DEFAULTS = {
+    "bf16": (38e-6, 0.95, 0.60),
+    "fp8": (45e-6, 0.95, 0.31),
+    "nvfp4": (21e-6, 0.90, 0.32),
+    "mxfp4": (41e-6, 0.85, 0.48),
+    "int4": (46e-6, 0.90, 0.26),
+}
+for _format, (_floor, _hbm, _flops) in MOE_KERNEL_DEFAULTS.items():
+    BOUNDS[f"moe_{_format}_floor_s"] = (_floor, 0.0, 1e-3)
+    BOUNDS[f"moe_{_format}_hbm_fraction"] = (_hbm, 0.02, 1.0)
+    BOUNDS[f"moe_{_format}_flops_fraction"] = (_flops, 0.01, 1.0)
 # Fields that parameter files may hold but the physics does not read; accepted and dropped, so such a
 # file still loads. closed_loop_sync_fraction: a closed loop's first wave is concurrency / num_requests, not fitted.
 RETIRED = frozenset({"closed_loop_sync_fraction"})

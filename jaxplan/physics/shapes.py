@@ -158,6 +158,23 @@ class Hardware(NamedTuple):
     p2p_latency_s: jnp.ndarray
     pipeline_seq_overhead_s: jnp.ndarray  # host s per sequence per step, PP > 1 only (params.py)
     request_overhead_s: jnp.ndarray  # per request, outside the engine step (API server)
+    # The fused-MoE kernel per expert format (params.MOE_KERNEL_DEFAULTS): least s per layer, fraction of
+    # the HBM peak its expert weights stream at, fraction of the format's peak its GEMMs reach.
+    moe_bf16_floor_s: jnp.ndarray
+    moe_bf16_hbm_fraction: jnp.ndarray
+    moe_bf16_flops_fraction: jnp.ndarray
+    moe_fp8_floor_s: jnp.ndarray
+    moe_fp8_hbm_fraction: jnp.ndarray
+    moe_fp8_flops_fraction: jnp.ndarray
+    moe_nvfp4_floor_s: jnp.ndarray
+    moe_nvfp4_hbm_fraction: jnp.ndarray
+    moe_nvfp4_flops_fraction: jnp.ndarray
+    moe_mxfp4_floor_s: jnp.ndarray
+    moe_mxfp4_hbm_fraction: jnp.ndarray
+    moe_mxfp4_flops_fraction: jnp.ndarray
+    moe_int4_floor_s: jnp.ndarray
+    moe_int4_hbm_fraction: jnp.ndarray
+    moe_int4_flops_fraction: jnp.ndarray
 
 
 def hardware_table(gpus: tuple[GpuSpec, ...], efficiency: dict[str, dict[str, float]]) -> Hardware:

@@ -66,8 +66,23 @@ def test_counts_and_the_rows_left_out():
     assert len(load_inferencemax_rows(repeats=True)) == 372 + 79  # every Llama-3.3-70B FP8 measurement
     _, dropped = inferencemax_rows(_data.resolve_root(None).resolve())
     dropped = dict(dropped)
-    assert sum(n for reason, n in dropped.items() if "MXFP4 weights are not modeled" in reason) == 68 + 216 + 49
+    assert sum(n for reason, n in dropped.items() if "MXFP4 in every layer" in reason) == 68  # Llama-3.3-70B MXFP4 on MI355X
+    assert sum(n for reason, n in dropped.items() if "scored with the MoE rows" in reason) == 216 + 49  # gpt-oss-120b: moe_rows scores them
     assert sum(dropped.values()) == 784 - 372 - 79
+
+
+def test_gpt_oss_runs_are_moe_rows_with_their_flags():
+    """gpt-oss-120b on MI300X / MI355X: one row per configuration (the mean of its nightly repeats),
+    MXFP4 experts, `--block-size 64` and vLLM's defaults otherwise (SOURCE.txt), never in the dense fit."""
+    from jaxplan.calibrate import serving
+    from jaxplan.calibrate.inferencemax import inferencemax_moe_rows
+
+    needs_data()
+    rows, dropped = inferencemax_moe_rows(_data.resolve_root(None).resolve())
+    assert len(rows) == 105 and {r["model"] for r in rows} == {"gpt-oss-120b"}
+    assert {(r["weight_dtype"], r["block_size"], r["gpu_memory_utilization"]) for r in rows} == {("mxfp4", 64, 0.9)}
+    assert sum(dict(dropped).values()) == 784 - 216 - 49
+    assert not any(r["model"] == "gpt-oss-120b" for r in serving.load_serving_rows(datasets=serving.INFERENCEMAX_AMD))
 
 
 def test_the_bundled_fit_reads_the_dataset():

@@ -32,7 +32,10 @@ CSV_PATH = Path(INFERENCEMAX_AMD) / "inferencemax_amd_vllm.csv"
 # benchmarks/*.sh). Llama-3.3-70B has the Llama-3.1-70B architecture.
 ENGINE_FLAGS = {
     "amd/llama-3.3-70b-instruct-fp8-kv": ("llama-3.1-70b", {"gpu_memory_utilization": 0.94}),
+    "openai/gpt-oss-120b": ("gpt-oss-120b", {"block_size": 64}),
 }
+# MoE checkpoints: their rows are scored with the other MoE rows (`moe_rows.load_moe_rows`), never fitted.
+MOE_CHECKPOINTS = frozenset({"openai/gpt-oss-120b"})
 # vLLM 0.10.1's values where the flags leave a setting out (EngineArgs / CacheConfig defaults; the
 # ROCm platform keeps the 16-token block for models without MLA).
 VLLM_DEFAULTS = {"gpu_memory_utilization": 0.9, "block_size": 16}
@@ -59,14 +62,18 @@ def _spread(values) -> float:
     return (max(values) - min(values)) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
-def _drop_reason(raw: dict) -> str | None:
+def _drop_reason(raw: dict, moe: bool) -> str | None:
+    """Why the dense loader (moe=False) or the MoE one (moe=True) leaves a CSV row out; None: it keeps it."""
     if raw["backend"] != "vllm":
         return f"backend {raw['backend']}"
     if raw["gpu"] not in GPU_LABELS:
         return f"GPU {raw['gpu']} is not a jaxplan GPU"
-    if raw["model"].lower() not in ENGINE_FLAGS:
+    checkpoint = raw["model"].lower()
+    if checkpoint not in ENGINE_FLAGS:
         return f"{raw['model']} ({raw['weight_dtype']} weights): " + (
-            "MXFP4 weights are not modeled (jaxplan plans bf16, fp8 and nvfp4)" if raw["weight_dtype"] == "mxfp4" else "not a calibration model")
+            "MXFP4 in every layer of a dense model is not modeled (jaxplan's mxfp4 is a MoE model's experts)" if raw["weight_dtype"] == "mxfp4" else "not a calibration model")
+    if (checkpoint in MOE_CHECKPOINTS) != moe:
+        return "a MoE model: scored with the MoE rows (moe_rows), not fitted" if not moe else "a dense model: in the dense loader"
     if raw["pipeline_parallel_size"] not in ("", "1") or raw["data_parallel_size"] not in ("", "1"):
         return "not pure tensor parallel"
     return None
@@ -111,12 +118,12 @@ def _row(group: list[dict]) -> dict:
 
 
 @functools.cache
-def _inferencemax(root: Path, repeats: bool) -> tuple[tuple[dict, ...], tuple]:
+def _inferencemax(root: Path, repeats: bool, moe: bool = False) -> tuple[tuple[dict, ...], tuple]:
     with open(require_file(root / CSV_PATH), newline="") as handle:
         raws = list(csv.DictReader(handle))
     dropped, groups = Counter(), {}
     for raw in raws:
-        reason = _drop_reason(raw)
+        reason = _drop_reason(raw, moe)
         if reason:
             dropped[reason] += 1
             continue
@@ -131,7 +138,13 @@ def inferencemax_rows(root: Path, repeats: bool = False) -> tuple[tuple[dict, ..
 
 
 def load_inferencemax_rows(data_root: str | Path | None = None, *, repeats: bool = False) -> list[dict]:
-    """The InferenceMAX AMD vLLM rows jaxplan can model (Llama-3.3-70B FP8 on MI300X and MI355X):
-    one per configuration, the mean of its repeat runs (repeats=True: one per measurement)."""
+    """The InferenceMAX AMD vLLM rows of dense models jaxplan can model (Llama-3.3-70B FP8 on MI300X and
+    MI355X): one per configuration, the mean of its repeat runs (repeats=True: one per measurement)."""
     rows, _ = inferencemax_rows(resolve_root(data_root).resolve(), repeats)
     return [dict(row) for row in rows]
+
+
+def inferencemax_moe_rows(root: Path) -> tuple[tuple[dict, ...], tuple]:
+    """(rows, (reason, rows dropped) pairs) of the MoE runs (gpt-oss-120b, its MXFP4 checkpoint, TP only,
+    on MI300X and MI355X) under `root` (resolved), one per configuration: `moe_rows` scores them."""
+    return _inferencemax(root, False, moe=True)

@@ -1,4 +1,5 @@
-"""The vLLM mixture-of-experts rows of NVIDIA's AIConfigurator silicon data, as calibration rows.
+"""The vLLM mixture-of-experts rows of NVIDIA's AIConfigurator silicon data, as calibration rows (and,
+in `load_moe_rows`, InferenceMAX's gpt-oss-120b runs on AMD GPUs, `calibrate.inferencemax`).
 
 `e2e_aiconfigurator_silicon/silicon_calibration.csv` holds vLLM agg-mode runs of four MoE models:
 MiniMax-M2.5 (FP8, NVFP4), gpt-oss-120b (its MXFP4 checkpoint, labelled `nvfp4` there), Qwen3-235B-A22B
@@ -26,6 +27,8 @@ from collections import Counter
 from pathlib import Path
 
 from jaxplan.calibrate._data import resolve_root
+from jaxplan.calibrate.inferencemax import CSV_PATH as INFERENCEMAX_CSV
+from jaxplan.calibrate.inferencemax import inferencemax_moe_rows
 from jaxplan.calibrate.rows import make_row
 from jaxplan.calibrate.serving import silicon_run_left_out, silicon_source
 
@@ -135,9 +138,13 @@ def moe_silicon_rows(root: Path) -> tuple[tuple[dict, ...], tuple]:
 
 
 def load_moe_rows(data_root: str | Path | None = None) -> list[dict]:
-    """The vLLM MoE silicon rows (fresh dicts), predict-row format (`calibrate.rows`)."""
-    rows, _ = moe_silicon_rows(resolve_root(data_root).resolve())
-    return [dict(r) for r in rows]
+    """The vLLM MoE rows (fresh dicts), predict-row format (`calibrate.rows`): the silicon rows, then
+    InferenceMAX's gpt-oss-120b runs on MI300X and MI355X (`inferencemax.inferencemax_moe_rows`) where
+    that folder is present."""
+    root = resolve_root(data_root).resolve()
+    rows, _ = moe_silicon_rows(root)
+    amd = inferencemax_moe_rows(root)[0] if (root / INFERENCEMAX_CSV).is_file() else ()
+    return [dict(r) for r in rows + amd]
 
 
 def moe_accuracy(rows: list[dict], params: dict[str, dict[str, float]], held_out_params: dict[str, dict[str, float]]) -> dict:

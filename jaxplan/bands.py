@@ -37,14 +37,20 @@ MODEL_CLASSES = ("seen", "unseen")
 REGIMES = ("kv_fits", "kv_starved")
 QUANTILES = (0.1, 0.9)
 # A class with fewer held-out rows than this borrows the band of its nearest coarser class that has
-# them (`pool_keys`), stretched to cover every one of its own rows: 10 rows put an empirical p10 at
-# the first row, fewer cannot place it at all.
-MIN_ROWS = 10
+# them (`pool_keys`), stretched to cover every one of its own rows: below 20 rows the empirical p10 and
+# p90 rest on the one or two most extreme rows (a leave-one-out check of 11-14-row classes covered
+# 57-64%), fewer than 10 cannot place them at all.
+MIN_ROWS = 20
 # A spec-sheet GPU's band: the held-out GPUs priced from the spec sheet alone (default efficiencies,
 # the runtime overheads of the other GPU's fit), then widened by this factor both ways. The held-out
 # GPUs are Hopper and Blackwell, which the defaults were chosen for; an AMD GPU or an unlisted part can
 # sit further from them, which no row of the data measures.
 SPEC_SHEET_WIDENING = 1.25
+# An unseen model's error is shared by all its rows (one model is off in one direction), so a band from
+# every row of the class covers a new model's rows less often than 80%. An unseen-model class with rows
+# of at least this many models is widened (both ways, by `unseen_model_widening`) until the band made
+# from the other models' rows covers 80% of each model's rows, pooled over the models.
+UNSEEN_MIN_MODELS = 3
 BANDS_PATH = PARAMS_PATH.parent / "bands.toml"
 RESIDUAL_COLUMNS = (
     "gpu", "model", "dataset", "source_id", "evidence", "model_class", "regime",
@@ -130,10 +136,33 @@ def _round_outward(values: np.ndarray, *, up: bool, digits: int = 6) -> np.ndarr
     return out
 
 
+def unseen_model_widening(values: np.ndarray, models: np.ndarray, target: float = 0.8) -> float:
+    """The least factor w (a 1% grid from 1 to 10) for which bands from the other models' rows, [p10 / w,
+    p90 x w], cover `target` of the rows [R, M] `values` of each model (`models` [R]), pooled over the
+    models and the metrics (leave-one-model-out); 1 with fewer than UNSEEN_MIN_MODELS models."""
+    names = sorted(set(models.tolist()))
+    if len(names) < UNSEEN_MIN_MODELS:
+        return 1.0
+    ratio_pairs = []  # (the model's ratios [n, M], the others' quantiles [2, M])
+    for name in names:
+        mine = models == name
+        ratio_pairs.append((values[mine], ratio_quantiles(values[~mine])))
+    for w in np.round(np.arange(1.0, 10.0, 0.01), 2):
+        inside = total = 0
+        for mine, q in ratio_pairs:
+            finite = np.isfinite(mine) & np.isfinite(q[0])
+            inside += int(np.sum(finite & (mine >= q[0] / w) & (mine <= q[1] * w)))
+            total += int(np.sum(finite))
+        if total and inside >= target * total:
+            return float(w)
+    return 10.0
+
+
 def compute_bands(residuals: list[dict], *, min_rows: int = MIN_ROWS, widening: float = SPEC_SHEET_WIDENING) -> dict[str, dict]:
     """Class key -> {"rows": its own held-out rows, "pooled_from": the class the quantiles come from
     (`pool_keys`), "pooled_rows", "stretched" (whether its own rows widened a pooled band),
-    "widened" (SPEC_SHEET_WIDENING for spec_sheet classes, else 1), "sources" ("gpu/model/dataset: n"),
+    "widened" (SPEC_SHEET_WIDENING for spec_sheet classes, times `unseen_model_widening` for an
+    unseen-model class with its own rows, else 1), "sources" ("gpu/model/dataset: n"),
     and per metric [p10, p90] ratio quantiles (None without data)}, for every class in ALL_CLASSES.
 
     residuals: rows with RESIDUAL_COLUMNS (evidence, model_class, regime, measured_* and predicted)."""
@@ -156,6 +185,8 @@ def compute_bands(residuals: list[dict], *, min_rows: int = MIN_ROWS, widening: 
             stretched = bool(np.any(np.nan_to_num(wider) != np.nan_to_num(q)))
             q = wider
         factor = widening if key.startswith("spec_sheet/") else 1.0
+        if source == key and "/unseen/" in key:
+            factor *= unseen_model_widening(values[own], np.array([r["model"] for r, hit in zip(residuals, own) if hit]))
         q = np.vstack([_round_outward(q[0] / factor, up=False), _round_outward(q[1] * factor, up=True)])
         counts: dict[str, int] = {}
         for r in (r for r, hit in zip(residuals, own) if hit):

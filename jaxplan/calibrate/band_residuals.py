@@ -13,7 +13,8 @@ evidence a user's prediction can rest on:
   GPU without tables is shipped); a GPU no fit sees, without kernel tables, by the final fit.
 
 Each residual row is labelled with its model class (the fit saw the model's rows, or not) and regime
-(`run.kv_holds_concurrency`).
+(`run.kv_holds_concurrency`). The MoE rows, which no fit sees, are unseen-model rows of every kind of
+evidence their GPU offers.
 """
 
 from __future__ import annotations
@@ -67,13 +68,17 @@ def fitted(rows: list[dict], params: dict[str, dict[str, float]]) -> tuple[set[s
     return {r["gpu"] for r in trained}, {r["model"] for r in trained}
 
 
-def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], report: dict, configuration_predictions: dict[int, dict]) -> list[dict]:
+def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], report: dict, configuration_predictions: dict[int, dict],
+                       moe_rows: list[dict] = ()) -> list[dict]:
     """Residual rows (`bands.RESIDUAL_COLUMNS`) of the vLLM rows among `rows` (what `run.calibrate` was
     given), from its `params` and `report` (held_out_params, prior_sources) and the per-row predictions
-    its held-out-configuration fits made (`configuration_predictions`, id(row) -> predicted row)."""
-    evaluated = run.evaluated_rows(rows)
+    its held-out-configuration fits made (`configuration_predictions`, id(row) -> predicted row); and of
+    `moe_rows` (`moe_rows.load_moe_rows`), which no fit sees: scored as the fit-excluded rows are, so
+    the unseen-model classes rest on every model the fit never saw."""
+    evaluated = run.evaluated_rows(rows) + run.measured_rows(list(moe_rows))
+    unfitted = {id(r) for r in moe_rows}
     complete = {g: {**DEFAULTS, **values} for g, values in params.items()}
-    fit_rows = [r for r in evaluated if not run.fit_excluded(r)]
+    fit_rows = [r for r in evaluated if not run.fit_excluded(r) and id(r) not in unfitted]
     fitted_gpus, models = fitted(rows, params)
     sources = report.get("prior_sources", {})
     out = []
@@ -83,7 +88,7 @@ def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], re
     for gpu in sorted({r["gpu"] for r in evaluated}):
         mine = [r for r in evaluated if r["gpu"] == gpu]
         if gpu in fitted_gpus:
-            out += _scored([r for r in mine if run.fit_excluded(r)], {gpu: params[gpu]}, "calibrated", models)
+            out += _scored([r for r in mine if run.fit_excluded(r) or id(r) in unfitted], {gpu: params[gpu]}, "calibrated", models)
             if gpu in report.get("held_out_params", {}):
                 held = report["held_out_params"][gpu]
                 out += _scored(mine, {gpu: held}, "kernel_tables", models)
@@ -94,13 +99,13 @@ def held_out_residuals(rows: list[dict], params: dict[str, dict[str, float]], re
 
 
 def write_calibration_bands(rows: list[dict], params: dict[str, dict[str, float]], report: dict, configuration_predictions: dict[int, dict],
-                            params_output: str | Path, data: list[str], folds: int) -> Path | None:
+                            params_output: str | Path, data: list[str], folds: int, moe_rows: list[dict] = ()) -> Path | None:
     """Compute the bands from `held_out_residuals` and write them (with the residual CSV) next to the
     parameter file `params_output` (`bands.bands_path`); returns the bands file, or None where no row
     was held out or fewer than `bands.MIN_ROWS` (a band from a handful of rows would claim a precision
     they do not have: predict then uses the bundled bands). Also puts the bands' class sizes and
     quantiles in report["bands"]."""
-    residuals = held_out_residuals(rows, params, report, configuration_predictions)
+    residuals = held_out_residuals(rows, params, report, configuration_predictions, moe_rows)
     if len(residuals) < bands.MIN_ROWS:
         return None
     table = bands.compute_bands(residuals)

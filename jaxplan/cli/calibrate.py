@@ -97,7 +97,7 @@ def calibrate(
         if report.get("in_sample"):  # held-out residuals exist only where some GPU was fitted
             from jaxplan.calibrate.band_residuals import write_calibration_bands
 
-            bands_file = write_calibration_bands(rows, params, report, configuration_predictions, target, sources, held_out_folds)
+            bands_file = write_calibration_bands(rows, params, report, configuration_predictions, target, sources, held_out_folds, moe_rows)
             progress.console.print(f"wrote {bands_file} (p10-p90 bands per prediction class, docs/uncertainty.md)" if bands_file else
                                    "fewer than 10 held-out rows: no bands file written (predict --params uses the bundled bands)", highlight=False)
         if replay_check and report.get("in_sample"):  # some GPU was fitted

@@ -163,6 +163,21 @@ def test_servers_sharing_a_node_get_disjoint_gpus_and_ports():
     assert [argv[argv.index("--port") + 1] for argv in lines] == ["8000", "8001", "8002", "8003"]
 
 
+def test_gb200_launches_per_compute_tray_of_four_gpus():
+    """A GB200 NVL72 is one 72-GPU NVLink domain (the physics' node) of 4-GPU hosts: a TP8 replica is one
+    Ray cluster over two trays, 16 lock-step ranks are four trays of 4 (head + 3 headless), and four
+    TP1 servers share one tray. The same rows on H200 (8 GPUs a host) need half the hosts."""
+    model = load_model("deepseek-r1")
+    tp8 = serve_lines(model, moe_row("gb200", 8, 1, "tp", 1, 1, "fp8"))
+    assert len(tp8) == 1 and "--distributed-executor-backend ray" in tp8[0].command
+    assert "--distributed-executor-backend" not in serve_lines(model, moe_row("h200_sxm", 8, 1, "tp", 1, 1, "fp8"))[0].command
+    ranks = [shlex.split(line.command) for line in serve_lines(model, moe_row("gb200", 1, 1, "dp_ep", 16, 1, "fp8"))]
+    assert [argv[argv.index("--data-parallel-size-local") + 1] for argv in ranks] == ["4"] * 4
+    assert len(serve_lines(model, moe_row("h200_sxm", 1, 1, "dp_ep", 16, 1, "fp8"))) == 2
+    shared = [shlex.split(line.command)[0] for line in serve_lines(model, moe_row("gb200", 1, 1, "tp", 1, 8, "fp8"))]
+    assert shared == [f"CUDA_VISIBLE_DEVICES={g}" for g in (0, 1, 2, 3)] * 2
+
+
 @pytest.mark.parametrize(("replicas", "lines"), [(4, 1), (7, 2)])
 def test_a_dense_model_keeps_one_data_parallel_server(replicas, lines):
     """A dense model's --data-parallel-size replicas are independent in vLLM: one command (per node)."""

@@ -67,6 +67,7 @@ def test_with_price_revalidates():
         ("hbm_bytes", True), ("hbm_bandwidth_bytes_per_s", -1.0), ("bf16_flops_per_s", math.inf),
         ("fp8_flops_per_s", 1.0), ("fp8_flops_per_s", math.nan), ("fp8_flops_per_s", True), ("fp8_flops_per_s", 1e18),
         ("inter_node_bandwidth_bytes_per_s", 0), ("gpus_per_node", 0), ("gpus_per_node", 8.0), ("gpus_per_node", True),
+        ("gpus_per_host", -1), ("gpus_per_host", 9), ("gpus_per_host", 4.0),
     ],
 )
 def test_gpu_rejects(field, value):

@@ -107,15 +107,16 @@ def _with_parallel(base: list[str], row: dict, data_parallel_size: int | None, e
 
 
 def _gpus_per_node(row: dict, gpus_per_node: int | None) -> int | None:
-    """The node size of the row's GPU: given, or the bundled spec's; None for a GPU spec of one's own
-    given by its file (no node size to split by: everything on one node)."""
+    """The GPUs one host of the row's GPU holds (what one launch command addresses): given, or the
+    bundled spec's (`GpuSpec.launch_gpus_per_host`: 4 on a GB200 NVL72, whose NVLink domain is 72);
+    None for a GPU spec of one's own given by its file (no node size to split by: everything on one node)."""
     if gpus_per_node is not None:
         return int(gpus_per_node)
     from jaxplan.errors import PlanError
     from jaxplan.specs import load_gpu
 
     try:
-        return int(load_gpu(row["gpu"]).gpus_per_node) if "gpu" in row else None
+        return int(load_gpu(row["gpu"]).launch_gpus_per_host) if "gpu" in row else None
     except PlanError:
         return None
 

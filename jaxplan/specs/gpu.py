@@ -47,6 +47,9 @@ class GpuSpec:
     fp4_flops_per_s: float = 0.0
     mxfp4_flops_per_s: float = 0.0
     compute_capability: float = 0.0  # CUDA compute capability (8.0 A100, 9.0 H100); 0: not CUDA or not stated
+    # GPUs one host (one OS, one vLLM process tree) holds where fewer than the NVLink domain (GB200 NVL72:
+    # 4 per compute tray of a 72-GPU domain); 0: the node is the host. Launch commands split by it.
+    gpus_per_host: int = 0
     display_name: str = ""
     source: str = ""
 
@@ -67,6 +70,13 @@ class GpuSpec:
             raise bad_value("compute_capability", self.compute_capability, "must be 0 (not CUDA) or a CUDA compute capability such as 9.0", where=where)
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not 1 <= self.gpus_per_node <= 1024:
             raise bad_value("gpus_per_node", self.gpus_per_node, "must be an integer in 1..1024", where=where)
+        if isinstance(self.gpus_per_host, bool) or not isinstance(self.gpus_per_host, int) or not 0 <= self.gpus_per_host <= self.gpus_per_node:
+            raise bad_value("gpus_per_host", self.gpus_per_host, f"must be 0 (the node is one host) or an integer in 1..gpus_per_node ({self.gpus_per_node})", where=where)
+
+    @property
+    def launch_gpus_per_host(self) -> int:
+        """GPUs one vLLM launch command can address on one host: `gpus_per_host`, else the node."""
+        return self.gpus_per_host or self.gpus_per_node
 
     def tensor_core_flops_per_s(self, weight_dtype: str) -> float:
         """Dense peak of the tensor cores that run `weight_dtype`'s GEMMs (bf16 | fp8 | nvfp4 | mxfp4 |

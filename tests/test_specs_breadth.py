@@ -99,10 +99,14 @@ def test_gb200_keeps_tensor_parallel_16_on_nvlink():
     assert float(times[0]) < float(times[1])
 
 
-def test_gb200_node_layout_is_the_rack():
-    assert node_layout({"gpu": "gb200", "tensor_parallel_size": 16, "pipeline_parallel_size": 2, "data_parallel_size": 2}) == (1, 2)
-    assert node_layout({"gpu": "gb200", "tensor_parallel_size": 64, "pipeline_parallel_size": 2, "data_parallel_size": 1}) is None
+def test_gb200_launches_per_compute_tray():
+    """The NVL72's NVLink domain is the physics' node (72 GPUs), but a launch command addresses one
+    4-GPU tray: two TP2 x PP2 ranks take two trays, one rank each; a TP16 replica spans trays (Ray)."""
+    assert load_gpu("gb200").gpus_per_node == 72 and load_gpu("gb200").launch_gpus_per_host == 4
+    assert node_layout({"gpu": "gb200", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 2}) == (2, 1)
+    assert node_layout({"gpu": "gb200", "tensor_parallel_size": 16, "pipeline_parallel_size": 2, "data_parallel_size": 2}) is None
     assert node_layout({"gpu": "b300_sxm", "tensor_parallel_size": 16, "pipeline_parallel_size": 1, "data_parallel_size": 1}) is None
+    assert node_layout({"gpu": "b300_sxm", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 2}) == (1, 2)
 
 
 # ---- models ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ are added with carries inside jit. Nothing of size `grid.size` is ever built.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -67,15 +68,21 @@ class Grid:
     gpus: tuple[GpuSpec, ...]
     space: SearchSpace
 
-    @property
-    def labels(self) -> dict[str, tuple]:
+    # Computed once per grid: the layout-kind axis scans the DP values, and decoding, tables and checks
+    # ask for the sizes per chunk (a DP range of 1e5 made that most of a huge grid's decoding).
+    @functools.cached_property
+    def _labels(self) -> dict[str, tuple]:
         return {"gpu": tuple(g.name for g in self.gpus), **self.space.axis_values()}
 
     @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(len(self.labels[a]) for a in AXES)
+    def labels(self) -> dict[str, tuple]:
+        return dict(self._labels)  # a copy: the cached one is shared by every caller
 
-    @property
+    @functools.cached_property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(self._labels[a]) for a in AXES)
+
+    @functools.cached_property
     def size(self) -> int:
         return math.prod(self.sizes)
 

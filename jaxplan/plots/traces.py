@@ -4,16 +4,49 @@ finalists (or CSV rows) are replayed again here with the same inputs and seed (s
 from __future__ import annotations
 
 
-def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0):
-    """(ReplayTrace [F], block size) for sweep rows, replayed exactly as stage 7 replays them."""
-    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step
+def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin"):
+    """(ReplayTrace [F], block size) for sweep rows, replayed exactly as stage 7 replays them: the
+    finalists of independent replicas with `routing`, the lock-step ones (a MoE model's vLLM data
+    parallelism) in a call of their own, routed as vLLM's DP coordinator routes (`replay_rows`)."""
+    import jax
+    import numpy as np
+
+    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, lockstep_ranks, physics_step, replay_config
     from jaxplan.replay import sample_requests, simulate_trace
 
     workload = result.workload
-    configs, params = finalist_inputs(result, rows)
+    configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    trace = simulate_trace(configs, requests, workload, physics_step, params)
-    return trace, configs.block_size
+    lockstep = lockstep_ranks(params[1]) > 1
+    parts = [idx for idx in (np.flatnonzero(~lockstep), np.flatnonzero(lockstep)) if idx.size]
+    traces = []
+    for idx in parts:
+        sub_params = jax.tree.map(lambda x, idx=idx: np.asarray(x)[idx], params)
+        sub_config = replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing)
+        traces.append(jax.device_get(simulate_trace(sub_config, requests, workload, physics_step, sub_params)))
+    order = np.argsort(np.concatenate(parts), kind="stable")
+    return merged_traces(traces, order), configs.block_size
+
+
+def merged_traces(traces: list, order) -> object:
+    """One ReplayTrace [F] of the traces of parts of the finalists (each [F_i], the same requests),
+    rows taken in `order` (into the concatenation); per-replica fields padded to the widest part with
+    inactive replicas (0 / False), per-request-only fields ([R]) taken from the first part."""
+    import numpy as np
+
+    if len(traces) == 1:
+        return traces[0]
+    width = max(np.shape(t.replica_active)[1] for t in traces)
+    merged = {}
+    for name in type(traces[0])._fields:
+        values = [np.asarray(getattr(t, name)) for t in traces]
+        if name in ("prompt_tokens", "output_tokens"):
+            merged[name] = values[0]
+            continue
+        if name.startswith("replica_"):
+            values = [np.pad(v, ((0, 0), (0, width - v.shape[1]))) for v in values]
+        merged[name] = np.concatenate(values)[order]
+    return type(traces[0])(**merged)
 
 
 def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int = 0, params_path: str | None = None, source: str = "input", step=lambda text: None) -> list[tuple]:

@@ -61,7 +61,13 @@ def shapes():
     return {name: model_shape(load_model(name)) for name in MODELS}
 
 
-_step_jit = jax.jit(step_time_s, static_argnums=0)
+@jax.jit
+def _step_jit(m, hw_table, gpu, lay: dict, sb: StepBatch):
+    """step_time_s of the layouts `lay` [n] on GPU `gpu` of `hw_table`: the gather, the layout and the
+    step in one program, the model an argument (`traced`, as the sweep passes it), so one compilation
+    serves every model and a hypothesis example costs one call, not ~100 small eager ones."""
+    hw = take(hw_table, jnp.full(lay["tp"].shape, gpu, jnp.int32))
+    return step_time_s(m, hw, make_layout(lay["tp"], lay["pp"], 1.0, lay["wb"], lay["kvb"]), sb)
 
 
 @jax.jit
@@ -215,11 +221,9 @@ def random_case(seed: int, n: int = N):
 
 
 def code_step_time(m, hw_table, gpu: int, lay: dict, batch: dict) -> np.ndarray:
-    n = len(lay["tp"])
-    hw = take(hw_table, jnp.full(n, gpu, jnp.int32))
-    layout = make_layout(lay["tp"], lay["pp"], 1.0, lay["wb"], lay["kvb"])
-    sb = StepBatch(*(jnp.asarray(batch[k], jnp.float32) for k in ("prefill", "decode", "context", "pairs", "prefill_seqs")))
-    return np.asarray(_step_jit(m, hw, layout, sb), np.float64)
+    sb = StepBatch(*(np.asarray(batch[k], np.float32) for k in ("prefill", "decode", "context", "pairs", "prefill_seqs")))
+    lay = {k: np.asarray(lay[k], np.float32) for k in ("tp", "pp", "wb", "kvb")}
+    return np.asarray(_step_jit(traced(m), hw_table, np.int32(gpu), lay, sb), np.float64)
 
 
 def hw_dict(hw_table, gpu: int) -> dict:

@@ -86,14 +86,17 @@ def _held_jit(m, hw, layout, w, b):
 @jax.jit
 def _estimate_jacobian(x, m, hw, layout, w):
     """d(sum over candidates of each estimate output)/d(ISL, OSL, rate, hit rate): [outputs, 4].
-    Infinite values (TTFT when overloaded, by design) are zeroed before summing."""
+    Infinite values (TTFT when overloaded, by design) are zeroed before summing. Reverse mode, one
+    pullback per output: jax.jacrev's rows, but the pullback runs in a loop rather than vmapped over
+    the outputs, which XLA compiles in ~40% less time (the vmapped backward pass of the solver's loop)."""
 
     def sums(x):
         ww = w._replace(isl_tokens=x[0], osl_tokens=x[1], request_rate_per_s=x[2], prefix_hit_rate=x[3])
         est = estimate(m, hw, layout, ww, 0.9)
         return jnp.stack([jnp.where(jnp.isfinite(v), v, 0.0).sum() for name, v in est._asdict().items() if name != "bound"])
 
-    return jax.jacrev(sums)(x)
+    outputs, pullback = jax.vjp(sums, x)
+    return jax.lax.map(lambda row: pullback(row)[0], jnp.eye(outputs.shape[0], dtype=outputs.dtype))
 
 
 # ---- the float64 reference ------------------------------------------------------------------------

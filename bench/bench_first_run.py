@@ -5,7 +5,7 @@ Each run is a fresh process (`jaxplan sweep --model llama-3.1-70b --gpus h100_sx
 sys, both cores), and from inside the process, JAX's own monitoring events: seconds spent
 tracing, lowering to MLIR, compiling in XLA and loading from the persistent cache (sums over
 every program and thread: with compilation on worker threads they overlap each other and the
-run), plus the command's own stage times (stages 1-4 streaming, the replay).
+run), the peak RSS, plus the command's own stage times (stages 1-4 streaming, the replay).
 
     python bench/bench_first_run.py --repeat 3
     python bench/bench_first_run.py --repeat 2 -- sweep --no-replay
@@ -30,7 +30,7 @@ README_SWEEP = ["sweep", "--model", "llama-3.1-70b", "--gpus", "h100_sxm,h200_sx
 
 # Runs inside the measured process: sum JAX's duration events, then run the CLI.
 CHILD = r"""
-import atexit, collections, json, sys, time
+import atexit, collections, json, resource, sys, time
 start = time.perf_counter()
 import jax
 events_path = sys.argv[1]
@@ -44,7 +44,7 @@ def per_program(name, secs, fun_name=None, **kw):
 jax.monitoring.register_event_duration_secs_listener(per_program)
 def dump():
     with open(events_path, "w") as f:
-        json.dump(dict(sums, import_s=imported - start, programs=programs), f)
+        json.dump(dict(sums, import_s=imported - start, programs=programs, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20), f)
 atexit.register(dump)
 from jaxplan.cli import main
 imported = time.perf_counter()
@@ -81,7 +81,7 @@ def run_once(args: list[str], cache_dir: str) -> dict:
         events = json.loads(Path(events_path).read_text())
         plan = json.loads(Path(json_path).read_text())
     cpu = usage.ru_utime + usage.ru_stime - before
-    row = {"wall_s": wall, "cpu_s": cpu, "import_s": events["import_s"]}
+    row = {"wall_s": wall, "cpu_s": cpu, "import_s": events["import_s"], "peak_rss_gib": events["peak_rss_gib"]}
     row.update({key: events.get(name, 0.0) for key, name in EVENTS.items()})
     programs = events["programs"]
     for name in ("sweep_chunk", "evaluate_digits", "advance", "summarize", "finish", "start"):

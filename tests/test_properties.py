@@ -163,12 +163,9 @@ def check_faster(model, gpu, w, seed, factor, fields):
     assert not lost.any(), f"{label}: feasible only on the slower GPU: {np.flatnonzero(lost)}"
     both = ok_base & ok_fast
     tput_base, tput_fast = np.asarray(base[5].output_tokens_per_s), np.asarray(fast[5].output_tokens_per_s)
-    # A burst's drain adds each request's prefill work as a chunk step's time over a decode step's. Faster
-    # memory shrinks the decode step more, so on tiny models (one layer, prompts of a few tokens) that
-    # difference grows and a burst's makespan can rise by a few 1e-4 while every step gets shorter
-    # (seen: -1.1e-3 throughput at 2x bandwidth, -3.0e-3 on a one-layer model with 1-token prompts and
-    # outputs under a 7,242-request burst); the drain is an approximation, bounded here at 0.5%.
-    assert np.all(tput_fast[both] >= tput_base[both] * (1 - 5e-3)), f"{label}: throughput fell"
+    # A burst's drain (`wave_makespan_s`) weighs its step times s(1), s(b) and the chunk step all >= 0, so
+    # it never lengthens on faster hardware: what is left is float32 rounding.
+    assert np.all(tput_fast[both] >= tput_base[both] * (1 - 1e-4)), f"{label}: throughput fell"
     mean_base, mean_fast = np.asarray(base[5].tpot_mean_s), np.asarray(fast[5].tpot_mean_s)
     assert np.all(mean_fast[both] <= mean_base[both] * (1 + 1e-4)), f"{label}: mean TPOT rose"
     # The p99 adds z x the spread between steps with and without a prefill chunk; faster memory shrinks

@@ -282,22 +282,27 @@ def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
 
 def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, steps: _Steps, b, requests):
     """Seconds a replica takes for `requests` that all arrive at once, b of them running (the rest
-    wait in line, one slot time per b): the line, then the last b prefill (b x their prefill work)
-    and decode while the batch shrinks as they finish. A decode step is priced as the line through
+    wait in line, one slot time per b): the line, then the last b prefill (their chunk steps, each
+    priced whole) and decode while the batch shrinks as they finish. A decode step is priced as the line through
     one request and b requests, s(n) = s(1) + s1 (n - 1) (step_time_s at both ends), so the shrinking
     batch costs s(1) per step until the longest output is done (OSL x `longest_output_factor` steps)
     plus s1 per output token beyond one a step (b x OSL tokens, at least one a step). A steady state of b running requests, which
     leaves out the drain, is 2-3x too fast for a burst of ShareGPT prompts (A100 runs in ../shared)."""
     light = StepBatch.decode_only(1.0 + 0.0 * b, w.isl_tokens + 0.5 * w.osl_tokens)
     light_s = step_time_s(model, hw, layout, light)
-    per_seq_s = (steps.decode_s - light_s) / jnp.maximum(b - 1.0, 1e-3)
     line_s = jnp.maximum(requests - b, 0.0) * slot_time_s(steps, w) / jnp.maximum(b, 1e-3)
     # Every drain step holds the longest request, so its steps carry at least as many tokens as there
-    # are steps; priced as light_s per step plus per_seq_s per token beyond one a step, the drain then
-    # weighs s(1) and s(b) both positively: a faster GPU never lengthens it.
+    # are steps: light_s per step plus s1 = (s(b) - s(1)) / (b - 1) per token beyond one a step. The
+    # b prompts' chunk steps are priced whole (chunk_s each) and the decode steps they stand in for
+    # taken out of the decode part, never below none: written in s(1), s(b) and chunk_s, every weight
+    # is >= 0, so a faster GPU never lengthens the drain (the chunk's work alone, chunk_s - s(b), would
+    # weigh s(b) negatively where the chunk steps outnumber the decode tokens: few outputs, big bursts).
     drain_steps = w.osl_tokens * w.longest_output_factor
     drain_tokens = jnp.maximum(b * w.osl_tokens, drain_steps)
-    drain_s = b * steps.work_s + light_s * drain_steps + per_seq_s * (drain_tokens - drain_steps)
+    chunk_steps = b * jnp.maximum(w.isl_tokens * (1.0 - w.prefix_hit_rate) / steps.chunk_tokens, 1.0)  # as `_steps` counts work_s
+    per_token = (drain_tokens - drain_steps) / jnp.maximum(b - 1.0, 1e-3)  # s(b)'s weight in the decode part
+    drain_s = (chunk_steps * steps.chunk_s + jnp.maximum(per_token - chunk_steps, 0.0) * steps.decode_s
+               + (drain_steps - per_token) * light_s)
     return line_s + drain_s
 
 

@@ -78,6 +78,7 @@ class _Steps(NamedTuple):
     prefill_s: jnp.ndarray  # a request's prefill (all its chunks): what it costs its slot
     prefill_latency_s: jnp.ndarray  # its wall time: under PP one budget per step (>= prefill_s)
     chunk_tokens: jnp.ndarray  # prefill tokens a chunk step carries
+    prompt_chunk_steps: jnp.ndarray  # chunk steps one prompt's prefill work is counted over: max(ISL / chunk, 1)
     work_s: jnp.ndarray  # a request's prefill work alone: prefill_s less the decode steps its chunks ride
 
 
@@ -110,12 +111,13 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     # Every chunk step pays the decode step's cost; the prefill work itself is paid once over all
     # chunks (the last chunk is partial: an 8,192-token prompt next to 4 decodes takes 2 steps). A
     # prompt that shares its step with other prompts holds its slot for the whole step.
-    work_s = jnp.maximum(isl_eff / chunk, 1.0) * (chunk_s - decode_s)
+    prompt_chunk_steps = jnp.maximum(isl_eff / chunk, 1.0)
+    work_s = prompt_chunk_steps * (chunk_s - decode_s)
     prefill_s = ste_ceil(isl_eff / chunk) * decode_s + work_s
     # The slot time (and with it b, throughput and TPOT) counts a step's prefill capacity; the first
     # token waits for the prompt's own chunks, one budget per step (equal to prefill_s without PP).
     latency_s = ste_ceil(isl_eff / own_chunk) * decode_s + work_s
-    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s, chunk, work_s)
+    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s, chunk, prompt_chunk_steps, work_s)
 
 
 def slot_time_s(steps: _Steps, w: WorkloadParams):
@@ -299,7 +301,7 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
     # weigh s(b) negatively where the chunk steps outnumber the decode tokens: few outputs, big bursts).
     drain_steps = w.osl_tokens * w.longest_output_factor
     drain_tokens = jnp.maximum(b * w.osl_tokens, drain_steps)
-    chunk_steps = b * jnp.maximum(w.isl_tokens * (1.0 - w.prefix_hit_rate) / steps.chunk_tokens, 1.0)  # as `_steps` counts work_s
+    chunk_steps = b * steps.prompt_chunk_steps
     per_token = (drain_tokens - drain_steps) / jnp.maximum(b - 1.0, 1e-3)  # s(b)'s weight in the decode part
     drain_s = (chunk_steps * steps.chunk_s + jnp.maximum(per_token - chunk_steps, 0.0) * steps.decode_s
                + (drain_steps - per_token) * light_s)

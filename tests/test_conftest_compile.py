@@ -1,28 +1,31 @@
-"""The suite compiles at LLVM's -O0 (tests/conftest.py): the flag is added once, other flags are kept,
-an optimisation level already set wins, and JAXPLAN_TEST_XLA_OPT=default opts out."""
+"""The suite compiles fast (tests/conftest.py: LLVM's -O0, XLA:CPU's older emitters): each flag is
+added once, other flags are kept, an option already set wins, and JAXPLAN_TEST_XLA_OPT=default opts out."""
 
 import os
 
-from conftest import FAST_COMPILE_ENV, FAST_COMPILE_FLAG, _compile_fast
+from conftest import FAST_COMPILE_ENV, FAST_COMPILE_FLAGS, _compile_fast
 
 
-def test_the_flag_is_added_to_an_empty_environment():
+def test_the_flags_are_added_to_an_empty_environment():
     env = {}
     _compile_fast(env)
-    assert env["XLA_FLAGS"] == FAST_COMPILE_FLAG
+    assert env["XLA_FLAGS"] == "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
-def test_other_flags_are_kept_and_the_flag_is_added_once():
+def test_other_flags_are_kept_and_each_flag_is_added_once():
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     _compile_fast(env)
     _compile_fast(env)
-    assert env["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FAST_COMPILE_FLAG}"
+    assert env["XLA_FLAGS"] == " ".join(("--xla_force_host_platform_device_count=2",) + FAST_COMPILE_FLAGS)
 
 
-def test_a_level_already_set_wins():
+def test_an_option_already_set_wins():
     env = {"XLA_FLAGS": "--xla_backend_optimization_level=2"}
     _compile_fast(env)
-    assert env["XLA_FLAGS"] == "--xla_backend_optimization_level=2"
+    assert env["XLA_FLAGS"] == "--xla_backend_optimization_level=2 --xla_cpu_use_fusion_emitters=false"
+    env = {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true"}
+    _compile_fast(env)
+    assert env["XLA_FLAGS"] == "--xla_cpu_use_fusion_emitters=true --xla_backend_optimization_level=0"
 
 
 def test_the_opt_out_leaves_the_flags_alone():
@@ -34,7 +37,7 @@ def test_the_opt_out_leaves_the_flags_alone():
 def test_this_run_compiles_fast_unless_opted_out():
     flags = os.environ.get("XLA_FLAGS", "")
     if os.environ.get(FAST_COMPILE_ENV, "fast") == "fast":
-        assert "xla_backend_optimization_level" in flags
+        assert all(flag.split("=")[0] in flags for flag in FAST_COMPILE_FLAGS)
 
 
 def test_collection_keeps_the_file_order():

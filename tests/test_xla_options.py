@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 
+from conftest import SHIPPED_EMITTERS
 from jaxplan.funnel import chunk
 from jaxplan.funnel import run_sweep
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
@@ -18,7 +19,9 @@ def _sweep():
 
 def test_the_lean_chunk_kernel_gives_the_same_tables(monkeypatch):
     assert chunk.chunk_kernel(10) is chunk.sweep_chunk_lean and chunk.chunk_kernel(10**10) is chunk.sweep_chunk
-    monkeypatch.setattr(chunk, "LEAN_MAX_CANDIDATES", 0)  # the default emitters
+    # the default emitters, named: the suite compiles everything else with the older ones (conftest)
+    monkeypatch.setattr(chunk, "sweep_chunk", jax.jit(chunk._sweep_chunk, **chunk._CHUNK_STATIC, compiler_options=SHIPPED_EMITTERS))
+    monkeypatch.setattr(chunk, "LEAN_MAX_CANDIDATES", 0)
     default = _sweep()
     monkeypatch.setattr(chunk, "LEAN_MAX_CANDIDATES", 10**12)
     lean = _sweep()
@@ -36,9 +39,9 @@ def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
     result = _sweep()
     rows = result.shortlist[:4]
     lean = replay_rows(result, rows, num_requests=200)
-    # the same programs compiled with XLA's default options
+    # the same programs compiled with XLA's default emitters (named: the suite's default is the older ones)
     for module, name, static in ((driver, "_start", ("num_slots", "max_dp", "policy", "mesh")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))):
-        monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static))
+        monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=SHIPPED_EMITTERS))
     default = replay_rows(result, rows, num_requests=200)
     keys = [k for k in lean[0] if k.startswith("replay_")]
     assert keys and [[r[k] for k in keys] for r in lean] == [[r[k] for k in keys] for r in default]

@@ -118,8 +118,11 @@ def moe_kernel_prior(gpu: str, spec, data_root=None) -> dict[str, float]:
 
 
 def expert_peaks(spec) -> dict[str, float]:
-    """Format name -> the peak FLOP/s of `spec` (a `GpuSpec`) its routed experts' GEMMs run against
-    (`physics.moe.expert_peak_flops_per_s`, the same rule on spec numbers)."""
-    bf16 = spec.bf16_flops_per_s
-    fp8 = spec.fp8_flops_per_s or bf16
-    return {"bf16": bf16, "fp8": fp8, "nvfp4": spec.fp4_flops_per_s or bf16, "mxfp4": fp8 if spec.mxfp4_flops_per_s else bf16, "int4": bf16}
+    """Format name -> the peak FLOP/s of `spec` (a `GpuSpec`) its routed experts' GEMMs run against:
+    `physics.moe.expert_peak_flops_per_s` on the spec's numbers."""
+    from types import SimpleNamespace
+
+    from jaxplan.physics.moe import expert_peak_flops_per_s
+
+    peaks = SimpleNamespace(**{f"{kind}_flops_per_s": getattr(spec, f"{kind}_flops_per_s") or 0.0 for kind in ("bf16", "fp8", "fp4", "mxfp4")})
+    return {fmt.name: float(expert_peak_flops_per_s(peaks, float(fmt.code))) for fmt in table.FORMATS}

@@ -72,7 +72,7 @@ def expert_peak_flops_per_s(hw: Hardware, code):
     """The peak the routed experts' GEMMs of format `code` run against: FP8 and NVFP4 on their tensor
     cores where the GPU has them, MXFP4 at the FP8 rate where the GPU has MX tensor cores (vLLM runs it
     with MXFP8 activations there), else, and for INT4 and BF16, the BF16 peak (weight-only kernels
-    dequantise into bf16 GEMMs). `calibrate.moe_kernels.expert_peaks` is the same rule on spec numbers."""
+    dequantise into bf16 GEMMs). `calibrate.moe_kernels.expert_peaks` reads it for spec numbers."""
     fp8 = jnp.where(hw.fp8_flops_per_s > 0, hw.fp8_flops_per_s, hw.bf16_flops_per_s)
     peak = jnp.where(formats.is_format(code, table.FP8), fp8, hw.bf16_flops_per_s)
     peak = jnp.where(formats.is_format(code, table.NVFP4) & (hw.fp4_flops_per_s > 0), hw.fp4_flops_per_s, peak)

@@ -64,6 +64,7 @@ def random_inputs(hardware, model: str, seed: int, n: int = N):
     return traced(model_shape(load_model(model))), hw, layout, w
 
 
+@jax.jit  # called on its own too (outside `reference_root`): one program, not op-by-op dispatch
 def excess(m, hw, layout, w, b):
     """g(b) = rate x slot_time(b) - b (DP = 1: the rate is per replica)."""
     return w.request_rate_per_s * slot_time_s(_steps(m, hw, layout, w, b), w) - b
@@ -140,6 +141,7 @@ def test_solver_matches_converged_root(hardware, model):
     assert np.median(rel) < 1e-5
 
 
+@jax.jit
 def kink_rates(m, hw, layout, w):
     """[3 kinds, n] rates per replica that put the root exactly on a kink: prefill saturation, the
     chunk starting to shrink, the first chunk-count jump (b / slot_time(b) at that b)."""

@@ -1,4 +1,5 @@
-"""The funnel's answer does not depend on how the grid is streamed: chunk size, device count, rerun.
+"""The funnel's answer does not depend on how the grid is streamed: chunk size, device count, rerun,
+the model traced or folded into the chunk kernel.
 And when nothing survives, the result says which sieve removed the last candidates and what to relax.
 """
 
@@ -77,6 +78,17 @@ def test_chunk_size_does_not_change_the_answer(baseline):
     assert_same(summary(small), summary(baseline), "chunks of ~1,000 vs one chunk")
     # Every candidate is counted exactly once (PADDING is not a candidate).
     assert sum(small.reason_counts.values()) == baseline.grid.size
+
+
+def test_the_model_folded_into_the_kernel_gives_the_same_answer(baseline, monkeypatch):
+    """Small grids take the model as traced arrays, large ones fold it in as constants
+    (`chunk.TRACED_MODEL_MAX_CANDIDATES`): the same counts and candidates either way."""
+    from jaxplan.funnel import chunk
+
+    assert chunk.chunk_model(baseline.context, baseline.grid.size)[1] is None  # the baseline ran traced
+    monkeypatch.setattr(chunk, "TRACED_MODEL_MAX_CANDIDATES", 0)
+    folded = sweep(65536)
+    assert_same(summary(folded), summary(baseline), "model folded in vs traced")
 
 
 def test_rerun_gives_the_same_answer(baseline):

@@ -89,6 +89,21 @@ def test_sweep_does_not_recompile(sweeps):
     assert [r["digits"] for r in a.shortlist] != [r["digits"] for r in b.shortlist]  # the values did change
 
 
+def test_another_model_sweeps_without_compiling(sweeps):
+    """A small grid's chunk kernel takes the model as arrays (`chunk.TRACED_MODEL_MAX_CANDIDATES`):
+    after the 8B sweeps, the 70B model's sweep of the same space and GPUs compiles nothing."""
+    from jaxplan.funnel import run_sweep
+
+    gpus, space = parse_gpu_list("h100_sxm,a100_sxm"), load_space("small")
+    small, large = assert_no_recompilation(
+        lambda: run_sweep(load_model("llama-3.1-8b"), gpus, load_workload("chat"), space, top_k=5),
+        lambda: run_sweep(load_model("llama-3.1-70b"), gpus, load_workload("chat"), space, top_k=5),
+        "run_sweep of another model",
+    )
+    assert small.shortlist and large.shortlist
+    assert small.shortlist[0]["num_gpus"] < large.shortlist[0]["num_gpus"]  # the model did change
+
+
 def test_sensitivity_does_not_recompile(sweeps):
     from jaxplan.elasticity import for_rows
 

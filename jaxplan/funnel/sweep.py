@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, effective_chunk
-from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, evaluate_digits, evaluate_digits_ahead
+from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, chunk_model, evaluate_digits, evaluate_digits_ahead
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
@@ -165,16 +165,16 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     state = jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * num_devices), one), sharding)
     page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
     window_rows = grid.layout_window(chunk_size // num_devices)
-    arrays = ctx._replace(model=None)
+    arrays, static_model = chunk_model(ctx, grid.size)
     kernel = chunk_kernel(grid.size)
 
     def run_chunk(state, start):
         return kernel(
-            state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=ctx.model, mesh=mesh, page_size=page_size, window_rows=window_rows
+            state, arrays, np.asarray(grid.digits_of(start), np.int32), offsets, model=static_model, mesh=mesh, page_size=page_size, window_rows=window_rows
         )
 
-    # sweep_chunk is jitted with the model, mesh, page size and window static: a second sweep with the same
-    # shapes reuses the compiled kernel.
+    # sweep_chunk is jitted with the mesh, page size and window (and on large grids the model) static: a
+    # second sweep with the same shapes reuses the compiled kernel.
     index, count = part
     starts = range(index * chunk_size, grid.size, count * chunk_size)
     state, histograms, compile_s, t0 = drive_chunks(run_chunk, state, starts, chunk_size, grid.size, progress)

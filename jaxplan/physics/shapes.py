@@ -1,12 +1,13 @@
 """The numbers the physics consumes, as PyTrees of arrays.
 
 `ModelShape` is a model reduced to per-layer-kind counts, as Python floats:
-hashable, so the sweep's chunk kernels (over millions of candidates) take it as
-a static argument and XLA folds the model's constants into the kernel: one
-compilation per model buys a kernel with the per-model arithmetic done at compile time,
-which pays off over millions of candidates.
-Kernels over a few rows (predict, the calibration fit, the replay, report rows,
-sensitivities) pass it `traced` instead: one compilation serves every model.
+hashable, so the sweep's chunk kernel over a large grid takes it as a static
+argument and XLA folds the model's constants into the kernel: one compilation
+per model buys a kernel with the per-model arithmetic done at compile time,
+which pays off over tens of millions of candidates (`funnel.chunk.chunk_model`).
+Smaller grids and kernels over a few rows (predict, the calibration fit, the
+replay, report rows, sensitivities) pass it `traced` instead: one compilation
+serves every model.
 `Hardware` is a GPU type plus its
 calibrated efficiencies; fields are scalars or [G] arrays (one per GPU type)
 and are gathered per candidate with `take`. `Layout` is a candidate's

@@ -72,7 +72,7 @@ def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "ro
     routing: how requests reach independent data-parallel replicas, "round_robin" or
     "least_loaded". Layouts with lock-step ranks (a MoE model's vLLM data parallelism) are routed
     as vLLM's DP coordinator routes them (LOCKSTEP_ROUTING), and then so is every layout of the
-    call: replay lock-step and independent finalists in separate calls (as `replay_rows` does).
+    call: replay lock-step and independent finalists in separate calls (`replay_parts`).
     """
     ranks = lockstep_ranks(layout)
     return ReplayConfig.create(
@@ -85,6 +85,19 @@ def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "ro
         block_size=block_size,
         routing=LOCKSTEP_ROUTING if np.any(ranks > 1) else routing,
     )
+
+
+def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin") -> list[tuple]:
+    """Finalists [F] split into the replay calls stage 7 makes: [(indices, their physics params,
+    their ReplayConfig)], the independent replicas' call (routed by `routing`) first, then the
+    lock-step ones' (routed as vLLM's DP coordinator routes, see `replay_config`); empty ones left out."""
+    lockstep = lockstep_ranks(params[1]) > 1
+    parts = []
+    for idx in (np.flatnonzero(~lockstep), np.flatnonzero(lockstep)):
+        if idx.size:
+            sub_params = jax.tree.map(lambda x, idx=idx: np.asarray(x)[idx], params)
+            parts.append((idx, sub_params, replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing)))
+    return parts
 
 
 def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin", progress=None) -> list[dict]:
@@ -102,9 +115,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    lockstep = lockstep_ranks(params[1]) > 1
-    parts = [np.flatnonzero(~lockstep), np.flatnonzero(lockstep)]
-    parts = [idx for idx in parts if idx.size]
+    parts = replay_parts(configs, params, routing)
     reported = {"before": 0, "last": 0}  # output tokens of the parts replayed, of this part's total
 
     def part_progress(parts_left: int):
@@ -118,10 +129,8 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
         return report
 
     metrics, routed_by = [None] * len(rows), [routing] * len(rows)
-    for n, idx in enumerate(parts):
+    for n, (idx, sub_params, sub_config) in enumerate(parts):
         sub_rows = [rows[i] for i in idx]
-        sub_params = jax.tree.map(lambda x, idx=idx: np.asarray(x)[idx], params)
-        sub_config = replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing)
         hint = replica_steps_hint(sub_rows, workload, requests, sub_config)
         m = jax.device_get(simulate(sub_config, requests, workload, physics_step, sub_params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(sub_rows),
                                     initial_slots=initial_slots_hint(sub_rows), progress=part_progress(len(parts) - n)))  # fmt: skip

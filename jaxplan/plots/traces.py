@@ -11,20 +11,15 @@ def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, s
     import jax
     import numpy as np
 
-    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, lockstep_ranks, physics_step, replay_config
+    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step, replay_parts
     from jaxplan.replay import sample_requests, simulate_trace
 
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    lockstep = lockstep_ranks(params[1]) > 1
-    parts = [idx for idx in (np.flatnonzero(~lockstep), np.flatnonzero(lockstep)) if idx.size]
-    traces = []
-    for idx in parts:
-        sub_params = jax.tree.map(lambda x, idx=idx: np.asarray(x)[idx], params)
-        sub_config = replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing)
-        traces.append(jax.device_get(simulate_trace(sub_config, requests, workload, physics_step, sub_params)))
-    order = np.argsort(np.concatenate(parts), kind="stable")
+    parts = replay_parts(configs, params, routing)
+    traces = [jax.device_get(simulate_trace(sub_config, requests, workload, physics_step, sub_params)) for _, sub_params, sub_config in parts]
+    order = np.argsort(np.concatenate([idx for idx, _, _ in parts]), kind="stable")
     return merged_traces(traces, order), configs.block_size
 
 

@@ -29,13 +29,15 @@ def merged_traces(traces: list, order) -> object:
     inactive replicas (0 / False), per-request-only fields ([R]) taken from the first part."""
     import numpy as np
 
+    from jaxplan.replay.driver import SHARED_FIELDS
+
     if len(traces) == 1:
         return traces[0]
     width = max(np.shape(t.replica_active)[1] for t in traces)
     merged = {}
     for name in type(traces[0])._fields:
         values = [np.asarray(getattr(t, name)) for t in traces]
-        if name in ("prompt_tokens", "output_tokens"):
+        if name in SHARED_FIELDS:
             merged[name] = values[0]
             continue
         if name.startswith("replica_"):

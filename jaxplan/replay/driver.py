@@ -450,11 +450,11 @@ def simulate_trace(
         split = lane_split(sub_dp, k, max_dp, chunk_lanes)
         part = jax.device_get(run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params), split, progress=part_progress(start)))
         keep = min(per_call, num_f - start)
-        parts.append(part._replace(**{name: getattr(part, name)[:keep] for name in ReplayTrace._fields if name not in _SHARED_FIELDS}))
-    return ReplayTrace(*(p[0] if name in _SHARED_FIELDS else np.concatenate(p) for name, p in zip(ReplayTrace._fields, zip(*parts))))
+        parts.append(part._replace(**{name: getattr(part, name)[:keep] for name in ReplayTrace._fields if name not in SHARED_FIELDS}))
+    return ReplayTrace(*(p[0] if name in SHARED_FIELDS else np.concatenate(p) for name, p in zip(ReplayTrace._fields, zip(*parts))))
 
 
-_SHARED_FIELDS = ("prompt_tokens", "output_tokens")  # [R], the same in every chunk
+SHARED_FIELDS = ("prompt_tokens", "output_tokens")  # ReplayTrace fields [R] of the requests alone: the same for every finalist
 
 
 def _rows(x, *, idx):

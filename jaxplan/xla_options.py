@@ -1,4 +1,4 @@
-"""Compiler options for jaxplan's programs on XLA:CPU.
+"""Compiler options for jaxplan's programs, applied only where the backend's XLA knows them.
 
 XLA:CPU's newer fusion emitters (its default) compile the sweep's chunk kernel, a `while_loop`
 around many small fused operations, in about twice the time the older emitters take, while the
@@ -7,10 +7,64 @@ kernel uses it for grids small enough that compilation dominates (`funnel.chunk.
 and so do the replay's one-shot programs (start, merge, summary). Their results are the same to
 the bit (tests/test_xla_options.py). The report rows' kernel keeps the default: there the two
 emitters round a few float32 results differently, and its numbers are the ones printed; so does
-the replay's loop, which runs faster with it. The option is a CPU debug option: other backends
-ignore it.
+the replay's loop, which runs faster with it.
+
+Compiler options are fields of XLA's DebugOptions, and an XLA that lacks a field refuses the whole
+program ("No such compile option"): the JAX on an H200 machine had no `xla_cpu_use_fusion_emitters`.
+So `jit_with_options` asks the default backend once which of the options it accepts and compiles
+with those alone; results never depend on them, only compile and run times.
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
+import numpy as np
+
 LEAN_COMPILE = {"xla_cpu_use_fusion_emitters": False}
+
+
+@functools.cache
+def _option_accepted(backend: str, name: str, value) -> bool:
+    """Whether the default backend (`backend`, the cache key) compiles a trivial program with `name=value`."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(np.float32(0)).compile()
+    except Exception:  # noqa: BLE001 - XLA reports an unknown option as a runtime error of its own type
+        return False
+    return True
+
+
+def accepted(options: dict) -> dict:
+    """The entries of `options` that the default backend's XLA accepts (each probed once a process)."""
+    backend = jax.default_backend()
+    return {name: value for name, value in options.items() if _option_accepted(backend, name, value)}
+
+
+class OptionJit:
+    """`jax.jit(fun, compiler_options=accepted(options), **jit_kwargs)`, resolved at the first use,
+    once JAX's backend exists (resolving earlier would create it before the command line has chosen
+    its CPU device count). Calls and attributes (`lower`, `clear_cache`, ...) go to that function."""
+
+    def __init__(self, fun, options: dict, **jit_kwargs):
+        functools.update_wrapper(self, fun)
+        self._fun, self._options, self._jit_kwargs = fun, dict(options), jit_kwargs
+        self._jitted = None
+
+    def jitted(self):
+        if self._jitted is None:
+            self._jitted = jax.jit(self._fun, compiler_options=accepted(self._options) or None, **self._jit_kwargs)
+        return self._jitted
+
+    def __call__(self, *args, **kwargs):
+        return self.jitted()(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name in ("_fun", "_options", "_jit_kwargs", "_jitted"):  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.jitted(), name)
+
+
+def jit_with_options(options: dict, **jit_kwargs):
+    """Decorator: `jax.jit(**jit_kwargs)` compiled with the entries of `options` the backend accepts."""
+    return lambda fun: OptionJit(fun, options, **jit_kwargs)

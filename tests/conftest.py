@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import jax
@@ -26,18 +29,30 @@ SHARED_CACHE_ENV = "JAXPLAN_TEST_XLA_CACHE"  # set by the controlling process fo
 # the shipped compiler settings throughout.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 FAST_COMPILE_ENV = "JAXPLAN_TEST_XLA_OPT"
-SHIPPED_EMITTERS = {"xla_cpu_use_fusion_emitters": True}  # jit compiler_options: overrides the flag above
+# jit compiler_options that override the flag above; pass `xla_options.accepted(SHIPPED_EMITTERS)`,
+# since an XLA without the option refuses it (and then compiles with its only emitters anyway).
+SHIPPED_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
 
 
-def _compile_fast(environ) -> None:
-    """Add each of FAST_COMPILE_FLAGS to XLA_FLAGS (before the first computation, inherited by
-    pytest-xdist workers and subprocesses) unless opted out or that option is set already."""
+@functools.cache
+def _xla_knows(flags: tuple[str, ...]) -> bool:
+    """Whether a process with `flags` in XLA_FLAGS runs JAX: XLA aborts at an unknown flag, and newer
+    XLA drops debug options (an upgraded jaxlib must not turn the whole suite into crashes)."""
+    probe = "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags))
+    return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120).returncode == 0
+
+
+def _compile_fast(environ, flags: tuple[str, ...] = FAST_COMPILE_FLAGS) -> None:
+    """Add each of `flags` to XLA_FLAGS (before the first computation, inherited by pytest-xdist
+    workers and subprocesses) unless opted out, that option is set already or this XLA lacks it."""
     if environ.get(FAST_COMPILE_ENV, "fast") != "fast":
         return
-    for flag in FAST_COMPILE_FLAGS:
-        flags = environ.get("XLA_FLAGS", "")
-        if flag.split("=")[0] not in flags:
-            environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+    missing = tuple(flag for flag in flags if flag.split("=")[0] not in environ.get("XLA_FLAGS", ""))
+    if missing and not _xla_knows(missing):
+        missing = tuple(flag for flag in missing if _xla_knows((flag,)))
+    for flag in missing:
+        environ["XLA_FLAGS"] = f"{environ.get('XLA_FLAGS', '')} {flag}".strip()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -55,3 +55,11 @@ def test_collection_keeps_the_file_order():
     assert [item.path.name for item in items] == names
     conftest.pytest_configure(config)
     assert config.option.loadscopereorder is True
+
+
+def test_a_flag_this_xla_lacks_is_left_out():
+    """XLA aborts a process at an unknown flag in XLA_FLAGS, and newer XLA drops debug options: a
+    flag the installed XLA lacks is not added (probed in a subprocess), the others are."""
+    env = {}
+    _compile_fast(env, FAST_COMPILE_FLAGS + ("--xla_jaxplan_no_such_flag=true",))
+    assert env["XLA_FLAGS"] == " ".join(FAST_COMPILE_FLAGS)

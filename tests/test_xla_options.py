@@ -5,11 +5,14 @@ programs (start, merge, summary) with it give the same metrics as without it."""
 from __future__ import annotations
 
 import jax
+import numpy as np
+import pytest
 
 from conftest import SHIPPED_EMITTERS
 from jaxplan.funnel import chunk
 from jaxplan.funnel import run_sweep
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+from jaxplan.xla_options import accepted
 
 
 def _sweep():
@@ -20,7 +23,7 @@ def _sweep():
 def test_the_lean_chunk_kernel_gives_the_same_tables(monkeypatch):
     assert chunk.chunk_kernel(10) is chunk.sweep_chunk_lean and chunk.chunk_kernel(10**10) is chunk.sweep_chunk
     # the default emitters, named: the suite compiles everything else with the older ones (conftest)
-    monkeypatch.setattr(chunk, "sweep_chunk", jax.jit(chunk._sweep_chunk, **chunk._CHUNK_STATIC, compiler_options=SHIPPED_EMITTERS))
+    monkeypatch.setattr(chunk, "sweep_chunk", jax.jit(chunk._sweep_chunk, **chunk._CHUNK_STATIC, compiler_options=accepted(SHIPPED_EMITTERS) or None))
     monkeypatch.setattr(chunk, "LEAN_MAX_CANDIDATES", 0)
     default = _sweep()
     monkeypatch.setattr(chunk, "LEAN_MAX_CANDIDATES", 10**12)
@@ -41,7 +44,26 @@ def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
     lean = replay_rows(result, rows, num_requests=200)
     # the same programs compiled with XLA's default emitters (named: the suite's default is the older ones)
     for module, name, static in ((driver, "_start", ("num_slots", "max_dp", "policy", "mesh")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))):
-        monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=SHIPPED_EMITTERS))
+        monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=accepted(SHIPPED_EMITTERS) or None))
     default = replay_rows(result, rows, num_requests=200)
     keys = [k for k in lean[0] if k.startswith("replay_")]
     assert keys and [[r[k] for k in keys] for r in lean] == [[r[k] for k in keys] for r in default]
+
+
+def test_options_this_xla_lacks_are_left_out_not_fatal():
+    """An XLA without a debug option refuses any program compiled with it ("No such compile option",
+    as JAX 0.11's XLA does for `xla_cpu_use_fusion_emitters`): such options are dropped, known ones kept."""
+    from jaxplan.xla_options import jit_with_options
+
+    known, unknown = {"xla_backend_optimization_level": 0}, {"xla_jaxplan_no_such_option": True}
+    assert accepted({**known, **unknown}) == known
+
+    @jit_with_options({**known, **unknown})
+    def double(x):
+        return 2 * x
+
+    assert float(double(np.float32(3))) == 6.0
+    assert double.lower(np.float32(3)).compile() is not None and double._cache_size() == 1
+    assert double.__wrapped__(1) == 2  # the plain function, as jax.jit exposes it
+    with pytest.raises(Exception, match="No such compile option"):  # what the wrapper saves a caller from
+        jax.jit(lambda x: 2 * x, compiler_options=unknown)(np.float32(3))

@@ -22,7 +22,6 @@ Stage 2 (`fit_serving`): optax Adam on the e2e rows.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -38,6 +37,7 @@ from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
 from jaxplan.physics.steady_state import as_finite_run, estimate, prepare
 from jaxplan.prediction import GPU_OVERRIDES, RowBatch, row_batches
 from jaxplan.specs import load_gpu
+from jaxplan.xla_options import jit_with_options
 
 FIT_FIELDS = (
     "gemm_flops_efficiency",
@@ -421,7 +421,7 @@ def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, fixed: dic
 FIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
-@functools.partial(jax.jit, compiler_options=FIT_COMPILER_OPTIONS)
+@jit_with_options(FIT_COMPILER_OPTIONS)
 def _fit(z0, prior, prior_weight, shared, padded, base: Hardware, steps):
     """z0, prior [G, P]; prior_weight [G] (0: a GPU with no rows, left out of the prior term); shared:
     one vector for all GPUs (z0's rows equal, and every row takes the summed gradient, i.e. the gradient

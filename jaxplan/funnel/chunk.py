@@ -6,7 +6,6 @@ own module; this file only threads their outputs.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -24,7 +23,7 @@ from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_dig
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
-from jaxplan.xla_options import LEAN_COMPILE
+from jaxplan.xla_options import LEAN_COMPILE, OptionJit
 
 FRONTIER_GPU_BINS = 64  # quarter-octave bins of GPU count
 FRONTIER_TPOT_BINS = 64  # 1 ms .. 10 s, log-spaced
@@ -273,7 +272,7 @@ def _sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray,
 
 _CHUNK_STATIC = dict(static_argnames=("model", "mesh", "page_size", "window_rows"), donate_argnames=("state",))
 sweep_chunk = jax.jit(_sweep_chunk, **_CHUNK_STATIC)
-sweep_chunk_lean = jax.jit(_sweep_chunk, **_CHUNK_STATIC, compiler_options=LEAN_COMPILE)  # same results, see xla_options
+sweep_chunk_lean = OptionJit(_sweep_chunk, LEAN_COMPILE, **_CHUNK_STATIC)  # same results, see xla_options
 
 # Up to this many candidates the chunk kernel compiles with `LEAN_COMPILE`: about 4 s less compilation
 # on XLA:CPU for streaming about 8% slower, which breaks even near 6e8 candidates (bench/README.md).

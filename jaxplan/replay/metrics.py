@@ -11,7 +11,6 @@ replica ended). Goodput counts finished requests meeting both SLOs.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -22,7 +21,7 @@ from jaxplan import compile_ahead
 from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
 from jaxplan.replay.traffic import request_bucket
-from jaxplan.xla_options import LEAN_COMPILE
+from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
 
 PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -107,7 +106,7 @@ def _pad_trace(trace, size: int):
     return trace._replace(**{name: pad(name) for name in _NEVER_ARRIVED})
 
 
-@functools.partial(jax.jit, static_argnames=("series_points",), compiler_options=LEAN_COMPILE)
+@jit_with_options(LEAN_COMPILE, static_argnames=("series_points",))
 def _summarize(trace, num_requests, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
     """Metrics of a trace whose request axis is padded (past `num_requests`: requests that never arrived);
     `scored` [F, R] bool: the requests the latency distributions count (`clients.scored_requests`)."""

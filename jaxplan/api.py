@@ -30,7 +30,7 @@ def sweep(
     rate: float | None = None,
     price=None,
     top: int = 20,
-    chunk_size: int = 1 << 16,
+    chunk_size: int | None = None,
     params: str | Path | None = None,
     replay: bool = True,
     replay_requests: int = 2000,

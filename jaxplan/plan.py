@@ -114,9 +114,12 @@ class Plan:
         return pandas.DataFrame([f.to_row() for f in self.finalists])
 
 
-def check_options(*, top: int, chunk_size: int, replay_requests: int, seed: int, routing: str) -> None:
-    """The run options' ranges (the CLI's typer options check the same)."""
-    for name, value, low, high in (("top", top, 1, 1000), ("chunk_size", chunk_size, 1024, 1 << 24), ("replay_requests", replay_requests, 10, 1_000_000), ("seed", seed, 0, 2**63)):
+def check_options(*, top: int, chunk_size: int | None, replay_requests: int, seed: int, routing: str) -> None:
+    """The run options' ranges (the CLI's typer options check the same); chunk_size None: the default."""
+    options = [("top", top, 1, 1000), ("replay_requests", replay_requests, 10, 1_000_000), ("seed", seed, 0, 2**63)]
+    if chunk_size is not None:
+        options.append(("chunk_size", chunk_size, 1024, 1 << 24))
+    for name, value, low, high in options:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise bad_value(name, value, f"must be an integer in {low:,}..{high:,}")
     from jaxplan.replay.routing import routing_policy  # imports JAX, which the run needs anyway
@@ -147,7 +150,7 @@ def run_plan(
     inputs: Inputs,
     *,
     top: int = 20,
-    chunk_size: int = 1 << 16,
+    chunk_size: int | None = None,
     params: str | Path | None = None,
     replay: bool = True,
     replay_requests: int = 2000,

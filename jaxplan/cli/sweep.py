@@ -51,7 +51,7 @@ def sweep(
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
     price: PriceOption = None,
-    chunk_size: Annotated[int, typer.Option(min=1024, max=1 << 24, help="Candidates per streamed chunk.")] = 1 << 16,
+    chunk_size: Annotated[Optional[int], typer.Option(min=1024, max=1 << 24, help="Candidates per streamed chunk [default: 65,536 on a CPU, 4,194,304 on a GPU].")] = None,
     params: ParamsOption = None,
     replay: Annotated[bool, typer.Option(help="Stage 7: replay the finalists step by step and re-rank them.")] = True,
     replay_requests: Annotated[int, typer.Option(min=10, max=1_000_000, help="Requests per replay (sampled from the workload, seeded).")] = 2000,

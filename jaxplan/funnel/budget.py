@@ -8,7 +8,8 @@ Memory is bounded by the streamed chunk and the per-layout table, not by the gri
            one per device, the host copies, the devices' merge and the shortlist's sort; each chunk
            only works on a window of it, `Grid.layout_window`)
 
-The effective chunk is the one `stream` uses: at least one whole run of the DP axis per device.
+The effective chunk is the one `stream` uses: at least one whole run of the DP axis per device. On an
+accelerator the chunk lives in the device's memory, so only the rest counts against the host's.
 Time is the grid at a conservative streaming rate plus a compilation allowance; while the sweep runs,
 `jaxplan.deadline.Deadline` re-estimates from the measured rate and stops it once the projection exceeds the limit.
 The constants are deliberately below the rates and above the memory bench/README.md measures, so a
@@ -28,6 +29,10 @@ BASE_BYTES = int(0.75 * GIB)
 CHUNK_BYTES = 2048  # per candidate of the effective chunk
 LAYOUT_BYTES = 4 * (1 + len(AXES))  # float32 score + int32 digits per table entry
 LAYOUT_COPIES = 6
+CPU_CHUNK = 1 << 16  # XLA:CPU: 16,384 streams slower, 262,144 no faster (bench/README.md)
+# On a GPU a chunk's time is launch overhead below about a million candidates: an H200 streams 3.3e7
+# candidates/s at 65,536 and 6.3e8 at 4,194,304 (bench/README.md, "On a GPU").
+ACCELERATOR_CHUNK = 1 << 22
 CANDIDATES_PER_S = 2.0e6  # conservative streaming rate on 2 busy cores (measured: 2.8e6-5.7e6)
 COMPILE_S = 20.0  # first chunk: compilation on a busy machine (measured: 4.5-14 s)
 
@@ -56,14 +61,35 @@ def effective_chunk(grid: Grid, chunk_size: int, num_devices: int) -> int:
     return max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
 
 
-def estimate_sweep(grid: Grid, chunk_size: int, num_devices: int | None = None) -> SweepEstimate:
-    if num_devices is None:
+def default_chunk(platform: str | None = None, device_bytes: int | None = None) -> int:
+    """Candidates per chunk when the caller names none: CPU_CHUNK on a CPU; on an accelerator
+    ACCELERATOR_CHUNK, halved while its CHUNK_BYTES exceed a quarter of one device's memory
+    (`device_bytes`, default: what JAX reports for the first device; unknown: not halved)."""
+    if platform is None:
         import jax
 
-        num_devices = len(jax.local_devices())
+        device = jax.local_devices()[0]
+        platform = device.platform
+        if device_bytes is None and platform != "cpu":
+            device_bytes = (device.memory_stats() or {}).get("bytes_limit")
+    if platform == "cpu":
+        return CPU_CHUNK
+    chunk = ACCELERATOR_CHUNK
+    while device_bytes and chunk > CPU_CHUNK and chunk * CHUNK_BYTES > device_bytes / 4:
+        chunk //= 2
+    return chunk
+
+
+def estimate_sweep(grid: Grid, chunk_size: int, num_devices: int | None = None, on_host: bool | None = None) -> SweepEstimate:
+    """`on_host`: the chunk is in host memory (default: the sweep's devices are CPUs)."""
+    if num_devices is None or on_host is None:
+        import jax
+
+        num_devices = len(jax.local_devices()) if num_devices is None else num_devices
+        on_host = jax.local_devices()[0].platform == "cpu" if on_host is None else on_host
     chunk = effective_chunk(grid, chunk_size, num_devices)
     layouts = grid.num_layouts
-    memory = BASE_BYTES + chunk * CHUNK_BYTES + layouts * LAYOUT_BYTES * (num_devices + LAYOUT_COPIES)
+    memory = BASE_BYTES + chunk * CHUNK_BYTES * on_host + layouts * LAYOUT_BYTES * (num_devices + LAYOUT_COPIES)
     seconds = COMPILE_S + grid.size / CANDIDATES_PER_S
     return SweepEstimate(grid.size, layouts, chunk, num_devices, int(memory), seconds)
 

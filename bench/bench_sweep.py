@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--gpus", default="h100_sxm,h200_sxm,b200_sxm,a100_sxm")
     parser.add_argument("--workload", default="coding")
     parser.add_argument("--space", default="huge")
-    parser.add_argument("--chunk", type=int, default=1 << 16)
+    parser.add_argument("--chunk", type=int, default=None, help="candidates per chunk (default: the library's, 65,536 on a CPU, ~4e6 on a GPU)")
     parser.add_argument("--chunks", default="")
     parser.add_argument("--scaling", action="store_true")
     parser.add_argument("--sizes", default="6,7,8", help="--scaling: powers of ten of the grid sizes (the exponent is fitted from 1e6 to 1e8)")
@@ -82,7 +82,7 @@ def main() -> None:
             sub = scaled_space(space, 10**exponent, len(gpus))
             repeat = 1 if exponent >= 9 else args.repeat  # 1e9 streams for ~100 s
             result, wall, compile_s, run_s = one(model, gpus, workload, sub, args.chunk, repeat)
-            row(f"1e{exponent}", result, wall, compile_s, run_s)
+            row(f"1e{exponent} (chunk {result.chunk_size:,})", result, wall, compile_s, run_s)
             measured[exponent] = (result.grid.size, run_s)
         for lo, hi in ((6, 8), (7, 9), (6, 9)):
             if lo in measured and hi in measured:
@@ -92,7 +92,8 @@ def main() -> None:
         for chunk in (int(c) for c in args.chunks.split(",")):
             row(f"chunk {chunk}", *one(model, gpus, workload, space, chunk, args.repeat))
     else:
-        row("headline", *one(model, gpus, workload, space, args.chunk, args.repeat))
+        result, wall, compile_s, run_s = one(model, gpus, workload, space, args.chunk, args.repeat)
+        row(f"headline (chunk {result.chunk_size:,})", result, wall, compile_s, run_s)
     print_end()
 
 

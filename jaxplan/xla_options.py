@@ -10,7 +10,7 @@ emitters round a few float32 results differently, and its numbers are the ones p
 the replay's loop, which runs faster with it.
 
 Compiler options are fields of XLA's DebugOptions, and an XLA that lacks a field refuses the whole
-program ("No such compile option"): the JAX on an H200 machine had no `xla_cpu_use_fusion_emitters`.
+program ("No such compile option"): JAX 0.11.2 on an H200 machine refused `xla_cpu_use_fusion_emitters`.
 So `jit_with_options` asks the default backend once which of the options it accepts and compiles
 with those alone; results never depend on them, only compile and run times.
 """

@@ -120,3 +120,18 @@ def test_the_command_line_makes_the_devices():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "3 1"  # 3 devices; the sweep on one of them
+
+
+def test_the_sweep_limit_applies_to_cpu_devices_only():
+    """$JAXPLAN_SWEEP_DEVICES (the CLI's 1, set before JAX knows its backend) keeps the chunks on the
+    first CPU devices; GPUs each add throughput, so all of them stream chunks."""
+    from types import SimpleNamespace
+
+    from jaxplan.funnel.sweep import sweep_devices
+
+    cpus = [SimpleNamespace(platform="cpu", id=i) for i in range(4)]
+    gpus = [SimpleNamespace(platform="gpu", id=i) for i in range(8)]
+    assert sweep_devices(cpus, {cpu_devices.SWEEP_ENV: "1"}) == cpus[:1]
+    assert sweep_devices(cpus, {cpu_devices.SWEEP_ENV: "3"}) == cpus[:3]
+    assert sweep_devices(cpus, {}) == cpus
+    assert sweep_devices(gpus, {cpu_devices.SWEEP_ENV: "1"}) == gpus

@@ -1,7 +1,7 @@
 """The host driver: stream the grid through `sweep_chunk`, then build stages 5 and 6.
 
 Chunks are sharded across the local JAX devices along the candidate axis (all of
-them, or the first $JAXPLAN_SWEEP_DEVICES: see `device_mesh`).
+them, or on CPUs the first $JAXPLAN_SWEEP_DEVICES: see `sweep_devices`).
 Memory is bounded by the chunk and the tables, and a chunk's time by the chunk: it
 touches only the window of layout rows its candidates can reach (`Grid.layout_window`),
 not the whole table. Per-chunk reason histograms are summed on the host in int64
@@ -129,14 +129,20 @@ def stage_table(grid: Grid, counts: dict[Reason, int], frontier_size: int, short
     return stages
 
 
+def sweep_devices(devices: list, environ=os.environ) -> list:
+    """Of the local `devices`, those the chunks are sharded over: all, or on CPUs the first
+    $JAXPLAN_SWEEP_DEVICES. The CLI sets it to 1 before JAX starts, when it made one XLA CPU device
+    per core for the replay (cpu_devices.py); it cannot know then whether JAX will find GPUs, and
+    GPUs, unlike the cores, each add their own throughput (to limit those, CUDA_VISIBLE_DEVICES)."""
+    limit = environ.get("JAXPLAN_SWEEP_DEVICES", "").strip()
+    if limit.isdigit() and devices and devices[0].platform == "cpu":
+        return devices[: max(1, int(limit))]
+    return list(devices)
+
+
 def device_mesh() -> Mesh:
-    """The local devices the chunks are sharded over: all of them, or the first $JAXPLAN_SWEEP_DEVICES
-    (the CLI sets 1 when it made one XLA CPU device per core for the replay, see cpu_devices.py)."""
-    devices = jax.local_devices()
-    limit = os.environ.get("JAXPLAN_SWEEP_DEVICES", "").strip()
-    if limit.isdigit():
-        devices = devices[: max(1, int(limit))]
-    return Mesh(np.array(devices), ("candidates",))
+    """A 1-D mesh over `sweep_devices(jax.local_devices())`."""
+    return Mesh(np.array(sweep_devices(jax.local_devices())), ("candidates",))
 
 
 @dataclasses.dataclass

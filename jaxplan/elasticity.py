@@ -8,7 +8,9 @@ mean TTFT, mean TPOT and cost per million output tokens.
 Where the physics has kinks the gradient is the one-sided gradient of the
 binding term (min/max select a branch; the prefill chunk count uses a
 straight-through ceil: exact value, gradient of the unrounded count; the KV
-footprint is not rounded to blocks) -- see physics/steady_state.py.
+footprint is not rounded to blocks; the Poisson concurrency is differentiated as
+the root of Little's law, not through the solver's steps) -- see
+physics/steady_state.py.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from jaxplan.funnel.estimate import cost_per_million_tokens_usd
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams
+from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
 
 PARAMETERS = ("isl_tokens", "osl_tokens", "request_rate_per_s", "prefix_hit_rate", "concurrency")
 METRICS = ("output_tokens_per_s", "ttft_mean_s", "tpot_mean_s", "cost_per_million_usd")
@@ -50,7 +53,9 @@ def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParam
     return jnp.stack([est.output_tokens_per_s, est.ttft_mean_s, est.tpot_mean_s, cost], axis=-1)
 
 
-@jax.jit
+# XLA:CPU's older emitters compile this program in about half the time, and its elasticities agree
+# with the default emitters' to 2e-4 on 600 finalists (bench/README.md, "Sensitivity").
+@jit_with_options(LEAN_COMPILE)
 def _jacobian(model, hw, layout, w, gpu_memory_utilization):
     """(metrics [F, M], d metrics / d θ [F, M, P], θ [P]) for every parameter of PARAMETERS. Traced
     in the model shape too, and `sensitivities` pads F to `buckets.bucket_size(F)`: one compilation

@@ -4,10 +4,11 @@ XLA:CPU's newer fusion emitters (its default) compile the sweep's chunk kernel, 
 around many small fused operations, in about twice the time the older emitters take, while the
 program they make streams about 8% faster. `LEAN_COMPILE` selects the older emitters: the chunk
 kernel uses it for grids small enough that compilation dominates (`funnel.chunk.chunk_kernel`),
-and so do the replay's one-shot programs (start, merge, summary). Their results are the same to
-the bit (tests/test_xla_options.py). The report rows' kernel keeps the default: there the two
-emitters round a few float32 results differently, and its numbers are the ones printed; so does
-the replay's loop, which runs faster with it.
+and so do the replay's one-shot programs (start, merge, summary), with results the same to the
+bit, and the sensitivities' Jacobian, whose elasticities agree to 2e-4 (tests/test_xla_options.py).
+The report rows' kernel keeps the default: there the two emitters round a few float32 results
+differently, and its numbers are the ones printed; so does the replay's loop, which runs faster
+with it.
 
 Compiler options are fields of XLA's DebugOptions, and an XLA that lacks a field refuses the whole
 program ("No such compile option"): JAX 0.11.2 on an H200 machine refused `xla_cpu_use_fusion_emitters`.

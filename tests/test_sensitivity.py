@@ -24,10 +24,15 @@ def setup(model="llama-3.1-70b", tp=(2.0, 4.0, 8.0), dp=(4.0, 2.0, 1.0)):
     return model_shape(load_model(model)), hw, layout
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.999])
 @pytest.mark.parametrize("workload", ["reasoning", "chat", "rl-rollout"])
-def test_derivatives_match_central_differences(workload):
+def test_derivatives_match_central_differences(workload, scale):
+    """At the workload's own point and 0.1% below it (ISL, OSL, rate, concurrency): there, with the
+    suite's compiler flags, differentiating the Poisson solver's iterations gave TPOT's ISL slope
+    45% high or 50% low depending on the program; the root's implicit derivative does not."""
     model, hw, layout = setup()
     w = workload_params(load_workload(workload))
+    w = w._replace(**{name: getattr(w, name) * scale for name in ("isl_tokens", "osl_tokens", "request_rate_per_s", "concurrency")})
     sens = sensitivities(model, hw, layout, w, 0.9, PARAMETERS)
     assert np.all(np.isfinite(sens.derivative))
     for k, name in enumerate(sens.parameters):

@@ -50,6 +50,21 @@ def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
     assert keys and [[r[k] for k in keys] for r in lean] == [[r[k] for k in keys] for r in default]
 
 
+def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
+    """The sensitivities' Jacobian compiles with the older emitters: its elasticities agree with the
+    default emitters' (to 2e-4 on 600 default-space finalists; here the small space's shortlist)."""
+    from jaxplan import elasticity
+
+    result = _sweep()
+    rows = result.shortlist
+    lean = elasticity.for_rows(result, rows)
+    monkeypatch.setattr(elasticity, "_jacobian", jax.jit(elasticity._jacobian.__wrapped__, compiler_options=accepted(SHIPPED_EMITTERS) or None))
+    default = elasticity.for_rows(result, rows)
+    assert len(rows) >= 4 and np.all(np.isfinite(lean.elasticity))
+    np.testing.assert_allclose(lean.values, default.values, rtol=1e-5)
+    np.testing.assert_allclose(lean.elasticity, default.elasticity, atol=1e-3)
+
+
 def test_options_this_xla_lacks_are_left_out_not_fatal():
     """An XLA without a debug option refuses any program compiled with it ("No such compile option",
     as JAX 0.11's XLA does for `xla_cpu_use_fusion_emitters`): such options are dropped, known ones kept."""

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from jaxplan.physics.batch import StepBatch
 from jaxplan.physics.memory import kv_budget_bytes_per_gpu, smooth_request_kv_bytes_per_gpu
@@ -263,23 +264,64 @@ def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
     Inside it, SECANT_ITERATIONS steps of safeguarded inverse quadratic interpolation (regula falsi
     first), and one more interpolated point that needs no evaluation, give b within 1e-3 relative of
     the converged root on tests/test_solver.py's cases (median ~1e-7).
+
+    Its derivative is the root's, by the implicit function theorem (db = -dg / (dg/db) at the root;
+    b_max's where saturated), not the iterations': near convergence the interpolation's points
+    nearly coincide, and differentiating through them gave slopes that moved by half with float
+    rounding (tests/test_sensitivity.py). The values are the iterations'.
     """
-    b_lo, g_lo, b_hi, g_hi = _knot_bracket(rate, prep)
-    saturated = rate * prep.full_slot_s - prep.b_max >= 0
 
-    def step(_, carry):  # the new point replaces the bracket's end of its sign
-        b_lo, g_lo, b_hi, g_hi, _, _ = carry
-        b = _next_point(*carry)
-        g = rate * slot_time_s(_steps(model, hw, layout, w, b), w) - b
-        above = g >= 0
-        dropped_b, dropped_g = jnp.where(above, b_lo, b_hi), jnp.where(above, g_lo, g_hi)
-        b_lo, g_lo = jnp.where(above, b, b_lo), jnp.where(above, g, g_lo)
-        b_hi, g_hi = jnp.where(above, b_hi, b), jnp.where(above, g_hi, g)
-        return b_lo, g_lo, b_hi, g_hi, dropped_b, dropped_g
+    def g(hw, layout, w, rate, b):
+        return rate * slot_time_s(_steps(model, hw, layout, w, b), w) - b
 
-    # A loop, not unrolled: 8 unrolled steps made XLA compile the gradient for minutes.
-    carry = jax.lax.fori_loop(0, SECANT_ITERATIONS, step, (b_lo, g_lo, b_hi, g_hi, b_lo, g_lo))
-    return jnp.where(saturated, prep.b_max, _next_point(*carry))
+    @jax.custom_jvp
+    def solve(hw, layout, w, rate, prep):
+        b_lo, g_lo, b_hi, g_hi = _knot_bracket(rate, prep)
+        saturated = rate * prep.full_slot_s - prep.b_max >= 0
+
+        def step(_, carry):  # the new point replaces the bracket's end of its sign
+            b_lo, g_lo, b_hi, g_hi, _, _ = carry
+            b = _next_point(*carry)
+            g_b = g(hw, layout, w, rate, b)
+            above = g_b >= 0
+            dropped_b, dropped_g = jnp.where(above, b_lo, b_hi), jnp.where(above, g_lo, g_hi)
+            b_lo, g_lo = jnp.where(above, b, b_lo), jnp.where(above, g_b, g_lo)
+            b_hi, g_hi = jnp.where(above, b_hi, b), jnp.where(above, g_hi, g_b)
+            return b_lo, g_lo, b_hi, g_hi, dropped_b, dropped_g
+
+        # A loop, not unrolled: 8 unrolled steps made XLA compile the gradient for minutes.
+        carry = jax.lax.fori_loop(0, SECANT_ITERATIONS, step, (b_lo, g_lo, b_hi, g_hi, b_lo, g_lo))
+        return jnp.where(saturated, prep.b_max, _next_point(*carry))
+
+    def solve_jvp(primals, tangents):
+        hw, layout, w, rate, prep = primals
+        b = solve(*primals)
+        # g's tangent along the inputs that carry one (symbolic zeros are skipped: a sensitivity
+        # moves only the workload, and differentiating every hardware field too doubled the compile).
+        leaves, tree = jax.tree.flatten((hw, layout, w, rate))
+        leaf_tangents = tree.flatten_up_to(tuple(tangents[:4]))
+        live = [i for i, t in enumerate(leaf_tangents) if not isinstance(t, SymbolicZero)]
+
+        def g_of_live(*values):
+            merged = list(leaves)
+            for i, value in zip(live, values):
+                merged[i] = value
+            return g(*jax.tree.unflatten(tree, merged), b)
+
+        residual, dg = jax.jvp(g_of_live, [leaves[i] for i in live], [leaf_tangents[i] for i in live])
+        _, slope = jax.jvp(lambda b: g(hw, layout, w, rate, b), (b,), (jnp.ones_like(b),))
+        # At the smallest root g falls through zero (slope < 0); the floor keeps b's derivative finite
+        # where the slope nears zero (on the edge of saturation), and b at the lowest knot, where g is
+        # already negative, is no root: it does not move.
+        db = -dg / jnp.minimum(slope, -1e-3)
+        saturated = rate * prep.full_slot_s - prep.b_max >= 0
+        is_root = jnp.abs(residual) <= 1e-2 * jnp.maximum(b, 1.0)
+        b_max_dot = tangents[4].b_max
+        b_max_dot = jnp.zeros_like(b) if isinstance(b_max_dot, SymbolicZero) else b_max_dot
+        return b, jnp.where(saturated, b_max_dot, jnp.where(is_root, db, 0.0))
+
+    solve.defjvp(solve_jvp, symbolic_zeros=True)
+    return solve(hw, layout, w, rate, prep)
 
 
 def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, steps: _Steps, b, requests):

@@ -71,7 +71,10 @@ def default_chunk(platform: str | None = None, device_bytes: int | None = None) 
         device = jax.local_devices()[0]
         platform = device.platform
         if device_bytes is None and platform != "cpu":
-            device_bytes = (device.memory_stats() or {}).get("bytes_limit")
+            try:
+                device_bytes = (device.memory_stats() or {}).get("bytes_limit")
+            except Exception:  # noqa: BLE001 - a backend without memory statistics: the size is unknown
+                device_bytes = None
     if platform == "cpu":
         return CPU_CHUNK
     chunk = ACCELERATOR_CHUNK

@@ -1,6 +1,6 @@
 """Row counts padded to buckets, so that jitted kernels over a few rows compile once per bucket.
 
-A kernel over N independent rows (predict's stage 4, the calibration fit, sensitivities) is
+A kernel over N independent rows (predict's stage 4, the calibration fit) is
 compiled for its exact N; CSVs, folds and shortlists of other sizes would each compile again
 (seconds per program on CPU). Padding every [N, ...] leaf to `bucket_size(N)` rows by repeating
 the last row (a valid row, so no NaN appears) lets sizes in one bucket share the program; the

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxplan.buckets import bucket_size, pad_rows
+from jaxplan.buckets import pad_rows
 from jaxplan.errors import bad_value
 from jaxplan.funnel.estimate import cost_per_million_tokens_usd
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, traced
@@ -32,6 +32,9 @@ from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
 PARAMETERS = ("isl_tokens", "osl_tokens", "request_rate_per_s", "prefix_hit_rate", "concurrency")
 METRICS = ("output_tokens_per_s", "ttft_mean_s", "tpot_mean_s", "cost_per_million_usd")
 HIT_STEP = 0.1  # the hit rate's "elasticity" is per +10 percentage points
+# Finalists per Jacobian call (the last block padded): one program for 1 or 200 finalists, where a
+# bucket per power of two compiled a new program for each (16 s apiece, bench/README.md).
+BLOCK_ROWS = 32
 
 
 class Sensitivity(NamedTuple):
@@ -58,8 +61,8 @@ def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParam
 @jit_with_options(LEAN_COMPILE)
 def _jacobian(model, hw, layout, w, gpu_memory_utilization):
     """(metrics [F, M], d metrics / d θ [F, M, P], θ [P]) for every parameter of PARAMETERS. Traced
-    in the model shape too, and `sensitivities` pads F to `buckets.bucket_size(F)`: one compilation
-    serves every model and traffic pattern at up to 8 finalists (one more per power of two above)."""
+    in the model shape too, and `sensitivities` calls it on blocks of BLOCK_ROWS finalists: one
+    compilation serves every model, traffic pattern and number of finalists."""
     theta = jnp.stack([getattr(w, p) for p in PARAMETERS])
 
     def f(theta):
@@ -79,9 +82,12 @@ def sensitivities(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadPa
     if unknown:
         raise bad_value("parameters", unknown, f"use a subset of {', '.join(PARAMETERS)}")
     num = int(np.shape(layout.tensor_parallel_size)[0])
-    hw, layout = pad_rows((hw, layout), num, bucket_size(num))
+    padded = -(-num // BLOCK_ROWS) * BLOCK_ROWS
+    hw, layout = pad_rows((hw, layout), num, padded)
     f32 = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)  # noqa: E731 - strong types: a Python 0.9 and an array share the program
-    values, jac, theta = jax.device_get(_jacobian(traced(model), f32(hw), f32(layout), f32(w), f32(gpu_memory_utilization)))
+    rows = lambda tree, start: jax.tree.map(lambda x: x[start : start + BLOCK_ROWS] if np.ndim(x) and np.shape(x)[0] == padded else x, tree)  # noqa: E731
+    blocks = [_jacobian(traced(model), f32(rows(hw, start)), f32(rows(layout, start)), f32(w), f32(gpu_memory_utilization)) for start in range(0, padded, BLOCK_ROWS)]
+    values, jac, theta = jax.device_get((jnp.concatenate([b[0] for b in blocks]), jnp.concatenate([b[1] for b in blocks]), blocks[0][2]))
     columns = [PARAMETERS.index(p) for p in parameters]
     values, jac, theta = values[:num], jac[:num][:, :, columns], theta[columns]
     # Prefix hit rate is a fraction that is often 0: report its semi-elasticity per +10 points

@@ -90,3 +90,20 @@ def test_default_parameters_are_columns_of_the_full_jacobian():
         np.testing.assert_array_equal(default.values, full.values)
     with pytest.raises(PlanError, match="parameters"):
         sensitivities(model, hw, layout, w, 0.9, ("isl_tokens", "num_layers"))
+
+
+def test_any_number_of_finalists_shares_one_program():
+    """Finalists go through the Jacobian in blocks of BLOCK_ROWS: 3 and 42 finalists use one compiled
+    program, and a finalist in the second block gets what the same configuration gets in the first."""
+    from jaxplan import elasticity
+
+    w = workload_params(load_workload("chat"))
+    few = sensitivities(*setup(), w, 0.9, PARAMETERS)
+    programs = elasticity._jacobian._cache_size()
+    reps = -(-(elasticity.BLOCK_ROWS + 10) // 3)
+    many = sensitivities(*setup(tp=(2.0, 4.0, 8.0) * reps, dp=(4.0, 2.0, 1.0) * reps), w, 0.9, PARAMETERS)
+    assert elasticity._jacobian._cache_size() == programs, "another number of finalists compiled again"
+    assert many.values.shape[0] == 3 * reps > elasticity.BLOCK_ROWS
+    second_block = slice(3 * (elasticity.BLOCK_ROWS // 3 + 1), 3 * (elasticity.BLOCK_ROWS // 3 + 2))
+    np.testing.assert_allclose(many.values[second_block], few.values, rtol=1e-6)
+    np.testing.assert_allclose(many.derivative[second_block], few.derivative, rtol=1e-5, atol=1e-12)

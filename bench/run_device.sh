@@ -6,8 +6,9 @@
 #
 # It runs from the source tree (PYTHONPATH=.) under whatever JAX the machine has, with a GPU or TPU
 # backend found by JAX itself. Steps: machine facts; stages 1-6 of the headline grid at the library's
-# default chunk for the device, then at three other sizes; the 1e6 -> 1e9 scaling at the default chunk;
-# the replay of 1, 20 and 100 finalists. BENCH_DEVICE_STEPS="sweep scaling" runs only those steps.
+# default chunk for the device, then at four other sizes; the 1e6 -> 1e9 scaling at the default chunk;
+# the replay of 1, 20 and 100 finalists; the README's sweep as a user runs it, cold then warm.
+# BENCH_DEVICE_STEPS="sweep scaling" runs only those steps.
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-bench_device_out}}
@@ -18,10 +19,10 @@ python=${PYTHON:-python3}
 if [ "${BENCH_DEVICE_QUICK:-0}" = 1 ]; then
     chunks=16384,65536 sizes=5,6 finalists="1 4" workloads="coding" requests=500 space=small
 else
-    chunks=65536,1048576,16777216 sizes=6,7,8,9 finalists="1 20 100" workloads="coding chat reasoning" requests=0 space=huge
+    chunks=65536,1048576,2097152,16777216 sizes=6,7,8,9 finalists="1 20 100" workloads="coding chat reasoning" requests=0 space=huge
 fi
 
-steps=${BENCH_DEVICE_STEPS:-sweep chunks scaling replay}
+steps=${BENCH_DEVICE_STEPS:-sweep chunks scaling replay first_run}
 step() {  # step NAME LIMIT_S COMMAND...: run it, keep its output in $out/NAME.log, print its tail
     local name=$1 limit=$2
     shift 2
@@ -45,3 +46,4 @@ step chunks 120 "$python" bench/bench_sweep.py --space "$space" --chunks "$chunk
 step scaling 120 "$python" bench/bench_sweep.py --scaling --sizes "$sizes" --repeat 1
 # shellcheck disable=SC2086  # the lists are meant to split into arguments
 step replay 200 "$python" bench/bench_replay.py --finalists $finalists --workloads $workloads --requests "$requests"
+step first_run 150 "$python" bench/bench_first_run.py --repeat 1

@@ -19,6 +19,7 @@ with those alone; results never depend on them, only compile and run times.
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 import numpy as np
@@ -51,17 +52,19 @@ class OptionJit:
         functools.update_wrapper(self, fun)
         self._fun, self._options, self._jit_kwargs = fun, dict(options), jit_kwargs
         self._jitted = None
+        self._lock = threading.Lock()  # compile_ahead may resolve it on a worker thread
 
     def jitted(self):
-        if self._jitted is None:
-            self._jitted = jax.jit(self._fun, compiler_options=accepted(self._options) or None, **self._jit_kwargs)
-        return self._jitted
+        with self._lock:
+            if self._jitted is None:
+                self._jitted = jax.jit(self._fun, compiler_options=accepted(self._options) or None, **self._jit_kwargs)
+            return self._jitted
 
     def __call__(self, *args, **kwargs):
         return self.jitted()(*args, **kwargs)
 
     def __getattr__(self, name):
-        if name in ("_fun", "_options", "_jit_kwargs", "_jitted"):  # not set yet (copy, pickle): no recursion
+        if name in ("_fun", "_options", "_jit_kwargs", "_jitted", "_lock"):  # not set yet (copy, pickle): no recursion
             raise AttributeError(name)
         return getattr(self.jitted(), name)
 

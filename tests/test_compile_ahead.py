@@ -44,6 +44,22 @@ def test_the_call_after_wait_reuses_the_background_compilation():
     np.testing.assert_allclose(np.asarray(out), np.tanh(x) * x + 2, rtol=1e-6)
 
 
+def test_a_jit_with_compiler_options_reuses_it_too():
+    """The replay's start, merge and summary are `xla_options.OptionJit`s, resolved at first use: the
+    worker's compilation is still the one the later call runs."""
+    from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
+
+    f = jit_with_options(LEAN_COMPILE, static_argnames="k")(lambda x, y, *, k: jnp.tanh(x) * y - k)
+    x = np.linspace(0, 1, 5, dtype=np.float32)
+    compile_ahead.ahead("t5", f, compile_ahead.abstract(jnp.asarray(x)), compile_ahead.abstract(x), k=3)
+    compile_ahead.wait("t5")
+    before = list(_seen)
+    assert any(name.startswith("jaxplan-compile") for name in before[-1:]), "the compilation ran on a worker thread"
+    out = f(jnp.asarray(x), x, k=3)
+    assert _seen == before, "the call compiled again"
+    np.testing.assert_allclose(np.asarray(out), np.tanh(x) * x - 3, rtol=1e-6)
+
+
 def test_other_static_arguments_compile_their_own_program():
     f = _fresh()
     x = np.ones(3, np.float32)

@@ -83,10 +83,11 @@ def sensitivities(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadPa
         raise bad_value("parameters", unknown, f"use a subset of {', '.join(PARAMETERS)}")
     num = int(np.shape(layout.tensor_parallel_size)[0])
     padded = -(-num // BLOCK_ROWS) * BLOCK_ROWS
-    hw, layout = pad_rows((hw, layout), num, padded)
     f32 = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)  # noqa: E731 - strong types: a Python 0.9 and an array share the program
-    rows = lambda tree, start: jax.tree.map(lambda x: x[start : start + BLOCK_ROWS] if np.ndim(x) and np.shape(x)[0] == padded else x, tree)  # noqa: E731
-    blocks = [_jacobian(traced(model), f32(rows(hw, start)), f32(rows(layout, start)), f32(w), f32(gpu_memory_utilization)) for start in range(0, padded, BLOCK_ROWS)]
+    per_row = f32(pad_rows((hw, layout), num, padded))
+    shared = traced(model), f32(w), f32(gpu_memory_utilization)
+    rows = lambda start: jax.tree.map(lambda x: x[start : start + BLOCK_ROWS] if np.ndim(x) and np.shape(x)[0] == padded else x, per_row)  # noqa: E731
+    blocks = [_jacobian(shared[0], *rows(start), *shared[1:]) for start in range(0, padded, BLOCK_ROWS)]
     values, jac, theta = jax.device_get((jnp.concatenate([b[0] for b in blocks]), jnp.concatenate([b[1] for b in blocks]), blocks[0][2]))
     columns = [PARAMETERS.index(p) for p in parameters]
     values, jac, theta = values[:num], jac[:num][:, :, columns], theta[columns]

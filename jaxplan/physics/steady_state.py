@@ -254,6 +254,11 @@ def _next_point(b_lo, g_lo, b_hi, g_hi, b_old, g_old):
     return jnp.where(inside, quadratic, _regula_falsi(b_lo, g_lo, b_hi, g_hi))
 
 
+def _saturated(rate, prep: Prepared):
+    """Whether the demand reaches b_max before Little's law balances (g >= 0 at b_max)."""
+    return rate * prep.full_slot_s - prep.b_max >= 0
+
+
 def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
     """Solve Little's law b = rate x slot_time(b) for its smallest root (b_max when saturated).
 
@@ -277,7 +282,7 @@ def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
     @jax.custom_jvp
     def solve(hw, layout, w, rate, prep):
         b_lo, g_lo, b_hi, g_hi = _knot_bracket(rate, prep)
-        saturated = rate * prep.full_slot_s - prep.b_max >= 0
+        saturated = _saturated(rate, prep)
 
         def step(_, carry):  # the new point replaces the bracket's end of its sign
             b_lo, g_lo, b_hi, g_hi, _, _ = carry
@@ -314,7 +319,7 @@ def poisson_concurrency(model, hw, layout, w, rate, prep: Prepared):
         # where the slope nears zero (on the edge of saturation), and b at the lowest knot, where g is
         # already negative, is no root: it does not move.
         db = -dg / jnp.minimum(slope, -1e-3)
-        saturated = rate * prep.full_slot_s - prep.b_max >= 0
+        saturated = _saturated(rate, prep)
         is_root = jnp.abs(residual) <= 1e-2 * jnp.maximum(b, 1.0)
         b_max_dot = tangents[4].b_max
         b_max_dot = jnp.zeros_like(b) if isinstance(b_max_dot, SymbolicZero) else b_max_dot

@@ -554,3 +554,22 @@ def test_small_gemms_take_their_floor(shapes, hardware):
     assert 0.85 < nvfp4_tp8 / fp8_tp8 < 1.1, (nvfp4_tp8, fp8_tp8)
     assert nvfp4_tp1 / fp8_tp1 == pytest.approx(h["fp4_weight_read_bytes_per_param"], rel=0.03), (nvfp4_tp1, fp8_tp1)
     assert 0.6 < h["fp4_weight_read_bytes_per_param"] < 0.75
+
+
+def test_the_fixed_cost_of_a_step_grows_with_the_models_depth(shapes, hardware):
+    """The fixed cost is per layer (docs/accuracy.md, "Fixed costs"): raising `layer_latency_s` by 10 us
+    lengthens a one-token decode step of gpt-oss-120b (36 layers) by 360 us and of Llama-3.1-70B (80) by
+    800 us, at TP1 and TP8; `step_overhead_s`, 0 by default, adds its value to either whatever the depth."""
+    h200 = GPUS.index("h200_sxm")
+    assert float(hardware.step_overhead_s[h200]) == 0.0
+    batch = {"decode": np.array([1.0]), "context": np.array([1000.0]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
+    more_per_layer = hardware._replace(layer_latency_s=hardware.layer_latency_s.at[h200].add(10e-6))
+    per_step = hardware._replace(step_overhead_s=hardware.step_overhead_s.at[h200].set(1e-3))
+    for name, layers in (("gpt-oss-120b", 36), ("llama-3.1-70b", 80)):
+        m = shapes[name]
+        assert m.num_layers == layers
+        for tp in (1.0, 8.0):
+            lay = {"tp": np.array([tp]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([2.0])}
+            base = code_step_time(m, hardware, h200, lay, batch)[0]
+            assert code_step_time(m, more_per_layer, h200, lay, batch)[0] - base == pytest.approx(layers * 10e-6, rel=1e-3)
+            assert code_step_time(m, per_step, h200, lay, batch)[0] - base == pytest.approx(1e-3, rel=1e-3)

@@ -48,7 +48,6 @@ FIT_FIELDS = (
     "allreduce_latency_s",
     "allreduce_bandwidth_efficiency",
     "allreduce_two_gpu_ratio",
-    "step_overhead_s",
     "per_seq_overhead_s",
     "request_overhead_s",
     "pipeline_seq_overhead_s",
@@ -149,7 +148,8 @@ def kernel_priors(gpu: str, data_root=None) -> dict[str, float]:
         pass
     prior.update(allreduce_prior(gpu, spec, data_root))
     prior.update(moe_kernel_prior(gpu, spec, data_root))
-    return {f: float(np.clip(v, BOUNDS[f][1] + 1e-6, BOUNDS[f][2])) for f, v in prior.items()}
+    # Fractions stay just inside their bounds (the fit's logit needs it); a latency may be its bound, 0.
+    return {f: float(np.clip(v, BOUNDS[f][1] + (1e-6 if f in FRACTIONS else 0.0), BOUNDS[f][2])) for f, v in prior.items()}
 
 
 ALLREDUCE_LATENCY_MAX_BYTES = 64 * 2**10  # a decode step's all-reduce of a few sequences is this small

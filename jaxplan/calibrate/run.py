@@ -55,8 +55,8 @@ LAYOUT_COLUMNS = ("model", "tensor_parallel_size", "pipeline_parallel_size", "da
 # sends per layer outside CUDA graphs, `fit.allreduce_prior`). Everything else comes from the
 # serving fit: the HBM fraction of CUDA-graph decode (the tables' weight-streaming GEMMs sit 0.10
 # below it on both fitted GPUs), the small-message all-reduce latency (vLLM's custom all-reduce in
-# CUDA graphs, not the tables' NCCL), and the runtime's per-layer, per-step, per-sequence and
-# per-request overheads. Fields outside `fit.FIT_FIELDS` are never fitted:
+# CUDA graphs, not the tables' NCCL), and the runtime's per-layer, per-sequence and per-request
+# overheads. Fields outside `fit.FIT_FIELDS` are never fitted:
 # every GPU keeps its kernel value of them (e.g. `fp8_kv_read_bytes_per_element`, from decode attention,
 # and the NVFP4 GEMMs' `fp4_gemm_flops_efficiency`, `fp4_quant_bytes_per_element` and
 # `fp4_weight_read_bytes_per_param`).

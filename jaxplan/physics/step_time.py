@@ -5,10 +5,12 @@ bandwidth) (FP8 and NVFP4 GEMMs add the quantisation of their input, a memory-bo
 kernel of its own; and a weight GEMM takes at least its dtype's floor, the least time
 of its kernels), where `roofline` is a smooth maximum (never below the true max,
 at most 10% above it where both terms are equal, differentiable everywhere,
-and cheap: one square root). Added to that: a fixed latency per layer (kernel launches),
+and cheap: one square root). Added to that: a fixed latency per layer (the small kernels between
+the GEMMs and the gaps between launches: the fixed cost of a step grows with the model's depth),
 two all-reduces per layer under TP (latency + ring bandwidth term, on the
 inter-node link once the TP group spans nodes), PP point-to-point hops, and a
-per-step and per-sequence runtime overhead (scheduler, sampling), and under PP the per-sequence
+per-sequence runtime overhead (scheduling, sampling; a per-step one only where a parameter file sets
+it, `params.BOUNDS`), and under PP the per-sequence
 output processing vLLM then runs on the step's critical path (`pipeline_host_overhead_s`).
 
 Mixture-of-experts layers (`physics.moe`): expert GEMMs per GPU of the expert group (sliced or

@@ -49,7 +49,8 @@ SPEC_SHEET_WIDENING = 1.25
 # An unseen model's error is shared by all its rows (one model is off in one direction), so a band from
 # every row of the class covers a new model's rows less often than 80%. An unseen-model class with rows
 # of at least this many models is widened (both ways, by `unseen_model_widening`) until the band made
-# from the other models' rows covers 80% of each model's rows, pooled over the models.
+# from the other models' rows covers 80% of each model's rows, pooled over the models; one with rows of
+# fewer models borrows a coarser class's band as a thin class does.
 UNSEEN_MIN_MODELS = 3
 BANDS_PATH = PARAMS_PATH.parent / "bands.toml"
 RESIDUAL_COLUMNS = (
@@ -169,11 +170,21 @@ def compute_bands(residuals: list[dict], *, min_rows: int = MIN_ROWS, widening: 
     if not residuals:
         raise bad_value("residuals", 0, "no held-out rows to compute bands from; calibrate on measured rows first")
     keys = np.array([class_key(r["evidence"], r["model_class"], r["regime"]) for r in residuals])
+    models = np.array([str(r["model"]) for r in residuals])
     values = ratios(residuals)
+
+    def enough(key: str, pool: str) -> bool:
+        """Whether `pool` can give `key` its band: MIN_ROWS rows, and an unseen-model class's own rows
+        from UNSEEN_MIN_MODELS models (with fewer, nothing says how far a new model falls off)."""
+        hit = _matches(pool, keys)
+        if hit.sum() < min_rows:
+            return False
+        return pool != key or "/unseen/" not in key or len(set(models[hit].tolist())) >= UNSEEN_MIN_MODELS
+
     out = {}
     for key in ALL_CLASSES:
         own = _matches(key, keys)
-        source = next((p for p in pool_keys(key) if _matches(p, keys).sum() >= min_rows), pool_keys(key)[-1])
+        source = next((p for p in pool_keys(key) if enough(key, p)), pool_keys(key)[-1])
         pooled = _matches(source, keys)
         q = ratio_quantiles(values[pooled])
         stretched = False
@@ -186,7 +197,7 @@ def compute_bands(residuals: list[dict], *, min_rows: int = MIN_ROWS, widening: 
             q = wider
         factor = widening if key.startswith("spec_sheet/") else 1.0
         if source == key and "/unseen/" in key:
-            factor *= unseen_model_widening(values[own], np.array([r["model"] for r, hit in zip(residuals, own) if hit]))
+            factor *= unseen_model_widening(values[own], models[own])
         q = np.vstack([_round_outward(q[0] / factor, up=False), _round_outward(q[1] * factor, up=True)])
         counts: dict[str, int] = {}
         for r in (r for r, hit in zip(residuals, own) if hit):

@@ -73,6 +73,18 @@ def test_a_class_with_enough_rows_of_its_own_model_pool_keeps_its_regime():
     assert entry["sources"] == [f"{H200}/{UNSEEN}/synthetic: 8"]
 
 
+def test_an_unseen_class_of_fewer_models_borrows_a_coarser_band():
+    """25 rows of two unseen models (enough rows, too few models to say how far a third lands) borrow the
+    band of the coarser class, stretched to their own rows; a third model's 5 rows let them stand alone."""
+    rows = [residual("spec_sheet", "unseen", "kv_starved", 1.0 + 0.02 * i, model=m) for m, n in (("a", 15), ("b", 10)) for i in range(n)]
+    rows += [residual("spec_sheet", "seen", "kv_starved", 0.5 + 0.1 * i) for i in range(20)]
+    entry = bands.compute_bands(rows)["spec_sheet/unseen/kv_starved"]
+    assert entry["rows"] == 25 and entry["pooled_from"] == "spec_sheet/*/kv_starved" and entry["pooled_rows"] == 45
+    assert entry["widened"] == bands.SPEC_SHEET_WIDENING
+    rows += [residual("spec_sheet", "unseen", "kv_starved", 1.1, model="c") for _ in range(5)]
+    assert bands.compute_bands(rows)["spec_sheet/unseen/kv_starved"]["pooled_from"] == "spec_sheet/unseen/kv_starved"
+
+
 def test_unseen_models_widen_their_band_until_a_new_model_is_covered():
     """Three unseen models, each off in its own direction (x0.7, x1, x1.4, spread 0.9-1.1 within): the
     band from every row covers 80% of the rows, but one made from two models misses most of the third's;

@@ -3,6 +3,7 @@ vLLM's flags against CSV lines read by hand (one per layout kind and expert form
 and the held-out accuracy the shipped report states (docs/accuracy.md, "MoE rows")."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,11 @@ def by_source(rows, source_id):
 # AIConfigurator: tp_size = attention TP per DP rank, attention_dp_size = DP ranks, moe_tp x moe_ep = the
 # expert group (tp x DP); batch_size is per DP rank, silicon_concurrency the clients of the engine.
 HAND_READ = {
-    # dp_ep, FP8: MiniMax-M2.5 B300, tp 4, attention_dp 4, moe_tp 1, moe_ep 16, batch 128, silicon_concurrency=512
+    # ep, FP8: MiniMax-M2.5 B300, tp 4, attention_dp 4, moe_tp 1, moe_ep 16, batch 128, silicon_concurrency=512: the
+    # shape AIConfigurator gives `-tp 4 --enable-expert-parallel` (`relabelled_expert_parallel`), one engine of 4 GPUs
     "minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c512_cfg734": dict(
-        model="minimax-m2.5", gpu="b300_sxm", tensor_parallel_size=4, data_parallel_size=4, enable_expert_parallel=True, weight_dtype="fp8",
-        kv_cache_dtype="fp8", isl=1024, osl=1024, concurrency=512, measured_ttft_ms_mean=727.8426075309881, measured_tpot_ms_mean=31.74447123107922, kind="dp_ep"),
+        model="minimax-m2.5", gpu="b300_sxm", tensor_parallel_size=4, data_parallel_size=1, enable_expert_parallel=True, weight_dtype="fp8",
+        kv_cache_dtype="fp8", isl=1024, osl=1024, concurrency=512, measured_ttft_ms_mean=727.8426075309881, measured_tpot_ms_mean=31.74447123107922, kind="ep"),
     # ep, NVFP4: Kimi-K2.5 B200, tp 4, attention_dp 1, moe_tp 1, moe_ep 4, batch 4
     "2026_03_25_kimi_k2_5_b200_sxm_vllm_fp4_agg_1024x8192_c4_tp4_0_ep4_0_566": dict(
         model="kimi-k2.5", gpu="b200_sxm", tensor_parallel_size=4, data_parallel_size=1, enable_expert_parallel=True, weight_dtype="nvfp4",
@@ -68,8 +70,9 @@ def test_layout_columns_that_are_not_one_vllm_command_are_refused():
     from jaxplan.calibrate.moe_rows import parallel_layout
 
     base = {"tp_size": "2", "attention_dp_size": "2", "moe_tp_size": "1", "moe_ep_size": "4", "pp_size": "1"}
-    assert parallel_layout(base) == (2, 2, True)
+    assert parallel_layout(base) == (2, 1, True)  # AIConfigurator's label of -tp 2 --enable-expert-parallel
     assert parallel_layout({**base, "attention_dp_size": ""}) == (2, 2, True)  # blank: moe_tp x moe_ep / tp
+    assert parallel_layout({**base, "tp_size": "1", "attention_dp_size": "4"}) == (1, 4, True)  # DP 4 x TP 1, EP 4
     assert "both ways" in parallel_layout({**base, "moe_tp_size": "2", "moe_ep_size": "2"})
     assert "differs" in parallel_layout({**base, "moe_ep_size": "8"})
     assert parallel_layout({**base, "pp_size": "2"}) == "pipeline parallel"
@@ -83,9 +86,9 @@ def test_counts_and_the_rows_left_out():
     everything = moe_rows()
     rows = [r for r in everything if r["dataset"] == "aiconfigurator_silicon_moe"]
     amd = [r for r in everything if r["dataset"] == "inferencemax_amd"]
-    assert len(rows) == 628 and len(everything) == 628 + len(amd)
-    assert Counter(r["model"] for r in rows) == {"minimax-m2.5": 292, "kimi-k2.5": 152, "gpt-oss-120b": 133, "qwen3-235b-a22b": 51}
-    assert Counter(layout_kind(r) for r in rows) == {"tp": 516, "dp_ep": 57, "ep": 36, "dp": 19}
+    assert len(rows) == 569 and len(everything) == 569 + len(amd)
+    assert Counter(r["model"] for r in rows) == {"minimax-m2.5": 292, "kimi-k2.5": 100, "gpt-oss-120b": 126, "qwen3-235b-a22b": 51}
+    assert Counter(layout_kind(r) for r in rows) == {"tp": 472, "ep": 78, "dp": 19}
     assert {r["weight_dtype"] for r in rows if r["model"] == "gpt-oss-120b"} == {"mxfp4"}
     # InferenceMAX's gpt-oss-120b runs (TP only): 12 layouts x loads on MI300X, 9 on MI355X.
     assert Counter(r["gpu"] for r in amd) == {"mi300x": 60, "mi355x": 45}
@@ -93,42 +96,73 @@ def test_counts_and_the_rows_left_out():
     _, dropped = moe_silicon_rows(_data.resolve_root(None).resolve())
     assert dict(dropped) == {
         "disagg mode (separate prefill/decode workers)": 14, "marked wip=True": 153,
-        "exact duplicate of another row (same config and values, different id)": 109,
+        "duplicate of another row (same config and values to 0.01 ms, different id)": 168,
     }
+
+
+def test_rows_labelled_as_attention_dp_are_one_expert_parallel_engine():
+    """AIConfigurator labels vLLM's `-tp T --enable-expert-parallel` as T attention-DP ranks of TP T with
+    moe_ep T x T (T x T GPUs). Read as written they would be DP ranks serving 1/T of the clients each;
+    their measurements say otherwise: each equals the row labelled TP T with EP T (one engine of T GPUs,
+    wip runs included) on the same model, GPU, format, workload and clients, TTFT within 0.75-1.25x and
+    TPOT within 0.9-1.12x, and the run names that give a layout (25 of the 82) say tp{T}_ep{T}."""
+    import csv
+    from collections import defaultdict
+
+    from jaxplan.calibrate.moe_rows import relabelled_expert_parallel
+
+    moe_rows()  # skips without the data
+    path = _data.resolve_root(None) / "e2e_aiconfigurator_silicon" / "silicon_calibration.csv"
+    raw = [r for r in csv.DictReader(path.open()) if r["backend"] == "vllm" and r["mode"] == "agg"]
+    clients = lambda r: re.search(r"silicon_concurrency=(\d+)", r["silicon_data_source"]).group(1)
+    workload = lambda r: (r["model_path"], r["system"], r["precision"], r["isl"], r["osl"], clients(r), r["tp_size"])
+    one_engine = defaultdict(list)
+    for r in raw:
+        if r["attention_dp_size"] in ("", "1") and r["moe_tp_size"] == "1" and r["moe_ep_size"] == r["tp_size"] != "1":
+            one_engine[workload(r)].append(r)
+    relabelled = [r for r in raw if relabelled_expert_parallel(r)]
+    assert len(relabelled) == 82 and all(int(r["attention_dp_size"]) > 1 for r in relabelled)
+    assert not [r for r in raw if r["attention_dp_size"] not in ("", "1") and not relabelled_expert_parallel(r)]
+    named = [re.search(r"_tp(\d+)_ep(\d+)_", r["id"]) for r in relabelled]
+    assert sum(1 for m in named if m) == 25 and all(m.group(1) == m.group(2) for m in named if m)  # the rest: cfg ids
+    pairs = [(r, twin) for r in relabelled for twin in one_engine[workload(r)]]
+    assert len(pairs) >= 80
+    for r, twin in pairs:
+        ttft = float(r["silicon_ttft_ms"]) / float(twin["silicon_ttft_ms"])
+        tpot = float(r["silicon_tpot_ms"]) / float(twin["silicon_tpot_ms"])
+        assert 0.75 <= ttft <= 1.25 and 0.9 <= tpot <= 1.12, (r["id"], twin["id"], ttft, tpot)
 
 
 # Held out as reached (docs/accuracy.md, "MoE rows"): (rows, TTFT MAPE, TPOT MAPE) per protocol and group.
 MOE_HELD_OUT = {
     "gpu": {
-        "all": (733, 0.296, 0.154),
-        "gpu/b200_sxm": (312, 0.282, 0.137),
-        "gpu/b300_sxm": (106, 0.256, 0.101),
-        "gpu/h200_sxm": (210, 0.264, 0.182),
+        "all": (674, 0.332, 0.146),
+        "gpu/b200_sxm": (271, 0.300, 0.123),
+        "gpu/b300_sxm": (106, 0.416, 0.077),
+        "gpu/h200_sxm": (192, 0.274, 0.191),
         "gpu/mi300x": (60, 0.641, 0.199),
         "gpu/mi355x": (45, 0.171, 0.195),
         "kind/dp": (19, 0.676, 0.521),
-        "kind/dp_ep": (57, 0.348, 0.207),
-        "kind/ep": (36, 0.265, 0.143),
-        "kind/tp": (621, 0.281, 0.138),
-        "model/gpt-oss-120b": (238, 0.414, 0.172),
-        "model/kimi-k2.5": (152, 0.179, 0.102),
-        "model/minimax-m2.5": (292, 0.243, 0.117),
+        "kind/ep": (78, 0.552, 0.108),
+        "kind/tp": (577, 0.291, 0.139),
+        "model/gpt-oss-120b": (231, 0.418, 0.172),
+        "model/kimi-k2.5": (100, 0.169, 0.091),
+        "model/minimax-m2.5": (292, 0.308, 0.096),
         "model/qwen3-235b-a22b": (51, 0.398, 0.432),
     },
     "model": {
-        "all": (733, 0.319, 0.153),
-        "gpu/b200_sxm": (312, 0.317, 0.136),
-        "gpu/b300_sxm": (106, 0.256, 0.101),
-        "gpu/h200_sxm": (210, 0.285, 0.185),
+        "all": (674, 0.359, 0.145),
+        "gpu/b200_sxm": (271, 0.349, 0.120),
+        "gpu/b300_sxm": (106, 0.416, 0.077),
+        "gpu/h200_sxm": (192, 0.291, 0.193),
         "gpu/mi300x": (60, 0.535, 0.189),
         "gpu/mi355x": (45, 0.344, 0.193),
         "kind/dp": (19, 0.718, 0.518),
-        "kind/dp_ep": (57, 0.335, 0.213),
-        "kind/ep": (36, 0.225, 0.137),
-        "kind/tp": (621, 0.310, 0.137),
-        "model/gpt-oss-120b": (238, 0.432, 0.178),
-        "model/kimi-k2.5": (152, 0.184, 0.098),
-        "model/minimax-m2.5": (292, 0.274, 0.113),
+        "kind/ep": (78, 0.547, 0.103),
+        "kind/tp": (577, 0.322, 0.139),
+        "model/gpt-oss-120b": (231, 0.439, 0.177),
+        "model/kimi-k2.5": (100, 0.176, 0.085),
+        "model/minimax-m2.5": (292, 0.345, 0.091),
         "model/qwen3-235b-a22b": (51, 0.443, 0.426),
     },
 }

@@ -14,9 +14,11 @@ the experts are split over. As a vLLM command (jaxplan's predict row):
   enable_expert_parallel = moe_ep_size > 1
   weight_dtype           = fp8 | nvfp4 | int4 (int4_wo) | mxfp4 (gpt-oss's fp4)
 and concurrency = the run's `silicon_concurrency` (all clients of the engine; `batch_size` is per DP
-rank in the rows that give attention_dp_size). Rows dropped, each reason counted
+rank in the rows that give attention_dp_size), except that rows labelled attention_dp_size = tp_size = T
+with moe_ep_size = T x T are `-tp T --enable-expert-parallel` (`relabelled_expert_parallel`). Rows
+dropped, each reason counted
 (`moe_silicon_rows`' second value): disagg mode, wip=True, a model or GPU jaxplan does not bundle, an
-expert group split both ways (moe_tp > 1 and moe_ep > 1, which vLLM does not run), exact duplicates.
+expert group split both ways (moe_tp > 1 and moe_ep > 1, which vLLM does not run), duplicates.
 """
 
 from __future__ import annotations
@@ -87,7 +89,19 @@ def parallel_layout(raw: dict) -> tuple[int, int, bool] | str:
         return "moe_tp x moe_ep differs from tp x attention_dp"
     if moe_tp > 1 and moe_ep > 1:
         return "experts split both ways (moe_tp > 1 and moe_ep > 1): not one vLLM setting"
+    if relabelled_expert_parallel(raw):
+        return tp, 1, True
     return tp, dp, moe_ep > 1
+
+
+def relabelled_expert_parallel(raw: dict) -> bool:
+    """Whether a source row labels `-tp T --enable-expert-parallel` (one engine, EP = T) as T attention-DP
+    ranks of TP T with EP T x T. Every vLLM row with attention DP > 1 in the data has that shape; their
+    run names say tp{T}_ep{T}, and their measurements equal those of the rows labelled TP T with EP T on
+    the same workload (TTFT within 0.79-1.17x, TPOT 0.94-1.10x; Kimi-K2.5's to the digit), where T x T
+    GPUs of DP would serve T times the clients per rank (docs/data.md)."""
+    tp, moe_tp, moe_ep = int(raw["tp_size"]), int(raw["moe_tp_size"]), int(raw["moe_ep_size"])
+    return tp > 1 and raw["attention_dp_size"] == str(tp) and moe_tp == 1 and moe_ep == tp * tp
 
 
 @functools.cache
@@ -116,9 +130,10 @@ def moe_silicon_rows(root: Path) -> tuple[tuple[dict, ...], tuple]:
         tp, dp, ep = layout
         stated = re.search(r"silicon_concurrency=(\d+)", raw["silicon_data_source"])
         concurrency = int(stated.group(1)) if stated else int(raw["batch_size"]) * dp
-        key = (model, gpu, dtype, tp, dp, ep, raw["isl"], raw["osl"], concurrency, raw["silicon_ttft_ms"], raw["silicon_tpot_ms"])
+        # Some runs are copied under several ids, one of them with its values rounded to 0.01 ms.
+        key = (model, gpu, dtype, tp, dp, ep, raw["isl"], raw["osl"], concurrency, round(float(raw["silicon_ttft_ms"]), 2), round(float(raw["silicon_tpot_ms"]), 2))
         if key in seen:
-            dropped["exact duplicate of another row (same config and values, different id)"] += 1
+            dropped["duplicate of another row (same config and values to 0.01 ms, different id)"] += 1
             continue
         seen.add(key)
         isl, osl = float(raw["isl"]), float(raw["osl"])

@@ -27,8 +27,8 @@ SHARED_CACHE_ENV = "JAXPLAN_TEST_XLA_CACHE"  # set by the controlling process fo
 # flag takes ~30% off the suite. Float results may differ in their last bits (at -O0 LLVM rounds some
 # operations differently). Where a test pins what the shipped emitters do bit for bit, it compiles that
 # program with `SHIPPED_EMITTERS`; where it compares streamed answers whose near ties those bits
-# decide, it runs them in a process without -O0 (test_funnel_invariance.py). JAXPLAN_TEST_XLA_OPT=default tests
-# the shipped compiler settings throughout.
+# decide, it runs them in a process without -O0 (test_funnel_invariance.py).
+# JAXPLAN_TEST_XLA_OPT=default tests the shipped compiler settings throughout.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 FAST_COMPILE_ENV = "JAXPLAN_TEST_XLA_OPT"
 # jit compiler_options that override the flag above; pass `xla_options.accepted(SHIPPED_EMITTERS)`,

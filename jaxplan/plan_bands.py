@@ -139,7 +139,21 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
         if math.isfinite(slo) and ratio is not None and p99 * ratio > slo:
             notes.append(f"At its band's high end (p90) the winner's p99 {name} would be {p99 * ratio * 1e3:,.0f} ms, past the "
                          f"{slo * 1e3:,.0f} ms SLO.")
+    notes += unmeasured_layout_notes(best)
     return Verdict(lead, close, tuple(notes))
+
+
+def unmeasured_layout_notes(row: dict) -> list[str]:
+    """One line for each part of a finalist's layout that no measured run behind the bands checks: their
+    classes pool rows of other layouts, so the band alone would not say it (docs/accuracy.md, docs/moe.md)."""
+    notes = []
+    if int(row.get("lockstep_ranks") or 1) > 1:
+        notes.append("The winner runs vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured "
+                     "vLLM run here checks: its band comes from TP and EP runs (docs/moe.md).")
+    if int(row.get("pipeline_parallel_size") or 1) > 1:
+        notes.append("The winner uses pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine "
+                     "(A100): measure it on your vLLM before committing (docs/accuracy.md).")
+    return notes
 
 
 def _high_ratio(row: dict, metric: str) -> float | None:

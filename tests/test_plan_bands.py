@@ -89,3 +89,13 @@ def test_an_slo_the_band_s_high_end_misses_is_said():
     looser = dataclasses.replace(slo, tpot_slo_s=0.034)
     assert verdict(banded([row()], looser), looser).notes == ()
     assert verdict([], CLOSED) is None
+
+
+def test_a_layout_no_measured_run_checks_is_said():
+    """Pipeline stages and lock-step DP ranks each get a line under the winner; a plain TP x DP layout none."""
+    (pp,) = verdict(banded([row(pipeline_parallel_size=2)]), CLOSED).notes
+    assert "pipeline parallelism" in pp and "0.8.3" in pp
+    (lockstep,) = verdict(banded([row(lockstep_ranks=4, dp=4)]), CLOSED).notes
+    assert "lock-step data parallelism" in lockstep and "docs/moe.md" in lockstep
+    assert len(verdict(banded([row(pipeline_parallel_size=2, lockstep_ranks=2)]), CLOSED).notes) == 2
+    assert verdict(banded([row(lockstep_ranks=1, dp=8)]), CLOSED).notes == ()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 ENV = "JAXPLAN_CPU_DEVICES"
-SWEEP_ENV = "JAXPLAN_SWEEP_DEVICES"  # read by jaxplan.funnel.sweep.sweep_devices (CPU devices only)
+SWEEP_ENV = "JAXPLAN_SWEEP_DEVICES"  # read by jaxplan.funnel.devices.sweep_devices (CPU devices only)
 FLAG = "--xla_force_host_platform_device_count"
 MAX_DEFAULT_DEVICES = 8
 

@@ -112,14 +112,19 @@ def test_the_command_line_makes_the_devices():
         "from jaxplan import cli\n"
         "sys.argv = ['jaxplan', 'list']\n"
         "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "from jaxplan.funnel.budget import estimate_sweep\n"
         "from jaxplan.funnel.sweep import device_mesh\n"
-        "print(jax.local_device_count(), device_mesh().devices.size)\n"
+        "from jaxplan.grid import Grid\n"
+        "from jaxplan.specs import load_space, parse_gpu_list\n"
+        "grid = Grid(parse_gpu_list('h100_sxm'), load_space('small'))\n"
+        "print(jax.local_device_count(), device_mesh().devices.size, estimate_sweep(grid, 65536).num_devices)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", cpu_devices.SWEEP_ENV)}
     env.update({cpu_devices.ENV: "3", "JAXPLAN_CACHE_DIR": "off"})
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip().splitlines()[-1] == "3 1"  # 3 devices; the sweep on one of them
+    # 3 devices; the sweep on one of them, and its up-front estimate counts that one
+    assert run.stdout.strip().splitlines()[-1] == "3 1 1"
 
 
 def test_the_sweep_limit_applies_to_cpu_devices_only():
@@ -127,7 +132,7 @@ def test_the_sweep_limit_applies_to_cpu_devices_only():
     first CPU devices; GPUs each add throughput, so all of them stream chunks."""
     from types import SimpleNamespace
 
-    from jaxplan.funnel.sweep import sweep_devices
+    from jaxplan.funnel.devices import sweep_devices
 
     cpus = [SimpleNamespace(platform="cpu", id=i) for i in range(4)]
     gpus = [SimpleNamespace(platform="gpu", id=i) for i in range(8)]

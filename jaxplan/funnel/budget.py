@@ -22,6 +22,7 @@ import dataclasses
 
 from jaxplan.deadline import check_limit
 from jaxplan.errors import PlanError, TimeLimitExceeded
+from jaxplan.funnel.devices import local_sweep_devices
 from jaxplan.grid import AXES, DP_AXIS, Grid
 
 GIB = 1024**3
@@ -66,9 +67,7 @@ def default_chunk(platform: str | None = None, device_bytes: int | None = None) 
     ACCELERATOR_CHUNK, halved while its CHUNK_BYTES exceed a quarter of one device's memory
     (`device_bytes`, default: what JAX reports for the first device; unknown: not halved)."""
     if platform is None:
-        import jax
-
-        device = jax.local_devices()[0]
+        device = local_sweep_devices()[0]
         platform = device.platform
         if device_bytes is None and platform != "cpu":
             try:
@@ -84,12 +83,12 @@ def default_chunk(platform: str | None = None, device_bytes: int | None = None) 
 
 
 def estimate_sweep(grid: Grid, chunk_size: int, num_devices: int | None = None, on_host: bool | None = None) -> SweepEstimate:
-    """`on_host`: the chunk is in host memory (default: the sweep's devices are CPUs)."""
+    """`num_devices`: the devices the chunks are sharded over, `on_host`: the chunk is in host memory
+    (defaults: those of `devices.local_sweep_devices()`, and whether they are CPUs)."""
     if num_devices is None or on_host is None:
-        import jax
-
-        num_devices = len(jax.local_devices()) if num_devices is None else num_devices
-        on_host = jax.local_devices()[0].platform == "cpu" if on_host is None else on_host
+        devices = local_sweep_devices()
+        num_devices = len(devices) if num_devices is None else num_devices
+        on_host = devices[0].platform == "cpu" if on_host is None else on_host
     chunk = effective_chunk(grid, chunk_size, num_devices)
     layouts = grid.num_layouts
     memory = BASE_BYTES + chunk * CHUNK_BYTES * on_host + layouts * LAYOUT_BYTES * (num_devices + LAYOUT_COPIES)

@@ -1,7 +1,7 @@
 """The host driver: stream the grid through `sweep_chunk`, then build stages 5 and 6.
 
 Chunks are sharded across the local JAX devices along the candidate axis (all of
-them, or on CPUs the first $JAXPLAN_SWEEP_DEVICES: see `sweep_devices`).
+them, or on CPUs the first $JAXPLAN_SWEEP_DEVICES: see `devices.sweep_devices`).
 Memory is bounded by the chunk and the tables, and a chunk's time by the chunk: it
 touches only the window of layout rows its candidates can reach (`Grid.layout_window`),
 not the whole table. Per-chunk reason histograms are summed on the host in int64
@@ -17,7 +17,6 @@ import functools
 import io
 import itertools
 import math
-import os
 import time
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, default_chunk, effective_chunk
+from jaxplan.funnel.devices import local_sweep_devices
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, chunk_model, evaluate_digits, evaluate_digits_ahead
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
@@ -129,20 +129,9 @@ def stage_table(grid: Grid, counts: dict[Reason, int], frontier_size: int, short
     return stages
 
 
-def sweep_devices(devices: list, environ=os.environ) -> list:
-    """Of the local `devices`, those the chunks are sharded over: all, or on CPUs the first
-    $JAXPLAN_SWEEP_DEVICES. The CLI sets it to 1 before JAX starts, when it made one XLA CPU device
-    per core for the replay (cpu_devices.py); it cannot know then whether JAX will find GPUs, and
-    GPUs, unlike the cores, each add their own throughput (to limit those, CUDA_VISIBLE_DEVICES)."""
-    limit = environ.get("JAXPLAN_SWEEP_DEVICES", "").strip()
-    if limit.isdigit() and devices and devices[0].platform == "cpu":
-        return devices[: max(1, int(limit))]
-    return list(devices)
-
-
 def device_mesh() -> Mesh:
-    """A 1-D mesh over `sweep_devices(jax.local_devices())`."""
-    return Mesh(np.array(sweep_devices(jax.local_devices())), ("candidates",))
+    """A 1-D mesh over `devices.local_sweep_devices()`."""
+    return Mesh(np.array(local_sweep_devices()), ("candidates",))
 
 
 @dataclasses.dataclass

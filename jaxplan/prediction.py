@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
+from jaxplan.engine_defaults import default_batch_knobs
 from jaxplan.engine_rules import invalid_rows
 from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
@@ -33,9 +34,6 @@ from jaxplan.specs.lengths import read_lengths
 from jaxplan.specs.space import BLOCK_SIZES, DTYPE_BYTES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
 from jaxplan.specs.workload import Arrival, Workload, length_fields
 
-# vLLM's defaults where a row leaves them out (V1 OpenAI server on a datacenter GPU).
-DEFAULT_MAX_NUM_SEQS = 1024
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # A row without room: its status names what holds the memory and what frees it.
 _WORKSPACE_AND_FIX = (
     "next to the weights and vLLM's start-up workspace (its sampler profile holds max_num_seqs x vocabulary "
@@ -134,12 +132,13 @@ def _workload_arrays(rows: list[dict], wheres: list[str]) -> WorkloadParams:
     return WorkloadParams(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in fields.items()})
 
 
-def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec) -> Layout:
+def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec, gpus: list) -> Layout:
     """The rows' layouts in vLLM's meaning: for a MoE model, data_parallel_size ranks step together
     and share the experts (sliced, or whole with enable_expert_parallel); a dense model's DP ranks are
-    independent replicas and refuse expert parallelism and expert-only formats."""
+    independent replicas and refuse expert parallelism and expert-only formats. `gpus`: each row's
+    GpuSpec, whose vLLM defaults fill a batching knob the row leaves out."""
     columns = {name: [] for name in Layout._fields}
-    for row, where in zip(rows, wheres):
+    for row, where, gpu in zip(rows, wheres, gpus):
         for dtype_field, allowed in (("weight_dtype", WEIGHT_DTYPES), ("kv_cache_dtype", ("auto", "fp8", "bf16"))):
             if str(row.get(dtype_field) or allowed[0]) not in allowed:
                 raise bad_value(dtype_field, row.get(dtype_field), f"use one of {', '.join(allowed)}", where=where)
@@ -160,8 +159,9 @@ def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec) -> Lay
         columns["data_parallel_size"].append(sizes["data_parallel_size"])
         columns["weight_bytes_per_param"].append(fmt.other_bytes_per_param)
         columns["kv_bytes_per_element"].append(1 if str(row.get("kv_cache_dtype")) == "fp8" else 2)
-        columns["max_num_seqs"].append(_number(row, "max_num_seqs", DEFAULT_MAX_NUM_SEQS, where=where))
-        columns["max_num_batched_tokens"].append(_number(row, "max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS, where=where))
+        seqs, budget = default_batch_knobs(gpu)  # vLLM's, where the row leaves them out
+        columns["max_num_seqs"].append(_number(row, "max_num_seqs", seqs, where=where))
+        columns["max_num_batched_tokens"].append(_number(row, "max_num_batched_tokens", budget, where=where))
         columns["expert_weight_format"].append(fmt.code)
         columns["lockstep_ranks"].append(sizes["data_parallel_size"] if model.is_moe else 1)
         columns["expert_parallel"].append(1.0 if expert_parallel else 0.0)
@@ -257,7 +257,7 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
         gpus = tuple(_row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
         index = np.array([keys.index(key) for key in row_keys], np.int32)
         model = next(m for m in models.values() if m.name == name)
-        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres)))
+        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model, [gpus[k] for k in index]), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres)))
     return batches
 
 

@@ -113,9 +113,10 @@ def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratio
     `ratios`, `serving_ratios`, for SERVING_RATIO_FIELDS), `fitted` (a serving fit on other GPUs) for the
     other fitted fields. tables=False (a GPU without kernel tables, whose priors are DEFAULTS, a typical
     Hopper's): `fitted` for the kernel fields too, since what its stack's fitted GPUs reach of their own
-    peaks is evidence and DEFAULTS is none."""
+    peaks is evidence and DEFAULTS is none. ENGINE_FIELDS stay the prior's either way: they describe the
+    engine another GPU's rows ran, not a GPU."""
     if not tables:
-        return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS}}
+        return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in ENGINE_FIELDS}}
     scaled = {f: float(np.clip(prior[f] * r, BOUNDS[f][1], BOUNDS[f][2])) for f, r in (ratios or {}).items()}
     return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS + ENGINE_FIELDS}, **scaled}
 

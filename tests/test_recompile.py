@@ -184,7 +184,9 @@ def test_predict_replay_of_a_short_poisson_row_starts_with_a_slot_row_per_reques
     grown = predict.replay_predict_rows([row])[0]
     assert grows[-1] == 256 and len(grows) >= 2, grows  # it did need the rows, through more than one width
     for column in predict.OUTPUT_COLUMNS:
-        assert wide[column] == grown[column], column
+        # Tables of other widths may reassociate a float sum: the suite's -O0 rounds a p99 in its last bit.
+        expected = pytest.approx(grown[column], rel=1e-6) if isinstance(grown[column], float) else grown[column]
+        assert wide[column] == expected, column
     batch = next(iter(predict.row_batches([row], "input")))
     workload = predict._row_workload(batch, 0, None, row)
     assert real_initial(workload, batch.layout) == 200

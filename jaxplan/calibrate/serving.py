@@ -102,6 +102,11 @@ TRTLLM_NUM_REQUESTS = {
 # at glennklockwood.com/garden/processors/A100); jaxplan's a100_sxm is the 80 GB part (2.039 TB/s).
 A100_40GB_HBM_BYTES = 40 * 1024**3
 A100_40GB_HBM_BANDWIDTH_BYTES_PER_S = 1.555e12
+# The runs pass no batching flags, so vLLM 0.8.3 took its A100 defaults (`engine_defaults`): 2,048
+# tokens a step and 256 sequences. TP4 x PP2 ran on the V0 engine (docs/accuracy.md, "Layout order"),
+# which runs one scheduler per virtual engine (PP of them), each with its own max_num_seqs and token
+# budget and 1 / PP of the KV blocks: PP x 256 sequences in flight, as the rows state.
+A100_0_8_BATCHED_TOKENS, A100_0_8_SEQS_PER_SCHEDULER = 2048, 256
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default KV block: the prefix cache hits whole blocks
 
 
@@ -378,6 +383,7 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
                 weight_dtype="bf16", kv_cache_dtype="auto",
                 isl=float(raw["total_input_tokens"]) / completed, osl=float(raw["total_output_tokens"]) / completed,
                 request_rate=rate, num_prompts=int(raw["num_prompts"]), prefix_hit_rate=hit,
+                max_num_seqs=pp * A100_0_8_SEQS_PER_SCHEDULER, max_num_batched_tokens=A100_0_8_BATCHED_TOKENS,
                 lengths_file=str(root / "vllm_a100_tp_vs_pp" / raw["raw_file"]),
                 gpu_hbm_bytes_override=A100_40GB_HBM_BYTES, gpu_hbm_bandwidth_bytes_per_s_override=A100_40GB_HBM_BANDWIDTH_BYTES_PER_S,
                 measured_ttft_ms_mean=float(raw["mean_ttft_ms"]), measured_tpot_ms_mean=float(raw["mean_tpot_ms"]),

@@ -56,8 +56,7 @@ FRACTIONS = {f for f in FIT_FIELDS if f.endswith("efficiency") or f.endswith("fr
 # Fitted in linear units of their upper bound, not log: a cost whose prior is near 0 (none where vLLM
 # hides it) has no gradient in log space there, so a log-space fit could never find it. The free value's
 # magnitude is the cost (reflected at 0, not clipped): a step that overshoots below 0 keeps a gradient
-# and comes back, where a clip held it at 0 for good (the A100 fit stopped there, at a loss 0.12 above
-# the one at 100-200 us).
+# and comes back, where a clip held it at 0 for good.
 LINEAR = {"pipeline_seq_overhead_s"}
 LATENCY_FLOOR_S = 1e-7  # log-space latencies need a floor above BOUNDS' 0
 PRIOR_WEIGHT = 0.05  # per unconstrained unit, relative to the squared log error of one row

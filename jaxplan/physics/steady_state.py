@@ -402,10 +402,12 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     poisson_wait = slot_wait + prefill_wait
     # A burst's admitted prompts all arrive at once: a backlog that fills each step's room (a decode
     # step plus room tokens at the chunk's cost per token) until it is prefilled. The prompt served
-    # last waits for all of it, the mean one half.
+    # last waits for all of it, the mean one half. Only that first wave (b of the burst's requests per
+    # replica) meets it; the rest are admitted one by one as slots free, and wait in line instead.
     per_token_s = jnp.maximum(steps.chunk_s - steps.decode_s, 0.0) / jnp.maximum(steps.chunk_tokens, 1.0)
     full_step_s = steps.decode_s + room * per_token_s
     burst_backlog_s = b * isl_eff * full_step_s / room
+    burst_wave = jnp.clip(b / jnp.maximum(w.num_requests / dp, 1e-3), 0.0, 1.0)
     # Closed loop / burst: requests beyond what the engine admits wait in line. vLLM admits a request
     # while its prompt's blocks fit (not its mean context): the excess over the steady-state b is
     # admitted and later preempted, which slows throughput (b) rather than the first token.
@@ -428,9 +430,12 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     wave_prefill_s = jnp.maximum(b - 1.0, 0.0) * steps.prefill_s * alone  # prompts sharing steps prefill together
     wave_wait = wave * 0.5 * wave_prefill_s
     wave_wait_p99 = (1.0 - P99_TAIL / jnp.maximum(wave, P99_TAIL)) * wave_prefill_s  # 0 while wave <= 1%
-    wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * (line_wait + burst_backlog_s), line_wait) + busy_wait + wave_wait)
+    burst_wait = burst_wave * 0.5 * burst_backlog_s
+    burst_wait_p99 = (1.0 - P99_TAIL / jnp.maximum(burst_wave, P99_TAIL)) * burst_backlog_s  # as the closed loop's wave
+    wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait + burst_wait, line_wait) + busy_wait + wave_wait)
+    # A burst's slowest requests are either the first wave's last prompts or the last in line.
     wait_p99 = jnp.where(poisson, LN_100 * poisson_wait,
-                         line_wait + jnp.where(burst, burst_backlog_s, 0.0) + steps.chunk_fraction * steps.prefill_s * alone + wave_wait_p99)
+                         jnp.where(burst, jnp.maximum(line_wait, burst_wait_p99), line_wait) + steps.chunk_fraction * steps.prefill_s * alone + wave_wait_p99)
     # A new request first waits for the step in flight (half a step on average), then its chunks;
     # the API server's per-request work (tokenise, detokenise, HTTP) comes on top.
     first_token_s = 0.5 * steps.mean_s + steps.prefill_latency_s + hw.request_overhead_s

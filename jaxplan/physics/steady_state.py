@@ -355,6 +355,13 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
     return line_s + drain_s
 
 
+def _p99_share(wave):
+    """How far into its wait the p99 request of a run is when `wave` of its requests (a fraction) arrive
+    together and wait for one another: the slowest 1% / wave of them wait longest, so 0 while the wave
+    holds at most 1% of the run, nearly all of it once the run is one wave."""
+    return 1.0 - P99_TAIL / jnp.maximum(wave, P99_TAIL)
+
+
 def as_finite_run(w: WorkloadParams, layout: Layout, prep: Prepared) -> WorkloadParams:
     """`w` as a finite benchmark run: Poisson arrivals faster than a replica serves them (no steady
     state) of no more requests per replica than it has slots become one wave of num_requests clients
@@ -429,9 +436,9 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     wave = jnp.where(closed, jnp.clip(w.concurrency / jnp.maximum(w.num_requests, 1.0), 0.0, 1.0), 0.0)
     wave_prefill_s = jnp.maximum(b - 1.0, 0.0) * steps.prefill_s * alone  # prompts sharing steps prefill together
     wave_wait = wave * 0.5 * wave_prefill_s
-    wave_wait_p99 = (1.0 - P99_TAIL / jnp.maximum(wave, P99_TAIL)) * wave_prefill_s  # 0 while wave <= 1%
+    wave_wait_p99 = _p99_share(wave) * wave_prefill_s
     burst_wait = burst_wave * 0.5 * burst_backlog_s
-    burst_wait_p99 = (1.0 - P99_TAIL / jnp.maximum(burst_wave, P99_TAIL)) * burst_backlog_s  # as the closed loop's wave
+    burst_wait_p99 = _p99_share(burst_wave) * burst_backlog_s
     wait_mean = jnp.where(poisson, poisson_wait, jnp.where(burst, 0.5 * line_wait + burst_wait, line_wait) + busy_wait + wave_wait)
     # A burst's slowest requests are either the first wave's last prompts or the last in line.
     wait_p99 = jnp.where(poisson, LN_100 * poisson_wait,

@@ -58,8 +58,8 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "attention_flops_efficiency": (0.45, 0.02, 1.0),
     # The fixed cost of each layer in a step, beside its priced operators: the small kernels between the
     # GEMMs (norms, rotary, activation, residual adds, the KV-cache write) and the gaps between launches.
-    # Vidur's H100 profiles time the small kernels alone at 17-19 us a layer; the fits of every GPU with
-    # rows land at 31-45 us. The default is typical of those fits (docs/accuracy.md, "Fixed costs").
+    # Vidur's H100 profiles time the small kernels alone at 17-19 us a layer. The default is typical of
+    # the fits of the GPUs with rows (docs/accuracy.md, "Fixed costs", gives them).
     "layer_latency_s": (39e-6, 0.0, 1e-3),
     "allreduce_latency_s": (12e-6, 0.0, 1e-3),
     "allreduce_bandwidth_efficiency": (0.6, 0.02, 1.0),  # ring-equivalent, in a group of 8 GPUs (or more)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
-from jaxplan.engine_defaults import default_batch_knobs
+from jaxplan.engine_defaults import batch_knobs
 from jaxplan.engine_rules import invalid_rows
 from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
@@ -31,7 +31,7 @@ from jaxplan.specs.formats import BY_NAME as FORMAT_BY_NAME
 from jaxplan.specs.formats import EXPERT_ONLY
 from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
-from jaxplan.specs.space import BLOCK_SIZES, DTYPE_BYTES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
+from jaxplan.specs.space import BLOCK_SIZES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
 from jaxplan.specs.workload import Arrival, Workload, length_fields
 
 # A row without room: its status names what holds the memory and what frees it.
@@ -62,9 +62,15 @@ class RowBatch(NamedTuple):
     block_size_tokens: np.ndarray | float = KV_BLOCK_TOKENS  # [N] each row's KV-cache block size
 
 
+def _given(row: dict, field: str) -> bool:
+    """Whether `row` states `field` (a CSV's blank cell does not)."""
+    value = row.get(field)
+    return not (value is None or (isinstance(value, str) and value.strip() == ""))
+
+
 def _number(row: dict, field: str, default=None, *, where: str) -> float:
     value = row.get(field)
-    if value is None or (isinstance(value, str) and value.strip() == ""):
+    if not _given(row, field):
         if default is None:
             raise bad_value(field, value, "is required", where=where)
         return float(default)
@@ -159,9 +165,10 @@ def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec, gpus: 
         columns["data_parallel_size"].append(sizes["data_parallel_size"])
         columns["weight_bytes_per_param"].append(fmt.other_bytes_per_param)
         columns["kv_bytes_per_element"].append(1 if str(row.get("kv_cache_dtype")) == "fp8" else 2)
-        seqs, budget = default_batch_knobs(gpu)  # vLLM's, where the row leaves them out
-        columns["max_num_seqs"].append(_number(row, "max_num_seqs", seqs, where=where))
-        columns["max_num_batched_tokens"].append(_number(row, "max_num_batched_tokens", budget, where=where))
+        stated = {field: _number(row, field, where=where) if _given(row, field) else None for field in ("max_num_seqs", "max_num_batched_tokens")}
+        seqs, budget = batch_knobs(gpu, **stated)  # vLLM's values for the flags the row leaves out
+        columns["max_num_seqs"].append(seqs)
+        columns["max_num_batched_tokens"].append(budget)
         columns["expert_weight_format"].append(fmt.code)
         columns["lockstep_ranks"].append(sizes["data_parallel_size"] if model.is_moe else 1)
         columns["expert_parallel"].append(1.0 if expert_parallel else 0.0)

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from jaxplan.calibrate import _data
-from jaxplan.engine_defaults import LARGE_GPU_BYTES, default_batch_knobs
+from jaxplan.engine_defaults import LARGE_GPU_BYTES, batch_knobs, default_batch_knobs
 from jaxplan.prediction import predict_rows
 from jaxplan.specs import load_gpu
 
@@ -39,6 +39,20 @@ def test_a_row_without_knobs_is_predicted_at_its_gpus_defaults():
     blank, vllms, datacenter = predict_rows([row, dict(row, max_num_seqs=256, max_num_batched_tokens=2048), dict(row, max_num_seqs=1024, max_num_batched_tokens=8192)])
     assert blank["kv_cache_tokens"] == vllms["kv_cache_tokens"] > datacenter["kv_cache_tokens"]
     assert blank["ttft_ms_mean"] == pytest.approx(vllms["ttft_ms_mean"], rel=1e-6) and blank["tpot_ms_mean"] == pytest.approx(vllms["tpot_ms_mean"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("gpu", "stated", "knobs"), [
+    ("h200_sxm", (None, None), (1024, 8192)),
+    ("h200_sxm", (None, 512), (512, 512)),  # the default 1,024 sequences capped at the stated budget
+    ("h200_sxm", (None, 4096), (1024, 4096)),
+    ("a100_sxm", (None, 128), (128, 128)),
+    ("a100_sxm", (64, None), (64, 2048)),
+    ("h200_sxm", (2048, 16384), (2048, 16384)),
+])
+def test_flags_left_out_take_vllms_values_by_hand(gpu, stated, knobs):
+    """`EngineArgs.get_batch_defaults` sets a left-out --max-num-seqs to min(the GPU's default, the
+    token budget), so `vllm serve --max-num-batched-tokens 512` starts with 512 sequences."""
+    assert batch_knobs(load_gpu(gpu), *stated) == knobs
 
 
 def test_the_a100_runs_state_vllm_0_8_3s_knobs():

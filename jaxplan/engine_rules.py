@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from jaxplan.engine_defaults import batch_knobs
 from jaxplan.errors import PlanError
 from jaxplan.funnel.rules import BUDGET_BELOW_SEQS, LAYOUT_RULES
 from jaxplan.physics.shapes import ModelShape, model_shape
@@ -22,12 +23,28 @@ def _number(row: dict, field: str, default: float = math.nan) -> float:
     return default if value in (None, "") else float(value)
 
 
+def _knobs(row: dict) -> tuple[float, float]:
+    """(max_num_seqs, max_num_batched_tokens) the row's server runs: those it states, vLLM's values on
+    its GPU for those it leaves out (`engine_defaults.batch_knobs`); NaN for a knob left out where the
+    row's GPU is not valid (`prediction.row_batches` reports that)."""
+    seqs, budget = _number(row, "max_num_seqs"), _number(row, "max_num_batched_tokens")
+    if not (math.isnan(seqs) or math.isnan(budget)):
+        return seqs, budget
+    from jaxplan.prediction import _gpu_key, _row_gpu  # the row's own GPU (its HBM override decides vLLM's defaults)
+
+    try:
+        gpu = _row_gpu(_gpu_key(row, "row"), "row")
+    except PlanError:
+        return seqs, budget
+    return batch_knobs(gpu, None if math.isnan(seqs) else seqs, None if math.isnan(budget) else budget)
+
+
 def engine_arguments(rows: list[dict]) -> tuple[np.ndarray, ...]:
     """(tp, pp, max_num_seqs, max_num_batched_tokens) [R] float64 for `funnel.rules`: TP and PP
-    default to 1; a knob not given is NaN (its rule never fails)."""
+    default to 1; the knobs as the row's server runs them (`_knobs`)."""
     sizes = lambda field: np.array([float(int(_number(r, field, 0.0) or 1)) for r in rows])  # noqa: E731
-    knobs = lambda field: np.array([_number(r, field) for r in rows])  # noqa: E731
-    return sizes("tensor_parallel_size"), sizes("pipeline_parallel_size"), knobs("max_num_seqs"), knobs("max_num_batched_tokens")
+    knobs = np.array([_knobs(r) for r in rows], np.float64).reshape(len(rows), 2)
+    return sizes("tensor_parallel_size"), sizes("pipeline_parallel_size"), knobs[:, 0], knobs[:, 1]
 
 
 def invalid_reasons(model: ModelSpec, rows: list[dict]) -> list[str | None]:
@@ -52,7 +69,9 @@ def invalid_reasons(model: ModelSpec, rows: list[dict]) -> list[str | None]:
             out.append(f"invalid: {over[0]} {over[1]:,} is above the {LIMITS[over[0]]:,} jaxplan models")
             continue
         if fails[BUDGET_BELOW_SEQS.reason][k]:
-            out.append("invalid: " + BUDGET_BELOW_SEQS.says(model.name, shape, *values))
+            default = "" if row.get("max_num_batched_tokens") not in (None, "") else (
+                f"; {values[3]:,.0f} is vLLM's default on {row.get('gpu')}: state max_num_batched_tokens of at least {values[2]:,.0f}")
+            out.append("invalid: " + BUDGET_BELOW_SEQS.says(model.name, shape, *values) + default)
             continue
         length = _number(row, "isl") + _number(row, "osl")
         if length > model.max_position_embeddings:  # NaN (either not given) compares False

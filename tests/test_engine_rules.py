@@ -136,3 +136,20 @@ def test_uneven_stages_pace_the_pipeline_at_the_largest_stage():
     micro4 = StepBatch(*(field / 4 for field in batch))
     tokens4, logits4 = micro4.prefill_tokens + micro4.decode_tokens, micro4.decode_tokens + micro4.prefill_seqs
     assert float(step_cost(m, hw, four, batch).gemm_s[0]) == pytest.approx(float(gemm_time_s(m, hw, four, tokens4, logits4)[0]), rel=F32)
+
+
+@pytest.mark.parametrize(("row", "fragment"), [
+    (dict(gpu="a100_sxm", max_num_seqs=4096), "2,048 is vLLM's default on a100_sxm: state max_num_batched_tokens of at least 4,096"),
+    (dict(gpu="h200_sxm", max_num_seqs=4096), None),  # the H200's default budget is 8,192
+    (dict(gpu="h100_sxm", gpu_hbm_bytes_override=48e9, max_num_seqs=4096), "2,048 is vLLM's default on h100_sxm"),  # under 70 GiB
+    (dict(gpu="a100_sxm", max_num_batched_tokens=128), None),  # vLLM lowers its default sequences to the budget
+    (dict(gpu="no-such-gpu", max_num_seqs=4096), None),  # the GPU's own error comes from row_batches
+])
+def test_a_knob_left_out_is_checked_at_vllms_default_for_the_gpu(row, fragment):
+    """vLLM fills a left-out --max-num-batched-tokens with its GPU's default and then refuses a budget
+    below --max-num-seqs (SchedulerConfig); a left-out --max-num-seqs it lowers to the budget."""
+    (said,) = invalid_reasons(load_model("llama-3.1-8b"), [dict(model="llama-3.1-8b", tensor_parallel_size=1, **row)])
+    if fragment is None:
+        assert said is None
+    else:
+        assert said is not None and "max_num_batched_tokens 2,048 is below max_num_seqs 4,096 (vLLM refuses to start)" in said and fragment in said, said

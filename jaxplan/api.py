@@ -38,6 +38,7 @@ def sweep(
     routing: str = "round_robin",
     max_seconds: float | None = None,
     max_memory_gib: float | None = None,
+    vllm_version: str | None = None,
 ) -> Plan:
     """Search the grid (stages 1-6), replay the finalists (stage 7, unless `replay=False`) and, with a
     `target_throughput`, size the deployment per GPU type, as `jaxplan sweep` does.
@@ -46,7 +47,8 @@ def sweep(
     names / GpuSpecs, or one GpuSpec; workload: a Workload or a bundled name / .toml path; space: a
     SearchSpace or a bundled name / .toml path. budget, weight_dtypes ('bf16,fp8' or a list),
     kv_cache_dtypes, layout_kinds ('tp,dp_ep' or a list: a MoE model's tp, ep, dp, dp_ep), target_throughput (output tokens/s), rate (Poisson requests/s) and price
-    ('h100_sxm=2.5' or {'h100_sxm': 2.5} USD per GPU-hour) override the workload and the space."""
+    ('h100_sxm=2.5' or {'h100_sxm': 2.5} USD per GPU-hour) override the workload and the space.
+    vllm_version: the vLLM release to price (default: $JAXPLAN_VLLM_VERSION, else the newest measured)."""
     inputs = load_inputs(
         model, gpus, workload, space, budget=budget, target_throughput=target_throughput, rate=rate, price=price,
         weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, layout_kinds=layout_kinds,
@@ -54,6 +56,7 @@ def sweep(
     return run_plan(
         inputs, top=top, chunk_size=chunk_size, params=params, replay=replay, replay_requests=replay_requests, seed=seed,
         routing=routing, size=target_throughput is not None, max_seconds=max_seconds, max_memory_gib=max_memory_gib,
+        vllm_version=vllm_version,
     )
 
 
@@ -66,6 +69,7 @@ def predict(
     routing: str = "round_robin",
     params: str | Path | None = None,
     max_seconds: float | None = None,
+    vllm_version: str | None = None,
 ) -> list[dict]:
     """TTFT, TPOT and throughput of explicit configurations, as `jaxplan predict` does: each row (a
     dict with the predict CSV's columns: model, gpu, tensor_parallel_size, isl, osl, request_rate or
@@ -74,7 +78,8 @@ def predict(
     band (`ttft_ms_mean_p10`, ..., `output_tok_s_p90`) and `prediction_class` (docs/uncertainty.md).
 
     rows: a list of dicts or a predict CSV path. method: "replay" (step by step per row) or
-    "analytical" (stage 4's steady state, instant)."""
+    "analytical" (stage 4's steady state, instant). vllm_version: the release of the rows that do not
+    state one in their `vllm_version` column (default: $JAXPLAN_VLLM_VERSION, else the newest measured)."""
     from jaxplan.prediction import predict_rows, replay_predict_rows
     from jaxplan.replay.routing import routing_policy
 
@@ -91,6 +96,11 @@ def predict(
     if not rows:
         raise bad_value("rows", [], "give at least one configuration")
     rows = [dict(r) for r in rows]
+    if vllm_version:
+        from jaxplan.vllm_release import parse_release
+
+        parse_release(vllm_version)
+        rows = [r if r.get("vllm_version") not in (None, "") else {**r, "vllm_version": vllm_version} for r in rows]
     from jaxplan.bands import with_bands
 
     params_path = str(params) if params else None

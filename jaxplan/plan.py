@@ -163,10 +163,12 @@ def run_plan(
     progress: Callable[[int, int], None] | None = None,
     on_funnel: Callable[[object], None] | None = None,
     replay_status: Callable[[str], object] = _quiet,
+    vllm_version: str | None = None,
 ) -> Plan:
     """Stages 1-6 over the grid, stage 7 over the shortlist (`replay`), and sizing (`size`, needs the
     workload's throughput target; `rollout_prompts`: a batch job's prompts, for its wall time). Refused up front when the sweep's estimated time or memory exceeds
-    `max_seconds` / `max_memory_gib` (default: the machine's available memory).
+    `max_seconds` / `max_memory_gib` (default: the machine's available memory). `vllm_version`: the
+    release every candidate is priced for (default: $JAXPLAN_VLLM_VERSION, else the newest measured).
 
     Hooks for a front end: `progress(done, total)` per chunk, `on_funnel(sweep_result)` before the
     replay, `replay_status(text)` a context manager around it (a spinner)."""
@@ -179,7 +181,7 @@ def run_plan(
     result = run_sweep(
         inputs.model, inputs.gpus, inputs.workload, inputs.space, top_k=top, chunk_size=chunk_size,
         params_path=str(params) if params else None, progress=progress, max_seconds=max_seconds,
-        max_memory_bytes=max_memory_gib * GIB if max_memory_gib is not None else available_memory_bytes(),
+        max_memory_bytes=max_memory_gib * GIB if max_memory_gib is not None else available_memory_bytes(), vllm_version=vllm_version,
     )
     if on_funnel is not None:
         on_funnel(result)

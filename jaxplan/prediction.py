@@ -19,10 +19,11 @@ import numpy as np
 
 from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
 from jaxplan.engine_defaults import batch_knobs
+from jaxplan import vllm_release
 from jaxplan.engine_rules import invalid_rows
 from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
-from jaxplan.physics.params import efficiency_for
+from jaxplan.physics.params import efficiency_for, load_efficiency
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams, length_shape, longest_output_factor
@@ -60,6 +61,7 @@ class RowBatch(NamedTuple):
     row_ids: np.ndarray  # [N] position of each row in the caller's list
     gpu_memory_utilization: np.ndarray | float = DEFAULT_GPU_MEMORY_UTILIZATION  # [N] each row's vLLM setting
     block_size_tokens: np.ndarray | float = KV_BLOCK_TOKENS  # [N] each row's KV-cache block size
+    releases: tuple = ()  # [N] (major, minor, patch): each row's vLLM release (`vllm_release`); () = the selected one
 
 
 def _given(row: dict, field: str) -> bool:
@@ -190,20 +192,37 @@ def _flag(row: dict, field: str, where: str) -> bool:
     raise bad_value(field, value, "must be true or false", where=where)
 
 
-def _engine_arrays(rows: list[dict], wheres: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """([N] gpu_memory_utilization, [N] block_size tokens) float32: each row's vLLM settings, vLLM's
-    defaults where a row leaves them blank (they size the KV cache, so they are inputs of the row)."""
-    fractions, blocks = [], []
+def _engine_arrays(rows: list[dict], wheres: list[str], vllm_version: str | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """([N] gpu_memory_utilization, [N] block_size tokens) float32 and the [N] vLLM releases: each row's
+    vLLM settings, its release's defaults where a row leaves them blank (they size the KV cache, so they
+    are inputs of the row). A row's release: its `vllm_version`, else `vllm_version`, else
+    `vllm_release.selected`."""
+    fractions, blocks, releases = [], [], []
+    default_release = vllm_release.selected(vllm_version)
     for row, where in zip(rows, wheres):
-        fraction = _number(row, "gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION, where=where)
+        release = vllm_release.parse_release(row["vllm_version"], where=where) if _given(row, "vllm_version") else default_release
+        default_fraction = vllm_release.default_gpu_memory_utilization(release)
+        fraction = _number(row, "gpu_memory_utilization", default_fraction, where=where)
         if not 0.05 <= fraction <= 1.0:
-            raise bad_value("gpu_memory_utilization", row.get("gpu_memory_utilization"), "must be in [0.05, 1] (vLLM's default is 0.9)", where=where)
+            raise bad_value("gpu_memory_utilization", row.get("gpu_memory_utilization"), f"must be in [0.05, 1] (vLLM's default is {default_fraction:g})", where=where)
+        releases.append(release)
         block = _number(row, "block_size", KV_BLOCK_TOKENS, where=where)
         if block not in BLOCK_SIZES:
             raise bad_value("block_size", row.get("block_size"), f"use one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)", where=where)
         fractions.append(fraction)
         blocks.append(block)
-    return np.asarray(fractions, np.float32), np.asarray(blocks, np.float32)
+    return np.asarray(fractions, np.float32), np.asarray(blocks, np.float32), tuple(releases)
+
+
+def row_hardware(batch: RowBatch, efficiency: dict[str, dict[str, float]], every: dict[str, dict[str, float]] | None = None) -> Hardware:
+    """[N] Hardware of a batch's rows: their GPUs' parameters (`efficiency`, GPU name -> fields), with the
+    pipeline host cost of each row's vLLM release (`vllm_release.pipeline_seq_overhead_s`; `every` holds
+    the V0 pipeline fit's GPU where `efficiency` lacks it)."""
+    hw = take(hardware_table(batch.gpus, efficiency), jnp.asarray(batch.gpu_index))
+    releases = batch.releases or (vllm_release.selected(),) * len(batch.row_ids)
+    lookup = {**(every or {}), **efficiency}
+    cost = [vllm_release.pipeline_seq_overhead_s(lookup, batch.gpus[g].name, r) for g, r in zip(np.asarray(batch.gpu_index), releases)]
+    return hw._replace(pipeline_seq_overhead_s=jnp.asarray(cost, jnp.float32))
 
 
 # Row columns that replace a field of the named GPU's spec (the measured part differs from the bundled
@@ -244,7 +263,7 @@ def _row_gpu(key: tuple, where: str):
     return dataclasses.replace(spec, display_name=f"{spec.display_name or spec.name} ({label})", **changes)
 
 
-def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
+def row_batches(rows: list[dict], source: str = "input", vllm_version: str | None = None) -> list[RowBatch]:
     """Group rows by model and turn each group into arrays (validating every field). A row's
     GPU_OVERRIDES columns give it a GPU of its own: the named spec with those fields replaced."""
     groups: dict[str, list[int]] = {}
@@ -264,7 +283,7 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
         gpus = tuple(_row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
         index = np.array([keys.index(key) for key in row_keys], np.int32)
         model = next(m for m in models.values() if m.name == name)
-        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model, [gpus[k] for k in index]), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres)))
+        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model, [gpus[k] for k in index]), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres, vllm_version)))
     return batches
 
 
@@ -378,8 +397,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
-        table = hardware_table(batch.gpus, chosen)
-        hw = take(table, jnp.asarray(batch.gpu_index))
+        hw = row_hardware(batch, chosen, efficiency if efficiency is not None else load_efficiency(params_path))
         est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization))
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
@@ -488,7 +506,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
     for batch in row_batches(rows, source):
         names = [g.name for g in batch.gpus]
         chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
-        hw_all = take(hardware_table(batch.gpus, chosen), jnp.asarray(batch.gpu_index))
+        hw_all = row_hardware(batch, chosen, efficiency if efficiency is not None else load_efficiency(params_path))
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
         context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens

@@ -64,6 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _compile_fast(os.environ)
     # The suite checks the bundled parameters: a file a developer selected for their own work must not change it.
     os.environ.pop("JAXPLAN_PARAMS", None)
+    os.environ.pop("JAXPLAN_VLLM_VERSION", None)  # ... and the release it prices, the newest measured
     if not hasattr(config, "workerinput") and SHARED_CACHE_ENV not in os.environ:
         config._jaxplan_cache = tempfile.mkdtemp(prefix="jaxplan-test-xla-")
         os.environ[SHARED_CACHE_ENV] = config._jaxplan_cache

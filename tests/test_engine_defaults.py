@@ -64,3 +64,4 @@ def test_the_a100_runs_state_vllm_0_8_3s_knobs():
 
     rows = load_vllm_a100_rows()
     assert {(r["pipeline_parallel_size"], r["max_num_seqs"], r["max_num_batched_tokens"]) for r in rows} == {(1, 256, 2048), (2, 512, 2048)}
+    assert {r["vllm_version"] for r in rows} == {"0.8.3"}  # so their PP runs are priced on V0 (`vllm_release`)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxplan import vllm_release
 from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.calibrate.moe_kernels import moe_kernel_prior
 from jaxplan.physics.params import BOUNDS, DEFAULTS
@@ -319,13 +320,14 @@ class FitData(NamedTuple):
     ttft_s: tuple  # [N] measured per batch
     tpot_s: tuple
     peaks: tuple  # per batch, a [N] array per GPU_OVERRIDES field: the spec value each row was measured on
+    v0_pipeline: tuple = ()  # per batch, [N] 1.0 where the row's vLLM release serves PP on V0 (`vllm_release`)
 
 
 def fit_data(rows: list[dict], gpus: list[str]) -> FitData:
     """Row batches whose gpu_index refers to `gpus` (the order of the parameter table); rows measured on
     a variant of a GPU (`predict.GPU_OVERRIDES` columns) keep their own spec values in `peaks`."""
     usable = [r for r in rows if r.get("measured_ttft_ms_mean") and r.get("measured_tpot_ms_mean")]
-    batches, ttft, tpot, peaks = [], [], [], []
+    batches, ttft, tpot, peaks, v0 = [], [], [], [], []
     for batch in row_batches(usable, "measurements"):
         names = [g.name for g in batch.gpus]
         index = np.array([gpus.index(names[i]) for i in batch.gpu_index], np.int32)
@@ -333,7 +335,8 @@ def fit_data(rows: list[dict], gpus: list[str]) -> FitData:
         batches.append(batch._replace(gpu_index=index, gpus=tuple(load_gpu(g) for g in gpus)))
         ttft.append(np.array([usable[i]["measured_ttft_ms_mean"] for i in batch.row_ids], np.float32) * 1e-3)
         tpot.append(np.array([usable[i]["measured_tpot_ms_mean"] for i in batch.row_ids], np.float32) * 1e-3)
-    return FitData(tuple(batches), tuple(ttft), tuple(tpot), tuple(peaks))
+        v0.append(np.array([vllm_release.pipeline_on_v0(r) for r in batch.releases], np.float32))
+    return FitData(tuple(batches), tuple(ttft), tuple(tpot), tuple(peaks), tuple(v0))
 
 
 def hardware_from_free(base: Hardware, z) -> Hardware:
@@ -349,10 +352,15 @@ def base_table(gpus: list[str], fixed: dict[str, dict[str, float]] | None = None
     return hardware_table(tuple(load_gpu(g) for g in gpus), {g: {**DEFAULTS, **fixed.get(g, {})} for g in gpus})
 
 
-def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple):
-    """Stage 4 for a fit batch: [G] `hw_table` gathered per row, with the rows' own spec values (`peaks`)."""
+def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple, v0_pipeline=None):
+    """Stage 4 for a fit batch: [G] `hw_table` gathered per row, with the rows' own spec values (`peaks`).
+    A row whose release serves PP on V1 (`v0_pipeline` [N] 0; None: every row) takes V1's pipeline host
+    cost, not the fitted one, which is V0's (`vllm_release`)."""
     hw = take(hw_table, jnp.asarray(batch.gpu_index))
     hw = hw._replace(**{field: jnp.asarray(value) for field, value in zip(GPU_OVERRIDES.values(), peaks)})
+    if v0_pipeline is not None:
+        v1_cost = jnp.float32(DEFAULTS[vllm_release.PIPELINE_FIELD])
+        hw = hw._replace(pipeline_seq_overhead_s=jnp.where(jnp.asarray(v0_pipeline) > 0, hw.pipeline_seq_overhead_s, v1_cost))
     # Measured runs are finite: an overloaded Poisson run whose requests all get a slot is one wave, as
     # `predict_rows` predicts it (else its TTFT is infinite and the fit flees the parameters that cause it).
     prep = prepare(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization)
@@ -363,8 +371,9 @@ def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple):
 def log_errors(data: FitData, hw_table: Hardware):
     """Concatenated log(pred/measured) for TTFT and TPOT over all rows: ([N], [N])."""
     ttft_err, tpot_err = [], []
-    for batch, ttft, tpot, peaks in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks):
-        est = predict_batch(batch, hw_table, peaks)
+    v0 = data.v0_pipeline or (None,) * len(data.batches)
+    for batch, ttft, tpot, peaks, v0_pipeline in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks, v0):
+        est = predict_batch(batch, hw_table, peaks, v0_pipeline)
         ttft_err.append(jnp.log(jnp.maximum(est.ttft_mean_s, 1e-6) / ttft))
         tpot_err.append(jnp.log(jnp.maximum(est.tpot_mean_s, 1e-6) / tpot))
     return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
@@ -375,20 +384,21 @@ def _padded(data: FitData, min_rows: int = 0) -> tuple:
     `min_rows`) and a weight per row (1 real, 0 padding). Everything is an array, so the fit's program
     depends on row buckets only."""
     out = []
-    for b, ttft, tpot, peaks in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks):
+    v0 = data.v0_pipeline or tuple(np.ones(len(t), np.float32) for t in data.ttft_s)
+    for b, ttft, tpot, peaks, v0_pipeline in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks, v0):
         num = len(ttft)
         size = bucket_size(max(num, min_rows))
         weight = (np.arange(size) < num).astype(np.float32)
         fraction = np.broadcast_to(np.asarray(b.gpu_memory_utilization, np.float32), (num,))
-        out.append((traced(b.model), pad_rows((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks, fraction), num, size), weight))
+        out.append((traced(b.model), pad_rows((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks, fraction, v0_pipeline), num, size), weight))
     return tuple(out)
 
 
 def _weighted_loss(padded: tuple, hw_table: Hardware):
     """Weighted mean squared log error of TTFT plus that of TPOT over all rows of `_padded` batches
     (a non-finite error counts as 5)."""
-    batches = tuple(RowBatch(model, (), index, layout, workload, None, fraction) for model, (index, layout, workload, *_, fraction), _ in padded)
-    data = FitData(batches, *(tuple(p[1][k] for p in padded) for k in (3, 4, 5)))
+    batches = tuple(RowBatch(model, (), index, layout, workload, None, fraction) for model, (index, layout, workload, *_, fraction, _v0), _ in padded)
+    data = FitData(batches, *(tuple(p[1][k] for p in padded) for k in (3, 4, 5, 7)))
     ttft_err, tpot_err = log_errors(data, hw_table)
     w = jnp.concatenate([p[2] for p in padded])
     mean = lambda e: jnp.sum(w * jnp.where(jnp.isfinite(e), e, 5.0) ** 2) / jnp.sum(w)  # noqa: E731

@@ -25,6 +25,8 @@ Column meanings:
   max_num_seqs, max_num_batched_tokens   engine batching limits when known
   gpu_memory_utilization     vLLM's --gpu-memory-utilization (fraction of HBM for weights + KV cache; blank = 0.9)
   block_size                 vLLM's --block-size, tokens per KV-cache block (blank = 16)
+  vllm_version               the vLLM release served (e.g. 0.8.3; blank = --vllm-version, else the newest measured):
+                             it decides the engine under PP and the default gpu_memory_utilization (`jaxplan.vllm_release`)
   prefix_hit_rate            fraction of prompt tokens served from prefix cache, [0, 1)
   isl_distribution, isl_spread, osl_distribution, osl_spread
                              length distributions as in a workload file: fixed (blank) | uniform (mean +- spread x mean)
@@ -56,6 +58,7 @@ from jaxplan.errors import PlanError, bad_value, short_repr
 from jaxplan.specs import load_gpu, load_model
 from jaxplan.specs.lengths import read_lengths, relative_to, resolve_against
 from jaxplan.specs.space import BLOCK_SIZES, DTYPE_BYTES, KV_CACHE_DTYPES, WEIGHT_DTYPES
+from jaxplan.vllm_release import parse_release
 
 # vLLM's names for the dtypes a row may give (its --dtype, --quantization and --kv-cache-dtype values):
 # FP16 weights cost what BF16 ones do (2 bytes, the same tensor-core rate).
@@ -81,6 +84,7 @@ INPUT_COLUMNS = (
     "max_num_batched_tokens",
     "gpu_memory_utilization",
     "block_size",
+    "vllm_version",
     "prefix_hit_rate",
     "isl_distribution",
     "isl_spread",
@@ -118,7 +122,7 @@ DEFAULTS: dict[str, Any] = {
     "prefix_hit_rate": 0.0,
     "measured_output_tok_s_derived": False,
 }
-STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "isl_distribution", "osl_distribution", "lengths_file", "dataset", "backend", "source_id", "notes"})
+STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "vllm_version", "isl_distribution", "osl_distribution", "lengths_file", "dataset", "backend", "source_id", "notes"})
 INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens", "block_size"})
 BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived", "enable_expert_parallel"})
 # float column -> (low, high, fix); request_rate may also be inf.
@@ -210,6 +214,8 @@ def check_row(row: dict, where: str) -> dict:
         raise bad_value("kv_cache_dtype", row["kv_cache_dtype"], f"use one of {', '.join(KV_CACHE_DTYPES)} (auto = same as the model's bf16)", where=where)
     if row["backend"] not in (None, "", *BACKENDS):
         raise bad_value("backend", row["backend"], f"use one of {', '.join(BACKENDS)} or leave empty", where=where)
+    if row["vllm_version"]:
+        parse_release(row["vllm_version"], where=where)
     if row["block_size"] is not None and row["block_size"] not in BLOCK_SIZES:
         raise bad_value("block_size", row["block_size"], f"use one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)", where=where)
     if row["concurrency"] is None and row["request_rate"] is None:

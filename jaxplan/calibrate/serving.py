@@ -384,6 +384,7 @@ def _vllm_a100(root: Path) -> tuple[tuple[dict, ...], tuple]:
                 isl=float(raw["total_input_tokens"]) / completed, osl=float(raw["total_output_tokens"]) / completed,
                 request_rate=rate, num_prompts=int(raw["num_prompts"]), prefix_hit_rate=hit,
                 max_num_seqs=pp * A100_0_8_SEQS_PER_SCHEDULER, max_num_batched_tokens=A100_0_8_BATCHED_TOKENS,
+                vllm_version=raw["vllm_version"].split()[0],
                 lengths_file=str(root / "vllm_a100_tp_vs_pp" / raw["raw_file"]),
                 gpu_hbm_bytes_override=A100_40GB_HBM_BYTES, gpu_hbm_bandwidth_bytes_per_s_override=A100_40GB_HBM_BANDWIDTH_BYTES_PER_S,
                 measured_ttft_ms_mean=float(raw["mean_ttft_ms"]), measured_tpot_ms_mean=float(raw["mean_tpot_ms"]),

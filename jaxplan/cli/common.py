@@ -58,6 +58,27 @@ def _say_params(value: Optional[Path]) -> Optional[Path]:
 ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, callback=_say_params, help="Calibration parameters TOML (default: $JAXPLAN_PARAMS if set, else the bundled file).")]
 
 
+def _select_release(value: Optional[str]) -> Optional[str]:
+    """VllmVersionOption's callback: a release that parses becomes this process's selection
+    ($JAXPLAN_VLLM_VERSION, which every layer reads through `vllm_release.selected`)."""
+    from jaxplan.vllm_release import RELEASE_ENV, parse_release
+
+    if value:
+        try:
+            parse_release(value, "--vllm-version")
+        except PlanError as error:
+            raise typer.BadParameter(str(error)) from None
+        os.environ[RELEASE_ENV] = value.strip()
+    return value
+
+
+VllmVersionOption = Annotated[Optional[str], typer.Option(
+    "--vllm-version", callback=_select_release,
+    help="The vLLM release to price, e.g. 0.8.3: it decides the engine serving pipeline parallelism (V0 before 0.9.1) and the default "
+         "--gpu-memory-utilization of a predict row (0.92 from 0.22). Default: $JAXPLAN_VLLM_VERSION, else 0.19.0, the newest measured; "
+         "a row's vllm_version column wins.")]
+
+
 class Routing(str, enum.Enum):
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli import engine_settings
-from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar, write_plots
+from jaxplan.cli.common import ParamsOption, VllmVersionOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar, write_plots
 from jaxplan.cli.engine_settings import (
     DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
     PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
@@ -31,6 +31,7 @@ def predict(
     method: Annotated[Method, typer.Option(help="replay: step-by-step scheduler replay per row; analytical: stage 4's steady-state model (instant).")] = Method.REPLAY,
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Replay: requests per row (default: the row's num_prompts, or 1000).")] = None,
     params: ParamsOption = None,
+    vllm_version: VllmVersionOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     max_seconds: ReplayMaxSecondsOption = None,
     model: ModelSetting = None,
@@ -73,6 +74,7 @@ def simulate(
     requests: Annotated[Optional[int], typer.Option(min=10, max=1_000_000, help="Requests per row (default: num_prompts, or 1000).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the sampled requests.")] = 0,
     params: ParamsOption = None,
+    vllm_version: VllmVersionOption = None,
     routing: RoutingOption = Routing.ROUND_ROBIN,
     plot: Annotated[Optional[Path], typer.Option("--plot", file_okay=False, help="Write each row's replay timeline here (PNG + SVG; replays each row once more).")] = None,
     max_seconds: ReplayMaxSecondsOption = None,

@@ -36,13 +36,14 @@ from jaxplan.funnel.shortlist import shortlist
 from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
 from jaxplan.grid import AXES, Grid
 from jaxplan.layout_kind import kind_fields
-from jaxplan.physics.params import efficiency_for
+from jaxplan.physics.params import efficiency_for, load_efficiency
 from jaxplan.physics.shapes import hardware_table, model_shape
 from jaxplan.physics.traffic import max_context_tokens, workload_params
 from jaxplan.specs.gpu import GpuSpec
 from jaxplan.specs.model import ModelSpec
 from jaxplan.specs.space import SearchSpace
 from jaxplan.specs.workload import Workload
+from jaxplan.vllm_release import for_release, selected
 
 REPORT_ROWS = FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS  # rows evaluated for reports, padded to one shape
 PAGES_PER_CHUNK = 4  # stages 3-4 run on survivors in pages of chunk / devices / 4
@@ -91,9 +92,12 @@ class SweepResult:
         )
 
 
-def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path: str | None = None, **workload_overrides) -> SweepContext:
+def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path: str | None = None, *, vllm_version: str | None = None,
+                  **workload_overrides) -> SweepContext:
+    """The sweep's arrays; every candidate is priced for one vLLM release (`vllm_release.selected`)."""
     space = grid.space
-    efficiency = efficiency_for([g.name for g in grid.gpus], params_path)
+    names = [g.name for g in grid.gpus]
+    efficiency = for_release(efficiency_for(names, params_path), names, selected(vllm_version), every=load_efficiency(params_path))
     return SweepContext(
         axis_values=grid.axis_arrays(),
         sizes=jax.device_put(np.asarray(grid.sizes, np.int32)),
@@ -315,12 +319,14 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
     max_seconds: float | None = None,
     max_memory_bytes: float | None = None,
+    vllm_version: str | None = None,
 ) -> SweepResult:
     """Stages 1-6 over the whole grid; `progress(done, total)` is called per chunk of `chunk_size`
     candidates (default: `budget.default_chunk()`, 65,536 on a CPU, about 4 million on a GPU).
 
     Each JAX process (host) streams every process_count-th chunk on its local devices; the
-    hosts' tables are then gathered and merged, so every host returns the same result.
+    hosts' tables are then gathered and merged, so every host returns the same result. `vllm_version`:
+    the release the candidates are priced for (default: $JAXPLAN_VLLM_VERSION, else the newest measured).
     A sweep whose estimated time or memory exceeds `max_seconds` / `max_memory_bytes` is refused
     before anything is allocated (PlanError); one that runs past `max_seconds` is stopped."""
     check_inputs(model, workload)
@@ -330,7 +336,7 @@ def run_sweep(
     check_limits(grid, chunk_size, max_seconds=max_seconds, max_memory_bytes=max_memory_bytes)
     if max_seconds is not None:
         progress = Deadline(max_seconds, progress)
-    ctx = build_context(grid, model, workload, params_path)
+    ctx = build_context(grid, model, workload, params_path, vllm_version=vllm_version)
     evaluate_digits_ahead(ctx, REPORT_ROWS, len(AXES))  # stages 5-6's rows: compiles while the chunks do
     try:
         part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)

@@ -99,6 +99,7 @@ def test_the_command_line_selects_the_release(tmp_path, monkeypatch):
         out = tmp_path / f"out{len(option)}.csv"
         result = runner.invoke(app, ["predict", str(path), "--method", "analytical", *option, "-o", str(out)])
         assert result.exit_code == 0, result.output
+        assert ("vLLM release priced: 0.8.3 (from --vllm-version)" in result.output) is bool(option)
         import csv
 
         tpots[len(option)] = [float(r["tpot_ms_mean"]) for r in csv.DictReader(out.open())]

@@ -60,7 +60,8 @@ ParamsOption = Annotated[Optional[Path], typer.Option(exists=True, dir_okay=Fals
 
 def _select_release(value: Optional[str]) -> Optional[str]:
     """VllmVersionOption's callback: a release that parses becomes this process's selection
-    ($JAXPLAN_VLLM_VERSION, which every layer reads through `vllm_release.selected`)."""
+    ($JAXPLAN_VLLM_VERSION, which every layer reads through `vllm_release.selected`); one stderr line
+    names a release chosen by the option or the variable (none for the default)."""
     from jaxplan.vllm_release import RELEASE_ENV, parse_release
 
     if value:
@@ -69,6 +70,9 @@ def _select_release(value: Optional[str]) -> Optional[str]:
         except PlanError as error:
             raise typer.BadParameter(str(error)) from None
         os.environ[RELEASE_ENV] = value.strip()
+        err.print(escape(f"vLLM release priced: {value.strip()} (from --vllm-version)"), highlight=False, soft_wrap=True)
+    elif os.environ.get(RELEASE_ENV, "").strip():
+        err.print(escape(f"vLLM release priced: {os.environ[RELEASE_ENV].strip()} (from ${RELEASE_ENV})"), highlight=False, soft_wrap=True)
     return value
 
 

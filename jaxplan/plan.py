@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from jaxplan import vllm_release
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.finalist import Finalist, Winner
 from jaxplan.inputs import Inputs
@@ -45,6 +46,7 @@ class Plan:
     replay_s: float | None = None  # wall time of stage 7
     seed: int = 0  # of the replay's request sample
     verdict: object | None = None  # jaxplan.plan_bands.Verdict: does the winner's lead exceed the bands?
+    vllm_version: str = ""  # the vLLM release every candidate was priced for (`vllm_release`; "" in older files)
     sweep: object | None = dataclasses.field(default=None, compare=False, repr=False)
 
     model = property(lambda self: self.inputs.model)
@@ -75,6 +77,7 @@ class Plan:
             "winner": self.winner.to_row() if self.winner else None,
             "winner_verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "empty_explanation": self.empty_explanation,
+            "vllm_version": self.vllm_version,
         }
         if self.sizing is not None:
             payload["sizing"] = self.sizing.to_json()
@@ -199,11 +202,12 @@ def run_plan(
         from jaxplan.sizing import size_deployments
 
         sizing = size_deployments(result, rollout_prompts=rollout_prompts)
-    return plan_of(inputs, result, replayed, sizing, replay_s, seed, params=params)
+    release = ".".join(map(str, vllm_release.selected(vllm_version)))
+    return plan_of(inputs, result, replayed, sizing, replay_s, seed, params=params, vllm_version=release)
 
 
 def plan_of(inputs: Inputs, result, replayed: list[dict] | None, sizing=None, replay_s: float | None = None, seed: int = 0,
-            params: str | Path | None = None) -> Plan:
+            params: str | Path | None = None, vllm_version: str = "") -> Plan:
     """Type a sweep result (and its replayed rows) as a Plan: each finalist gets its p10-p90 band
     (`plan_bands`, from the bands that go with `params`), the winner its launch lines and a verdict on
     its lead over the runner-up."""
@@ -224,7 +228,7 @@ def plan_of(inputs: Inputs, result, replayed: list[dict] | None, sizing=None, re
         replay_rank_correlation=agreement if math.isfinite(agreement) else None, sizing=sizing,
         compile_s=result.compile_s, run_s=result.run_s, num_devices=result.num_devices,
         empty_explanation=None if result.shortlist else result.empty_explanation(), replay_s=replay_s, seed=seed, sweep=result,
-        verdict=verdict(final_rows, result.workload),
+        verdict=verdict(final_rows, result.workload), vllm_version=vllm_version,
     )
 
 

@@ -45,7 +45,7 @@ def plan_from_dict(payload: Mapping, where: str):
             replay_rank_correlation=payload.get("replay_rank_correlation_with_stage4"),
             sizing=_sizing(payload.get("sizing"), inputs.workload), compile_s=payload.get("compile_s", 0.0), run_s=payload.get("run_s", 0.0),
             num_devices=payload.get("num_devices", 1), empty_explanation=payload.get("empty_explanation"),
-            verdict=_verdict(payload.get("winner_verdict")),
+            verdict=_verdict(payload.get("winner_verdict")), vllm_version=str(payload.get("vllm_version") or ""),
         )
     except PlanError as error:
         raise PlanError(f"{where}: {error}") from None

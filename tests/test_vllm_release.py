@@ -123,3 +123,12 @@ def test_the_sweep_prices_every_gpu_for_the_release():
     for release, cost in (("0.8.3", v0_cost), ("0.9.1", V1_COST), (None, V1_COST)):
         hardware = build_context(grid, inputs.model, inputs.workload, vllm_version=release).hardware
         np.testing.assert_allclose(np.asarray(hardware.pipeline_seq_overhead_s), [cost, cost], rtol=1e-6)
+
+
+def test_a_plan_records_the_release_it_priced():
+    from jaxplan import api
+    from jaxplan.plan import Plan
+
+    plan = api.sweep("llama-3.1-8b", "h100_sxm", "chat", "small", replay=False, top=3, vllm_version="v0.8.3")
+    assert plan.vllm_version == "0.8.3" and plan.to_dict()["vllm_version"] == "0.8.3"
+    assert Plan.from_json(plan.to_json()).vllm_version == "0.8.3"

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan import vllm_release
 from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
 from jaxplan.engine_defaults import batch_knobs
-from jaxplan import vllm_release
 from jaxplan.engine_rules import invalid_rows
 from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
@@ -192,13 +192,12 @@ def _flag(row: dict, field: str, where: str) -> bool:
     raise bad_value(field, value, "must be true or false", where=where)
 
 
-def _engine_arrays(rows: list[dict], wheres: list[str], vllm_version: str | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
+def _engine_arrays(rows: list[dict], wheres: list[str]) -> tuple[np.ndarray, np.ndarray, tuple]:
     """([N] gpu_memory_utilization, [N] block_size tokens) float32 and the [N] vLLM releases: each row's
     vLLM settings, its release's defaults where a row leaves them blank (they size the KV cache, so they
-    are inputs of the row). A row's release: its `vllm_version`, else `vllm_version`, else
-    `vllm_release.selected`."""
+    are inputs of the row). A row's release: its `vllm_version` column, else `vllm_release.selected()`."""
     fractions, blocks, releases = [], [], []
-    default_release = vllm_release.selected(vllm_version)
+    default_release = vllm_release.selected()
     for row, where in zip(rows, wheres):
         release = vllm_release.parse_release(row["vllm_version"], where=where) if _given(row, "vllm_version") else default_release
         default_fraction = vllm_release.default_gpu_memory_utilization(release)
@@ -263,7 +262,7 @@ def _row_gpu(key: tuple, where: str):
     return dataclasses.replace(spec, display_name=f"{spec.display_name or spec.name} ({label})", **changes)
 
 
-def row_batches(rows: list[dict], source: str = "input", vllm_version: str | None = None) -> list[RowBatch]:
+def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
     """Group rows by model and turn each group into arrays (validating every field). A row's
     GPU_OVERRIDES columns give it a GPU of its own: the named spec with those fields replaced."""
     groups: dict[str, list[int]] = {}
@@ -283,7 +282,7 @@ def row_batches(rows: list[dict], source: str = "input", vllm_version: str | Non
         gpus = tuple(_row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
         index = np.array([keys.index(key) for key in row_keys], np.int32)
         model = next(m for m in models.values() if m.name == name)
-        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model, [gpus[k] for k in index]), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres, vllm_version)))
+        batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model, [gpus[k] for k in index]), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres)))
     return batches
 
 

@@ -213,13 +213,16 @@ def _engine_arrays(rows: list[dict], wheres: list[str]) -> tuple[np.ndarray, np.
     return np.asarray(fractions, np.float32), np.asarray(blocks, np.float32), tuple(releases)
 
 
-def row_hardware(batch: RowBatch, efficiency: dict[str, dict[str, float]], every: dict[str, dict[str, float]] | None = None) -> Hardware:
-    """[N] Hardware of a batch's rows: their GPUs' parameters (`efficiency`, GPU name -> fields), with the
-    pipeline host cost of each row's vLLM release (`vllm_release.pipeline_seq_overhead_s`; `every` holds
-    the V0 pipeline fit's GPU where `efficiency` lacks it)."""
-    hw = take(hardware_table(batch.gpus, efficiency), jnp.asarray(batch.gpu_index))
+def row_hardware(batch: RowBatch, params_path: str | None = None, efficiency: dict | None = None) -> Hardware:
+    """[N] Hardware of a batch's rows: their GPUs' parameters (`efficiency`, GPU name -> fields, if given,
+    else the file `params_path` selects, `efficiency_for`), with the pipeline host cost of each row's vLLM
+    release (`vllm_release.pipeline_seq_overhead_s`, which looks up the V0 pipeline fit's GPU in the same
+    parameters)."""
+    names = [g.name for g in batch.gpus]
+    chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
+    hw = take(hardware_table(batch.gpus, chosen), jnp.asarray(batch.gpu_index))
     releases = batch.releases or (vllm_release.selected(),) * len(batch.row_ids)
-    lookup = {**(every or {}), **efficiency}
+    lookup = {**(efficiency if efficiency is not None else load_efficiency(params_path)), **chosen}
     cost = [vllm_release.pipeline_seq_overhead_s(lookup, batch.gpus[g].name, r) for g, r in zip(np.asarray(batch.gpu_index), releases)]
     return hw._replace(pipeline_seq_overhead_s=jnp.asarray(cost, jnp.float32))
 
@@ -394,9 +397,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
     results, all_at_once = [dict(row) for row in rows], {}
     invalid = invalid_rows(rows, source)
     for batch in row_batches(rows, source):
-        names = [g.name for g in batch.gpus]
-        chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
-        hw = row_hardware(batch, chosen, efficiency if efficiency is not None else load_efficiency(params_path))
+        hw = row_hardware(batch, params_path, efficiency)
         est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization))
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
@@ -503,9 +504,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
     started_at = time.perf_counter() if started_at is None else started_at
     invalid = invalid_rows(rows, source)
     for batch in row_batches(rows, source):
-        names = [g.name for g in batch.gpus]
-        chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
-        hw_all = row_hardware(batch, chosen, efficiency if efficiency is not None else load_efficiency(params_path))
+        hw_all = row_hardware(batch, params_path, efficiency)
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
         context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens

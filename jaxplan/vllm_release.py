@@ -73,8 +73,8 @@ def pipeline_seq_overhead_s(efficiency: dict[str, dict[str, float]], gpu: str, r
     return max(own, efficiency.get(V0_PIPELINE_GPU, {}).get(PIPELINE_FIELD, own))
 
 
-def for_release(efficiency: dict[str, dict[str, float]], gpus, release: tuple[int, int, int], every: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
-    """`efficiency` restricted to `gpus` with each one's pipeline host cost for `release`; `every` (default
-    `efficiency`) holds the V0 pipeline fit's GPU where `efficiency` lacks it."""
-    every = {**(every or {}), **efficiency}
-    return {g: {**efficiency[g], PIPELINE_FIELD: pipeline_seq_overhead_s(every, g, release)} for g in gpus}
+def for_release(efficiency: dict[str, dict[str, float]], release: tuple[int, int, int], every: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
+    """`efficiency` (GPU name -> fields) with each GPU's pipeline host cost for `release`; `every` holds
+    the V0 pipeline fit's GPU where `efficiency` lacks it."""
+    lookup = {**(every or {}), **efficiency}
+    return {g: {**fields, PIPELINE_FIELD: pipeline_seq_overhead_s(lookup, g, release)} for g, fields in efficiency.items()}

@@ -97,7 +97,7 @@ def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path:
     """The sweep's arrays; every candidate is priced for one vLLM release (`vllm_release.selected`)."""
     space = grid.space
     names = [g.name for g in grid.gpus]
-    efficiency = for_release(efficiency_for(names, params_path), names, selected(vllm_version), every=load_efficiency(params_path))
+    efficiency = for_release(efficiency_for(names, params_path), selected(vllm_version), every=load_efficiency(params_path))
     return SweepContext(
         axis_values=grid.axis_arrays(),
         sizes=jax.device_put(np.asarray(grid.sizes, np.int32)),

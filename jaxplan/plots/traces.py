@@ -55,14 +55,12 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
 
     from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
     from jaxplan.physics.memory import replay_kv_blocks
-    from jaxplan.physics.params import efficiency_for, load_efficiency
     from jaxplan.prediction import _row_workload, row_batches, row_hardware
     from jaxplan.replay import sample_requests, simulate_trace
 
     out = []
     for batch in row_batches(rows, source):
-        names = [g.name for g in batch.gpus]
-        hw_all = row_hardware(batch, efficiency_for(names, params_path), load_efficiency(params_path))
+        hw_all = row_hardware(batch, params_path)
         context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens  # as predict's replay counts them
         blocks = np.asarray(replay_kv_blocks(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, context))
         for k, i in enumerate(batch.row_ids):

@@ -320,7 +320,7 @@ class FitData(NamedTuple):
     ttft_s: tuple  # [N] measured per batch
     tpot_s: tuple
     peaks: tuple  # per batch, a [N] array per GPU_OVERRIDES field: the spec value each row was measured on
-    v0_pipeline: tuple = ()  # per batch, [N] 1.0 where the row's vLLM release serves PP on V0 (`vllm_release`)
+    v0_pipeline: tuple  # per batch, [N] 1.0 where the row's vLLM release serves PP on V0 (`vllm_release`)
 
 
 def fit_data(rows: list[dict], gpus: list[str]) -> FitData:
@@ -352,15 +352,14 @@ def base_table(gpus: list[str], fixed: dict[str, dict[str, float]] | None = None
     return hardware_table(tuple(load_gpu(g) for g in gpus), {g: {**DEFAULTS, **fixed.get(g, {})} for g in gpus})
 
 
-def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple, v0_pipeline=None):
+def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple, v0_pipeline):
     """Stage 4 for a fit batch: [G] `hw_table` gathered per row, with the rows' own spec values (`peaks`).
-    A row whose release serves PP on V1 (`v0_pipeline` [N] 0; None: every row) takes V1's pipeline host
-    cost, not the fitted one, which is V0's (`vllm_release`)."""
+    A row whose release serves PP on V1 (`v0_pipeline` [N] 0) takes V1's pipeline host cost, not the
+    fitted one, which is V0's (`vllm_release`)."""
     hw = take(hw_table, jnp.asarray(batch.gpu_index))
     hw = hw._replace(**{field: jnp.asarray(value) for field, value in zip(GPU_OVERRIDES.values(), peaks)})
-    if v0_pipeline is not None:
-        v1_cost = jnp.float32(DEFAULTS[vllm_release.PIPELINE_FIELD])
-        hw = hw._replace(pipeline_seq_overhead_s=jnp.where(jnp.asarray(v0_pipeline) > 0, hw.pipeline_seq_overhead_s, v1_cost))
+    v1_cost = jnp.float32(DEFAULTS[vllm_release.PIPELINE_FIELD])
+    hw = hw._replace(pipeline_seq_overhead_s=jnp.where(jnp.asarray(v0_pipeline) > 0, hw.pipeline_seq_overhead_s, v1_cost))
     # Measured runs are finite: an overloaded Poisson run whose requests all get a slot is one wave, as
     # `predict_rows` predicts it (else its TTFT is infinite and the fit flees the parameters that cause it).
     prep = prepare(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization)
@@ -371,8 +370,7 @@ def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple, v0_pipeline
 def log_errors(data: FitData, hw_table: Hardware):
     """Concatenated log(pred/measured) for TTFT and TPOT over all rows: ([N], [N])."""
     ttft_err, tpot_err = [], []
-    v0 = data.v0_pipeline or (None,) * len(data.batches)
-    for batch, ttft, tpot, peaks, v0_pipeline in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks, v0):
+    for batch, ttft, tpot, peaks, v0_pipeline in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks, data.v0_pipeline):
         est = predict_batch(batch, hw_table, peaks, v0_pipeline)
         ttft_err.append(jnp.log(jnp.maximum(est.ttft_mean_s, 1e-6) / ttft))
         tpot_err.append(jnp.log(jnp.maximum(est.tpot_mean_s, 1e-6) / tpot))
@@ -384,8 +382,7 @@ def _padded(data: FitData, min_rows: int = 0) -> tuple:
     `min_rows`) and a weight per row (1 real, 0 padding). Everything is an array, so the fit's program
     depends on row buckets only."""
     out = []
-    v0 = data.v0_pipeline or tuple(np.ones(len(t), np.float32) for t in data.ttft_s)
-    for b, ttft, tpot, peaks, v0_pipeline in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks, v0):
+    for b, ttft, tpot, peaks, v0_pipeline in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks, data.v0_pipeline):
         num = len(ttft)
         size = bucket_size(max(num, min_rows))
         weight = (np.arange(size) < num).astype(np.float32)

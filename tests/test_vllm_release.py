@@ -4,6 +4,8 @@ by hand, through predict rows, the command line and the sweep."""
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 from typer.testing import CliRunner
 
@@ -100,8 +102,6 @@ def test_the_command_line_selects_the_release(tmp_path, monkeypatch):
         result = runner.invoke(app, ["predict", str(path), "--method", "analytical", *option, "-o", str(out)])
         assert result.exit_code == 0, result.output
         assert ("vLLM release priced: 0.8.3 (from --vllm-version)" in result.output) is bool(option)
-        import csv
-
         tpots[len(option)] = [float(r["tpot_ms_mean"]) for r in csv.DictReader(out.open())]
     assert tpots[2][0] > tpots[0][0] == tpots[0][1] == tpots[2][1]
     bad = runner.invoke(app, ["predict", str(path), "--vllm-version", "latest"])

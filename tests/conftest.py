@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -20,6 +21,10 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 SHARED_CACHE_ENV = "JAXPLAN_TEST_XLA_CACHE"  # set by the controlling process for its pytest-xdist workers
+# The suite's compilation cache is kept between runs (a second run loads what the first compiled; JAX
+# keys each entry by the program, the compiler flags and the JAX version, so an entry cannot go stale),
+# pruned to this size, oldest entries first. JAXPLAN_TEST_XLA_CACHE=fresh: a cache of this run only.
+TEST_CACHE_MAX_BYTES = 1 << 30
 
 # Compilation is most of the suite's time and the programs run briefly, so the tests compile fast:
 # at LLVM's -O0 and with XLA:CPU's older emitters for every program (`xla_options.LEAN_COMPILE`, which
@@ -58,16 +63,48 @@ def _compile_fast(environ, flags: tuple[str, ...] = FAST_COMPILE_FLAGS) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One fresh compilation cache for the whole run, made by the process that starts it (with
-    pytest-xdist, the controller): every worker reads and writes the same one, so a program one
-    worker compiled is a disk read for the other."""
+    """One compilation cache for the whole run (`suite_cache_dir`), chosen by the process that starts
+    it (with pytest-xdist, the controller): every worker reads and writes the same one, so a program
+    one worker compiled, or an earlier run did, is a disk read."""
     _compile_fast(os.environ)
     # The suite checks the bundled parameters: a file a developer selected for their own work must not change it.
     os.environ.pop("JAXPLAN_PARAMS", None)
     os.environ.pop("JAXPLAN_VLLM_VERSION", None)  # ... and the release it prices, the newest measured
-    if not hasattr(config, "workerinput") and SHARED_CACHE_ENV not in os.environ:
-        config._jaxplan_cache = tempfile.mkdtemp(prefix="jaxplan-test-xla-")
-        os.environ[SHARED_CACHE_ENV] = config._jaxplan_cache
+    if not hasattr(config, "workerinput"):
+        where, made = suite_cache_dir(os.environ)
+        if made:
+            config._jaxplan_cache = where
+        else:
+            prune_cache(where, TEST_CACHE_MAX_BYTES)
+        os.environ[SHARED_CACHE_ENV] = where
+
+
+def suite_cache_dir(environ) -> tuple[str, bool]:
+    """(the suite's compilation cache, whether this run made it and removes it at the end):
+    $JAXPLAN_TEST_XLA_CACHE, a fresh temporary directory for `fresh`, else
+    $XDG_CACHE_HOME/jaxplan/test-xla (~/.cache/jaxplan/test-xla), kept between runs."""
+    chosen = environ.get(SHARED_CACHE_ENV, "").strip()
+    if chosen.lower() == "fresh":
+        return tempfile.mkdtemp(prefix="jaxplan-test-xla-"), True
+    if chosen:
+        return chosen, False
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "jaxplan", "test-xla"), False
+
+
+def prune_cache(where: str, max_bytes: int) -> None:
+    """Delete the files in `where` that were written longest ago until the rest hold at most `max_bytes`."""
+    try:
+        entries = [(entry.stat().st_mtime, entry.stat().st_size, entry.path) for entry in os.scandir(where) if entry.is_file()]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        with contextlib.suppress(OSError):
+            os.remove(path)
+            total -= size
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -86,7 +123,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_compile_cache():
-    """A persistent compilation cache private to this test run (fresh, so no stale entries).
+    """The suite's persistent compilation cache (`suite_cache_dir`), shared by the xdist workers.
 
     With `_free_compiled_programs` below, a program another module (or another xdist worker)
     already compiled is loaded from disk instead of compiled again.

@@ -63,3 +63,31 @@ def test_a_flag_this_xla_lacks_is_left_out():
     env = {}
     _compile_fast(env, FAST_COMPILE_FLAGS + ("--xla_jaxplan_no_such_flag=true",))
     assert env["XLA_FLAGS"] == " ".join(FAST_COMPILE_FLAGS)
+
+
+def test_the_suite_cache_is_kept_between_runs_unless_fresh_is_asked(tmp_path):
+    """Default: $XDG_CACHE_HOME/jaxplan/test-xla, kept; a path named in the variable, kept; `fresh`:
+    a new temporary directory that the run removes."""
+    from conftest import SHARED_CACHE_ENV, suite_cache_dir
+
+    assert suite_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == (str(tmp_path / "jaxplan" / "test-xla"), False)
+    assert suite_cache_dir({SHARED_CACHE_ENV: "/somewhere/else"}) == ("/somewhere/else", False)
+    where, made = suite_cache_dir({SHARED_CACHE_ENV: "fresh", "XDG_CACHE_HOME": str(tmp_path)})
+    assert made and os.path.isdir(where) and not os.listdir(where) and not where.startswith(str(tmp_path / "jaxplan"))
+    os.rmdir(where)
+
+
+def test_pruning_deletes_the_oldest_entries_until_the_rest_fit(tmp_path):
+    from conftest import prune_cache
+
+    for age, name in enumerate(["newest", "middle", "oldest"]):
+        path = tmp_path / name
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1e9 - age * 1000, 1e9 - age * 1000))
+    prune_cache(str(tmp_path), 250)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
+    prune_cache(str(tmp_path), 200)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
+    prune_cache(str(tmp_path), 99)
+    assert list(tmp_path.iterdir()) == []
+    prune_cache(str(tmp_path / "absent"), 0)  # no directory yet: nothing to do

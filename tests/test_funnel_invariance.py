@@ -27,8 +27,10 @@ METRIC_REL = 1e-5
 O0_FLAG = next(flag for flag in FAST_COMPILE_FLAGS if flag.startswith("--xla_backend_optimization_level"))
 
 SUMMARY = """
-import json, sys
+import json, os, sys
 import jax
+from jaxplan import compile_cache
+compile_cache.enable({compile_cache.ENV: os.environ.get("JAXPLAN_TEST_XLA_CACHE", "off")})  # the suite's cache (tests/conftest.py)
 from jaxplan.funnel import run_sweep
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 model, gpus, workload, chunks = sys.argv[1:5]

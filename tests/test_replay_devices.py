@@ -21,9 +21,11 @@ from jaxplan.replay import driver
 TESTS = Path(__file__).parent
 
 SHARDED = """
-import json, sys
+import json, os, sys
 sys.path.insert(0, {tests!r})
 import jax, numpy as np
+from jaxplan import compile_cache
+compile_cache.enable({{compile_cache.ENV: os.environ.get("JAXPLAN_TEST_XLA_CACHE", "off")}})  # the suite's cache (tests/conftest.py)
 from test_replay_split import _dp_case, _same
 from test_replay_reference import _workload
 from jaxplan.replay import driver, simulate_trace

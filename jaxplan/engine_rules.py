@@ -14,6 +14,7 @@ from jaxplan.engine_defaults import batch_knobs
 from jaxplan.errors import PlanError
 from jaxplan.funnel.rules import BUDGET_BELOW_SEQS, LAYOUT_RULES
 from jaxplan.physics.shapes import ModelShape, model_shape
+from jaxplan.row_gpu import gpu_key, row_gpu
 from jaxplan.specs import load_model
 from jaxplan.specs.model import ModelSpec
 
@@ -30,10 +31,8 @@ def _knobs(row: dict) -> tuple[float, float]:
     seqs, budget = _number(row, "max_num_seqs"), _number(row, "max_num_batched_tokens")
     if not (math.isnan(seqs) or math.isnan(budget)):
         return seqs, budget
-    from jaxplan.prediction import _gpu_key, _row_gpu  # the row's own GPU (its HBM override decides vLLM's defaults)
-
     try:
-        gpu = _row_gpu(_gpu_key(row, "row"), "row")
+        gpu = row_gpu(gpu_key(row, "row"), "row")  # the row's own GPU: its HBM override decides vLLM's defaults
     except PlanError:
         return seqs, budget
     return batch_knobs(gpu, None if math.isnan(seqs) else seqs, None if math.isnan(budget) else budget)

@@ -9,7 +9,6 @@ the Hardware efficiency fields.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import NamedTuple
 
@@ -27,10 +26,12 @@ from jaxplan.physics.params import efficiency_for, load_efficiency
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams, length_shape, longest_output_factor
-from jaxplan.specs import ModelSpec, load_gpu, load_model
+from jaxplan.row_gpu import given as _given
+from jaxplan.row_gpu import gpu_key, row_gpu
+from jaxplan.row_gpu import number as _number
+from jaxplan.specs import ModelSpec, load_model
 from jaxplan.specs.formats import BY_NAME as FORMAT_BY_NAME
 from jaxplan.specs.formats import EXPERT_ONLY
-from jaxplan.specs.gpu import SANE_RANGES
 from jaxplan.specs.lengths import read_lengths
 from jaxplan.specs.space import BLOCK_SIZES, VLLM_DEFAULT_BLOCK_SIZE_TOKENS, WEIGHT_DTYPES
 from jaxplan.specs.workload import Arrival, Workload, length_fields
@@ -62,27 +63,6 @@ class RowBatch(NamedTuple):
     gpu_memory_utilization: np.ndarray | float = DEFAULT_GPU_MEMORY_UTILIZATION  # [N] each row's vLLM setting
     block_size_tokens: np.ndarray | float = KV_BLOCK_TOKENS  # [N] each row's KV-cache block size
     releases: tuple = ()  # [N] (major, minor, patch): each row's vLLM release (`vllm_release`); () = the selected one
-
-
-def _given(row: dict, field: str) -> bool:
-    """Whether `row` states `field` (a CSV's blank cell does not)."""
-    value = row.get(field)
-    return not (value is None or (isinstance(value, str) and value.strip() == ""))
-
-
-def _number(row: dict, field: str, default=None, *, where: str) -> float:
-    value = row.get(field)
-    if not _given(row, field):
-        if default is None:
-            raise bad_value(field, value, "is required", where=where)
-        return float(default)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise bad_value(field, value, "must be a number", where=where) from None
-    if math.isnan(number) or number < 0:
-        raise bad_value(field, value, "must be a non-negative number", where=where)
-    return number
 
 
 def _length_shape(row: dict, where: str) -> dict:
@@ -227,47 +207,9 @@ def row_hardware(batch: RowBatch, params_path: str | None = None, efficiency: di
     return hw._replace(pipeline_seq_overhead_s=jnp.asarray(cost, jnp.float32))
 
 
-# Row columns that replace a field of the named GPU's spec (the measured part differs from the bundled
-# one, e.g. A100-SXM4-40GB measured against jaxplan's 80 GB `a100_sxm`) -> the GpuSpec field.
-GPU_OVERRIDES = {
-    "gpu_hbm_bytes_override": "hbm_bytes",
-    "gpu_hbm_bandwidth_bytes_per_s_override": "hbm_bandwidth_bytes_per_s",
-}
-
-
-def _gpu_key(row: dict, where: str) -> tuple:
-    """(GPU name, override values or None in GPU_OVERRIDES order) of one row."""
-    name = str(row.get("gpu") or "").strip()
-    if not name:
-        raise bad_value("gpu", row.get("gpu"), "is required", where=where)
-    values = []
-    for column in GPU_OVERRIDES:
-        given = row.get(column)
-        values.append(None if given is None or (isinstance(given, str) and not given.strip()) else _number(row, column, where=where))
-    return (name, *values)
-
-
-def _row_gpu(key: tuple, where: str):
-    """The GpuSpec of a `_gpu_key`: the bundled spec with the row's overrides applied (within GpuSpec's
-    ranges). Its `name` stays the bundled one, so it takes that GPU's fitted efficiencies."""
-    spec = load_gpu(key[0])
-    changes = {}
-    for (column, field), value in zip(GPU_OVERRIDES.items(), key[1:]):
-        if value is None:
-            continue
-        low, high = SANE_RANGES[field]
-        if not low <= value <= high:
-            raise bad_value(column, value, f"must lie in [{low:g}, {high:g}] ({'bytes' if field == 'hbm_bytes' else 'bytes/s'})", where=where)
-        changes[field] = value
-    if not changes:
-        return spec
-    label = ", ".join(f"{field} {value:.4g}" for field, value in changes.items())
-    return dataclasses.replace(spec, display_name=f"{spec.display_name or spec.name} ({label})", **changes)
-
-
 def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
     """Group rows by model and turn each group into arrays (validating every field). A row's
-    GPU_OVERRIDES columns give it a GPU of its own: the named spec with those fields replaced."""
+    `row_gpu.GPU_OVERRIDES` columns give it a GPU of its own: the named spec with those fields replaced."""
     groups: dict[str, list[int]] = {}
     models = {}
     for i, row in enumerate(rows):
@@ -280,9 +222,9 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
     for name, ids in groups.items():
         group = [rows[i] for i in ids]
         wheres = [f"{source} row {i + 1}" for i in ids]
-        row_keys = [_gpu_key(r, where) for r, where in zip(group, wheres)]
+        row_keys = [gpu_key(r, where) for r, where in zip(group, wheres)]
         keys = sorted(set(row_keys), key=lambda key: (key[0], [-1.0 if v is None else v for v in key[1:]]))
-        gpus = tuple(_row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
+        gpus = tuple(row_gpu(key, wheres[row_keys.index(key)]) for key in keys)
         index = np.array([keys.index(key) for key in row_keys], np.int32)
         model = next(m for m in models.values() if m.name == name)
         batches.append(RowBatch(model_shape(model), gpus, index, _layout_arrays(group, wheres, model, [gpus[k] for k in index]), _workload_arrays(group, wheres), np.array(ids), *_engine_arrays(group, wheres)))

@@ -36,7 +36,8 @@ from jaxplan.calibrate.moe_kernels import moe_kernel_prior
 from jaxplan.physics.params import BOUNDS, DEFAULTS
 from jaxplan.physics.shapes import Hardware, hardware_table, take, traced
 from jaxplan.physics.steady_state import as_finite_run, estimate, prepare
-from jaxplan.prediction import GPU_OVERRIDES, RowBatch, row_batches
+from jaxplan.prediction import RowBatch, row_batches
+from jaxplan.row_gpu import GPU_OVERRIDES
 from jaxplan.specs import load_gpu
 from jaxplan.xla_options import jit_with_options
 
@@ -325,7 +326,7 @@ class FitData(NamedTuple):
 
 def fit_data(rows: list[dict], gpus: list[str]) -> FitData:
     """Row batches whose gpu_index refers to `gpus` (the order of the parameter table); rows measured on
-    a variant of a GPU (`predict.GPU_OVERRIDES` columns) keep their own spec values in `peaks`."""
+    a variant of a GPU (`row_gpu.GPU_OVERRIDES` columns) keep their own spec values in `peaks`."""
     usable = [r for r in rows if r.get("measured_ttft_ms_mean") and r.get("measured_tpot_ms_mean")]
     batches, ttft, tpot, peaks, v0 = [], [], [], [], []
     for batch in row_batches(usable, "measurements"):

@@ -89,7 +89,7 @@ FIT_EXCLUDED = {
 
 def measured_rows(rows: list[dict]) -> list[dict]:
     """Rows with TTFT and TPOT measured (a row measured on a variant of a GPU carries its own HBM figures,
-    `predict.GPU_OVERRIDES`)."""
+    `row_gpu.GPU_OVERRIDES`)."""
     return [r for r in rows if r.get("measured_ttft_ms_mean") and r.get("measured_tpot_ms_mean")]
 
 

@@ -23,7 +23,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 SHARED_CACHE_ENV = "JAXPLAN_TEST_XLA_CACHE"  # set by the controlling process for its pytest-xdist workers
 # The suite's compilation cache is kept between runs (a second run loads what the first compiled; JAX
 # keys each entry by the program, the compiler flags and the JAX version, so an entry cannot go stale),
-# pruned to this size, oldest entries first. JAXPLAN_TEST_XLA_CACHE=fresh: a cache of this run only.
+# pruned to this size, least recently used entries first. JAXPLAN_TEST_XLA_CACHE=fresh: a cache of this run only.
 TEST_CACHE_MAX_BYTES = 1 << 30
 
 # Compilation is most of the suite's time and the programs run briefly, so the tests compile fast:
@@ -93,9 +93,10 @@ def suite_cache_dir(environ) -> tuple[str, bool]:
 
 
 def prune_cache(where: str, max_bytes: int) -> None:
-    """Delete the files in `where` that were written longest ago until the rest hold at most `max_bytes`."""
+    """Delete the files in `where` used longest ago (last read or written, as far as the file system
+    keeps access times) until the rest hold at most `max_bytes`."""
     try:
-        entries = [(entry.stat().st_mtime, entry.stat().st_size, entry.path) for entry in os.scandir(where) if entry.is_file()]
+        entries = [(max(st.st_atime, st.st_mtime), st.st_size, entry.path) for entry in os.scandir(where) if entry.is_file() for st in (entry.stat(),)]
     except OSError:
         return
     total = sum(size for _, size, _ in entries)

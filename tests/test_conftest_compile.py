@@ -91,3 +91,15 @@ def test_pruning_deletes_the_oldest_entries_until_the_rest_fit(tmp_path):
     prune_cache(str(tmp_path), 99)
     assert list(tmp_path.iterdir()) == []
     prune_cache(str(tmp_path / "absent"), 0)  # no directory yet: nothing to do
+
+
+def test_pruning_keeps_an_old_entry_that_was_read_lately(tmp_path):
+    from conftest import prune_cache
+
+    old, new = tmp_path / "written-long-ago-read-today", tmp_path / "written-yesterday"
+    for path in (old, new):
+        path.write_bytes(b"x" * 100)
+    os.utime(old, (2e9, 1e9))  # (access, modification)
+    os.utime(new, (1.5e9, 1.5e9))
+    prune_cache(str(tmp_path), 150)
+    assert [p.name for p in tmp_path.iterdir()] == [old.name]

@@ -19,6 +19,7 @@ import os
 import re
 
 from jaxplan.errors import PlanError, bad_value
+from jaxplan.physics.params import DEFAULTS
 
 RELEASE_ENV = "JAXPLAN_VLLM_VERSION"
 NEWEST_MEASURED = "0.19.0"  # the newest release a measured row in ../shared states
@@ -26,6 +27,7 @@ PIPELINE_ON_V1 = (0, 9, 1)
 GPU_MEMORY_UTILIZATION_092 = (0, 22, 0)
 V0_PIPELINE_GPU = "a100_sxm"
 PIPELINE_FIELD = "pipeline_seq_overhead_s"
+V1_PIPELINE_SEQ_OVERHEAD_S = DEFAULTS[PIPELINE_FIELD]  # V1 overlaps output processing with the next step
 _RELEASE = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?(?:rc|post|dev)\w*)*")
 
 
@@ -65,11 +67,9 @@ def pipeline_seq_overhead_s(efficiency: dict[str, dict[str, float]], gpu: str, r
     """Host seconds per running sequence per step under PP on `gpu` for `release`: V1's (the default)
     where V1 serves PP; under V0 the larger of `gpu`'s own value and the V0 pipeline fit's
     (`V0_PIPELINE_GPU` in `efficiency`), since only a fit on V0 pipeline rows raises it above V1's."""
-    from jaxplan.physics.params import DEFAULTS
-
     if not pipeline_on_v0(release):
-        return DEFAULTS[PIPELINE_FIELD]
-    own = efficiency.get(gpu, {}).get(PIPELINE_FIELD, DEFAULTS[PIPELINE_FIELD])
+        return V1_PIPELINE_SEQ_OVERHEAD_S
+    own = efficiency.get(gpu, {}).get(PIPELINE_FIELD, V1_PIPELINE_SEQ_OVERHEAD_S)
     return max(own, efficiency.get(V0_PIPELINE_GPU, {}).get(PIPELINE_FIELD, own))
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from jaxplan.cli import engine_settings
-from jaxplan.cli.common import ParamsOption, VllmVersionOption, ReplayMaxSecondsOption, Routing, RoutingOption, app, check_writable, clean_errors, err, out, progress_bar, write_plots
+from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, VllmVersionOption, app, check_writable, clean_errors, err, out, progress_bar, write_plots
 from jaxplan.cli.engine_settings import (
     DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
     PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,

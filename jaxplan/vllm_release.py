@@ -19,7 +19,6 @@ import os
 import re
 
 from jaxplan.errors import PlanError, bad_value
-from jaxplan.physics.params import DEFAULTS
 
 RELEASE_ENV = "JAXPLAN_VLLM_VERSION"
 NEWEST_MEASURED = "0.19.0"  # the newest release a measured row in ../shared states
@@ -27,7 +26,6 @@ PIPELINE_ON_V1 = (0, 9, 1)
 GPU_MEMORY_UTILIZATION_092 = (0, 22, 0)
 V0_PIPELINE_GPU = "a100_sxm"
 PIPELINE_FIELD = "pipeline_seq_overhead_s"
-V1_PIPELINE_SEQ_OVERHEAD_S = DEFAULTS[PIPELINE_FIELD]  # V1 overlaps output processing with the next step
 _RELEASE = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?(?:rc|post|dev)\w*)*")
 
 
@@ -63,13 +61,23 @@ def default_gpu_memory_utilization(release: tuple[int, int, int]) -> float:
     return 0.92 if release >= GPU_MEMORY_UTILIZATION_092 else 0.9
 
 
+def v1_pipeline_seq_overhead_s() -> float:
+    """Host seconds per running sequence per step under PP on the V1 engine, which overlaps output
+    processing with the next step: the parameters' default."""
+    # Imported here: jaxplan.physics imports JAX, and `import jaxplan` (whose API reaches this module) must not.
+    from jaxplan.physics.params import DEFAULTS
+
+    return DEFAULTS[PIPELINE_FIELD]
+
+
 def pipeline_seq_overhead_s(efficiency: dict[str, dict[str, float]], gpu: str, release: tuple[int, int, int]) -> float:
     """Host seconds per running sequence per step under PP on `gpu` for `release`: V1's (the default)
     where V1 serves PP; under V0 the larger of `gpu`'s own value and the V0 pipeline fit's
     (`V0_PIPELINE_GPU` in `efficiency`), since only a fit on V0 pipeline rows raises it above V1's."""
+    v1 = v1_pipeline_seq_overhead_s()
     if not pipeline_on_v0(release):
-        return V1_PIPELINE_SEQ_OVERHEAD_S
-    own = efficiency.get(gpu, {}).get(PIPELINE_FIELD, V1_PIPELINE_SEQ_OVERHEAD_S)
+        return v1
+    own = efficiency.get(gpu, {}).get(PIPELINE_FIELD, v1)
     return max(own, efficiency.get(V0_PIPELINE_GPU, {}).get(PIPELINE_FIELD, own))
 
 

@@ -359,7 +359,7 @@ def predict_batch(batch: RowBatch, hw_table: Hardware, peaks: tuple, v0_pipeline
     fitted one, which is V0's (`vllm_release`)."""
     hw = take(hw_table, jnp.asarray(batch.gpu_index))
     hw = hw._replace(**{field: jnp.asarray(value) for field, value in zip(GPU_OVERRIDES.values(), peaks)})
-    v1_cost = jnp.float32(vllm_release.V1_PIPELINE_SEQ_OVERHEAD_S)
+    v1_cost = jnp.float32(vllm_release.v1_pipeline_seq_overhead_s())
     hw = hw._replace(pipeline_seq_overhead_s=jnp.where(jnp.asarray(v0_pipeline) > 0, hw.pipeline_seq_overhead_s, v1_cost))
     # Measured runs are finite: an overloaded Poisson run whose requests all get a slot is one wave, as
     # `predict_rows` predicts it (else its TTFT is infinite and the fit flees the parameters that cause it).

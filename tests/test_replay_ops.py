@@ -28,6 +28,48 @@ def test_ceil_sum_matches_brute_force(bs):
     np.testing.assert_array_equal(np.asarray(got), _brute(k, c, g, bs))
 
 
+@pytest.mark.parametrize("bs, max_k", [(1, 128), (7, 40), (16, 128), (32, 64)])
+def test_ceil_sum_table_matches_brute_force_and_euclid(bs, max_k):
+    """With a bound on k the remainders' sum is looked up (the replay's jump, k <= window): the same
+    integers as brute force and as the Euclid path, k = max_k and remainders bs - 1 included."""
+    from jaxplan.replay.ops import CEIL_SUM_TABLE_MAX_ENTRIES, _ceil_sum_euclid, _ceil_sum_table
+
+    assert bs * bs * (max_k + 1) <= CEIL_SUM_TABLE_MAX_ENTRIES
+    rng = np.random.default_rng(bs + max_k)
+    n = 2000
+    k = rng.integers(0, max_k + 1, n)
+    c = rng.integers(0, 200_000, n)
+    g = rng.integers(0, 9000, n)
+    small = rng.random(n) < 0.4
+    g[small] = rng.integers(0, 3 * bs, small.sum())
+    k[:3], g[3:6], c[6:9] = 0, 0, 0
+    k[9:12], c[9:12], g[9:12] = max_k, bs - 1, bs - 1  # the table's last entries
+    args = tuple(jnp.asarray(x, jnp.int32) for x in (k, c, g))
+    table = jax.jit(lambda k, c, g: _ceil_sum_table(k, c, g, bs, max_k))(*args)
+    np.testing.assert_array_equal(np.asarray(table), _brute(k, c, g, bs))
+    np.testing.assert_array_equal(np.asarray(table), np.asarray(_ceil_sum_euclid(*args, bs)))
+    np.testing.assert_array_equal(np.asarray(ceil_sum(*args, bs, max_k=max_k)), np.asarray(table))
+
+
+def test_ceil_sum_large_block_falls_back_to_euclid():
+    """A block size whose table would pass CEIL_SUM_TABLE_MAX_ENTRIES takes the Euclid path: no
+    table of that size is built, and the sums stay exact."""
+    from jaxplan.replay import ops
+
+    bs, max_k = 256, 128
+    assert bs * bs * (max_k + 1) > ops.CEIL_SUM_TABLE_MAX_ENTRIES
+    built = []
+    original = ops.remainder_ceil_sums
+    ops.remainder_ceil_sums = lambda *a: built.append(a) or original(*a)
+    try:
+        k, c, g = np.array([0, 5, 128]), np.array([3, 1000, 70_000]), np.array([1, 300, 255])
+        got = ceil_sum(*(jnp.asarray(x, jnp.int32) for x in (k, c, g)), bs, max_k=max_k)
+    finally:
+        ops.remainder_ceil_sums = original
+    assert built == []
+    np.testing.assert_array_equal(np.asarray(got), _brute(k, c, g, bs))
+
+
 def test_ceil_sum_worst_case_euclid_pairs():
     """Consecutive Fibonacci numbers need the most Euclid rounds: slope 8 against block 13."""
     assert euclid_rounds(13) == 5 and euclid_rounds(16) == 4
@@ -57,3 +99,25 @@ def test_cumsum_matches_numpy_on_both_paths(n):
     np.testing.assert_array_equal(got, np.cumsum(x, axis=-1))
     np.testing.assert_array_equal(np.asarray(cumsum(jnp.asarray(x.astype(np.float32)))), np.cumsum(x, axis=-1).astype(np.float32))
     assert (n > SINGLE_MATMUL_MAX) == (n >= 2 * SINGLE_MATMUL_MAX) and n % CUMSUM_BLOCK == 0
+
+
+def test_gather_columns_places_each_part_and_leaves_the_rest_empty():
+    """The replay's table compaction against a plain loop: columns of two parts sent to distinct
+    destinations (num_slots: dropped), the columns nothing is sent to as `empty_rows` makes them."""
+    from jaxplan.replay.state import NF, NI, empty_rows, gather_columns
+
+    rng = np.random.default_rng(3)
+    num_s = 12
+    parts = [(rng.integers(0, 99, (NI, num_s)).astype(np.int32), rng.random((NF, num_s)).astype(np.float32)) for _ in range(2)]
+    order = rng.permutation(num_s)
+    dests = [np.full(num_s, num_s), np.full(num_s, num_s)]  # num_s: not sent anywhere
+    dests[0][:5], dests[1][:4] = order[:5], order[5:9]
+    want_i, want_f = (np.array(x) for x in empty_rows(num_s))
+    for (ints, floats), dest in zip(parts, dests):
+        for j, d in enumerate(dest):
+            if d < num_s:
+                want_i[:, d], want_f[:, d] = ints[:, j], floats[:, j]
+    got_i, got_f = jax.jit(lambda p, d: gather_columns(p, d, num_s))([tuple(map(jnp.asarray, p)) for p in parts], [jnp.asarray(d, jnp.int32) for d in dests])
+    np.testing.assert_array_equal(np.asarray(got_i), want_i)
+    np.testing.assert_array_equal(np.asarray(got_f), want_f)
+    assert int((np.asarray(got_i)[0] == -1).sum()) == num_s - 9  # K = -1 marks the 3 empty columns

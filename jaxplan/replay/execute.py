@@ -40,7 +40,7 @@ from jaxplan.replay.state import (
     TTFT,
     K,
     LaneState,
-    empty_rows,
+    gather_columns,
     itl_bin,
     two_sum_add,
 )
@@ -128,7 +128,7 @@ def timing_of(st: LaneState, rep: Replica, queue: Queue, plan: Plan, dts, k, n_d
     end_hi, end_lo = two_sum_add(queue.clock_hi, queue.clock_lo, dt)
 
     # KV blocks in use over the k steps: request i holds ceil((comp_i + j g_i) / bs) in step j.
-    kv_sum = jnp.sum(jnp.where(valid, ceil_sum(jnp.broadcast_to(k, comp.shape), comp, g, bs), 0))
+    kv_sum = jnp.sum(jnp.where(valid, ceil_sum(jnp.broadcast_to(k, comp.shape), comp, g, bs, max_k=dts.shape[0]), 0))
     kv_k = jnp.sum(jnp.where(valid, cdiv(comp + k * g, bs), 0))
     jump = k > 1
     return Timing(
@@ -230,11 +230,9 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     # New running list: kept unfinished rows in order, then admitted unfinished ones.
     kept_sums = cumsum(jnp.stack([run.keep, new.keep]).astype(I32))
     n_keep = kept_sums[0, -1]
-    e_i, e_f = empty_rows(num_s)
     dest_r = jnp.where(run.keep, kept_sums[0] - 1, num_s)
     dest_c = jnp.where(new.keep, n_keep + kept_sums[1] - 1, num_s)
-    run_i = e_i.at[:, dest_r].set(run.ints, mode="drop").at[:, dest_c].set(new.ints, mode="drop")
-    run_f = e_f.at[:, dest_r].set(run.floats, mode="drop").at[:, dest_c].set(new.floats, mode="drop")
+    run_i, run_f = gather_columns([(run.ints, run.floats), (new.ints, new.floats)], [dest_r, dest_c], num_s)
     n_run = n_keep + kept_sums[1, -1]
 
     # New preempted queue: victims (in running order) in front of the rest, or admitted ones popped.
@@ -243,8 +241,7 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     dest_v = jnp.where((pos >= m) & (pos < n), pos - m, num_s)
     dest_q = jnp.where((pos >= a_pq) & (pos < n_pq), pos - a_pq + n_vict, num_s)
     victims = jnp.stack([r_i[K], r_i[PROMPT], r_i[OSL], r_i[HIT], jnp.zeros_like(r_i[COMP]), r_i[OUT], r_i[STEP_FIRST], r_i[NPRE] + 1])
-    pq_i = e_i.at[:, dest_v].set(victims, mode="drop").at[:, dest_q].set(st.pq_i, mode="drop")
-    pq_f = e_f.at[:, dest_v].set(st.run_f, mode="drop").at[:, dest_q].set(st.pq_f, mode="drop")
+    pq_i, pq_f = gather_columns([(victims, st.run_f), (st.pq_i, st.pq_f)], [dest_v, dest_q], num_s)
     pq_f = pq_f + jnp.where(jnp.arange(pq_f.shape[0]) == SINCE, dt, 0.0)[:, None]
     new_pq = n_pq + n_vict - a_pq
     next_k = rep.next_k + a - a_pq

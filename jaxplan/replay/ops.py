@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 I32 = jnp.int32
 F32 = jnp.float32
@@ -90,8 +91,40 @@ def euclid_rounds(m: int) -> int:
     return worst
 
 
-def ceil_sum(k, c, g, bs: int):
+# Largest remainder table (bs x bs x (max_k + 1) int32 entries) `ceil_sum` builds; past it, Euclid.
+CEIL_SUM_TABLE_MAX_ENTRIES = 1 << 18
+
+
+def ceil_sum(k, c, g, bs: int, max_k: int | None = None):
     """sum_{j=1..k} ceil((c + j*g) / bs) elementwise (int32 arrays k, c, g >= 0; static bs >= 1).
+
+    With a static bound `max_k` >= k and a small enough table, the remainders' part is looked up
+    (`_ceil_sum_table`); otherwise it is computed by `_ceil_sum_euclid`. The same integers either way.
+    """
+    if max_k is not None and bs * bs * (max_k + 1) <= CEIL_SUM_TABLE_MAX_ENTRIES:
+        return _ceil_sum_table(k, c, g, bs, max_k)
+    return _ceil_sum_euclid(k, c, g, bs)
+
+
+def remainder_ceil_sums(bs: int, max_k: int) -> np.ndarray:
+    """T[cr, gr, k] = sum_{j=1..k} ceil((cr + j*gr) / bs) for 0 <= cr, gr < bs, 0 <= k <= max_k (int32)."""
+    cr, gr, j = np.ogrid[:bs, :bs, 1 : max_k + 1]
+    terms = -(-(cr + j * gr) // bs)
+    return np.concatenate([np.zeros((bs, bs, 1), np.int64), np.cumsum(terms, axis=2)], axis=2).astype(np.int32)
+
+
+def _ceil_sum_table(k, c, g, bs: int, max_k: int):
+    """With c = cq bs + cr and g = gq bs + gr, each term is cq + j gq + ceil((cr + j gr) / bs): the
+    quotients sum in closed form and the remainders' sum is one lookup. One gather per element
+    instead of Euclid's unrolled rounds (the replay's jump pays this for every slot row)."""
+    cq, gq = div(c, bs), div(g, bs)
+    cr, gr = c - cq * bs, g - gq * bs
+    table = jnp.asarray(remainder_ceil_sums(bs, max_k).reshape(-1))
+    return k * cq + div(k * (k + 1), 2) * gq + table[(cr * bs + gr) * (max_k + 1) + k]
+
+
+def _ceil_sum_euclid(k, c, g, bs: int):
+    """sum_{j=1..k} ceil((c + j*g) / bs) for any k >= 0.
 
     The floor sum sum_{i<n} floor((a*i + b) / m) of AtCoder's library (Euclid-like: each round
     swaps the divisor for the slope), unrolled for the most rounds a divisor <= bs needs. The first

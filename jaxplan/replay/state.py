@@ -86,6 +86,26 @@ def empty_rows(num_slots: int):
     return ints, floats
 
 
+def gather_columns(parts, dests, num_slots: int):
+    """Slot tables (ints [NI, S], floats [NF, S]) filled from `parts`, a list of (ints [NI, n], floats [NF, n]):
+    column j of part p goes to column dests[p][j] (int32 [n]; num_slots or more: nowhere); the
+    columns nothing is sent to are empty. Destinations must not collide.
+
+    One scatter of source numbers [S], then one gather per matrix: a scatter of whole columns
+    would make XLA:CPU transpose every table to [S, fields] and back on each replay iteration.
+    """
+    e_i, e_f = empty_rows(1)
+    src_i = jnp.concatenate([p[0] for p in parts] + [e_i], axis=1)
+    src_f = jnp.concatenate([p[1] for p in parts] + [e_f], axis=1)
+    empty = src_i.shape[1] - 1
+    src = jnp.full(num_slots, empty, jnp.int32)
+    offset = 0
+    for (ints, _), dest in zip(parts, dests):
+        src = src.at[dest].set(offset + jnp.arange(ints.shape[1], dtype=jnp.int32), mode="drop")
+        offset += ints.shape[1]
+    return src_i[:, src], src_f[:, src]
+
+
 def init_lane(arrival, submitted, max_dp: int, num_slots: int) -> LaneState:
     """Empty state for one lane: stream arrival times [R] (inf = not submitted), first unsubmitted position."""
     num_r = arrival.shape[0]

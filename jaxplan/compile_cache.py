@@ -10,6 +10,7 @@ a result (JAX keys entries by the program, the JAX version and the compiler flag
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -42,3 +43,19 @@ def enable(environ=os.environ) -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(where))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
     return where
+
+
+def prune(where: str | os.PathLike, max_bytes: int) -> None:
+    """Delete the files in `where` used longest ago (last read or written, as far as the file system
+    keeps access times) until the rest hold at most `max_bytes`."""
+    try:
+        entries = [(max(st.st_atime, st.st_mtime), st.st_size, entry.path) for entry in os.scandir(where) if entry.is_file() for st in (entry.stat(),)]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        with contextlib.suppress(OSError):
+            os.remove(path)
+            total -= size

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
@@ -75,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if made:
             config._jaxplan_cache = where
         else:
-            prune_cache(where, TEST_CACHE_MAX_BYTES)
+            compile_cache.prune(where, TEST_CACHE_MAX_BYTES)
         os.environ[SHARED_CACHE_ENV] = where
 
 
@@ -90,22 +89,6 @@ def suite_cache_dir(environ) -> tuple[str, bool]:
         return chosen, False
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "jaxplan", "test-xla"), False
-
-
-def prune_cache(where: str, max_bytes: int) -> None:
-    """Delete the files in `where` used longest ago (last read or written, as far as the file system
-    keeps access times) until the rest hold at most `max_bytes`."""
-    try:
-        entries = [(max(st.st_atime, st.st_mtime), st.st_size, entry.path) for entry in os.scandir(where) if entry.is_file() for st in (entry.stat(),)]
-    except OSError:
-        return
-    total = sum(size for _, size, _ in entries)
-    for _, size, path in sorted(entries):
-        if total <= max_bytes:
-            break
-        with contextlib.suppress(OSError):
-            os.remove(path)
-            total -= size
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -78,7 +78,7 @@ def test_the_suite_cache_is_kept_between_runs_unless_fresh_is_asked(tmp_path):
 
 
 def test_pruning_deletes_the_oldest_entries_until_the_rest_fit(tmp_path):
-    from conftest import prune_cache
+    from jaxplan.compile_cache import prune as prune_cache
 
     for age, name in enumerate(["newest", "middle", "oldest"]):
         path = tmp_path / name
@@ -94,7 +94,7 @@ def test_pruning_deletes_the_oldest_entries_until_the_rest_fit(tmp_path):
 
 
 def test_pruning_keeps_an_old_entry_that_was_read_lately(tmp_path):
-    from conftest import prune_cache
+    from jaxplan.compile_cache import prune as prune_cache
 
     old, new = tmp_path / "written-long-ago-read-today", tmp_path / "written-yesterday"
     for path in (old, new):

@@ -66,7 +66,9 @@ def ahead(name: str, jitted, *args, then=None, **static) -> Future | None:
 
 
 def _compile(jitted, args, static, then):
-    compiled = jitted.lower(*args, **static).compile()
+    stored = getattr(jitted, "compiled", None)  # a program_cache.CachedProgram: its stored program
+    program = stored(*args, **static) if stored is not None else None
+    compiled = program.compile(args, {}) if program is not None else jitted.lower(*args, **static).compile()
     if then is not None:
         then(compiled)
     return compiled

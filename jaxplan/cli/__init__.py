@@ -19,11 +19,14 @@ from jaxplan.cli.common import app, say_error
 from jaxplan.cli.exit_codes import ExitCode
 from jaxplan.compile_cache import enable as enable_compilation_cache
 from jaxplan.cpu_devices import enable as enable_cpu_devices
+from jaxplan.program_cache import enable as enable_program_cache
 from jaxplan.errors import PlanError
 
 
 def main() -> None:
-    enable_compilation_cache()  # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not)
+    # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not), the large ones whole, so a warm
+    # run skips their tracing too (jaxplan/program_cache.py)
+    enable_program_cache(enable_compilation_cache())
     enable_cpu_devices()  # one XLA CPU device per core (JAXPLAN_CPU_DEVICES=1: one in all)
     if hosts.command_sweeps(sys.argv):
         try:

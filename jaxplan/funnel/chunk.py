@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from jaxplan import compile_ahead
+from jaxplan import compile_ahead, program_cache
 from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
@@ -23,7 +23,7 @@ from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_dig
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
-from jaxplan.xla_options import LEAN_COMPILE, OptionJit
+from jaxplan.xla_options import LEAN_COMPILE
 
 FRONTIER_GPU_BINS = 64  # quarter-octave bins of GPU count
 FRONTIER_TPOT_BINS = 64  # 1 ms .. 10 s, log-spaced
@@ -271,8 +271,8 @@ def _sweep_chunk(state: SweepState, ctx: SweepContext, base_digits: jnp.ndarray,
 
 
 _CHUNK_STATIC = dict(static_argnames=("model", "mesh", "page_size", "window_rows"), donate_argnames=("state",))
-sweep_chunk = jax.jit(_sweep_chunk, **_CHUNK_STATIC)
-sweep_chunk_lean = OptionJit(_sweep_chunk, LEAN_COMPILE, **_CHUNK_STATIC)  # same results, see xla_options
+sweep_chunk = program_cache.jit(_sweep_chunk, **_CHUNK_STATIC)
+sweep_chunk_lean = program_cache.jit(_sweep_chunk, options=LEAN_COMPILE, **_CHUNK_STATIC)  # same results, see xla_options
 
 # Up to this many candidates the chunk kernel compiles with `LEAN_COMPILE`: about 4 s less compilation
 # on XLA:CPU for streaming about 8% slower, which breaks even near 6e8 candidates (bench/README.md).
@@ -298,7 +298,7 @@ def chunk_model(ctx: SweepContext, grid_size: int) -> tuple[SweepContext, ModelS
     return ctx._replace(model=None), ctx.model
 
 
-@jax.jit
+@program_cache.jit
 def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     return evaluate(ctx, c)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan import program_cache
 from jaxplan.funnel.chunk import layout_of
 from jaxplan.funnel.estimate import objective
 from jaxplan.grid import candidates_from_digits
@@ -51,7 +52,7 @@ def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     return replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing), physics_params(ctx.model, hw, layout)
 
 
-@jax.jit
+@program_cache.jit
 def _finalist_arrays(ctx, digits):
     """(hardware [F], layout [F], KV blocks per replica [F]) of the candidates with `digits` [F, A]
     (the model shape in `ctx` traced: one program serves every model)."""

@@ -45,7 +45,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxplan import compile_ahead
+from jaxplan import compile_ahead, program_cache
 from jaxplan.buckets import bucket_size
 from jaxplan.errors import bad_value
 from jaxplan.replay import memory
@@ -62,7 +62,7 @@ from jaxplan.replay.split import split_sizes as split_sizes
 from jaxplan.replay.state import LaneState
 from jaxplan.replay.traffic import Requests, pad_requests, request_bucket
 from jaxplan.specs.workload import Arrival, Workload
-from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
+from jaxplan.xla_options import LEAN_COMPILE
 
 DEFAULT_WINDOW = 128
 INITIAL_SLOTS = 32  # slot rows per lane to start with
@@ -149,7 +149,7 @@ def _on_lanes(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, lanes), tree)
 
 
-@jit_with_options(LEAN_COMPILE, static_argnames=("num_slots", "max_dp", "policy", "mesh"))
+@program_cache.jit(options=LEAN_COMPILE, static_argnames=("num_slots", "max_dp", "policy", "mesh"))
 def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
     (its finalist's stream). `requests` [R] are padded; the first `num_requests` are real."""
@@ -193,7 +193,7 @@ def _loop(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_t
     return jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
 
 
-@functools.partial(jax.jit, static_argnames=("step_time_fn", "window", "block_size", "policy", "mesh"), donate_argnames=("state",))
+@program_cache.jit(static_argnames=("step_time_fn", "window", "block_size", "policy", "mesh"), donate_argnames=("state",))
 def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """`_loop` over every lane; with a mesh, each device loops over its share of the lanes on its
     own (no synchronisation per iteration) and the iterations run are the most any device ran.
@@ -227,7 +227,7 @@ def _grow(inputs: LaneInput, state, *, num_slots: int, policy: RoutingPolicy, me
     return _on_lanes(policy.widen(inputs, state, extra), mesh)
 
 
-@jit_with_options(LEAN_COMPILE, static_argnames=("policy",))
+@program_cache.jit(options=LEAN_COMPILE, static_argnames=("policy",))
 def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, policy: RoutingPolicy) -> ReplayTrace:
     """The trace [F, ...] of lanes [L], merged back to one per finalist by the policy."""
     merged = policy.merge(inputs, state, position, split, dp, _lanes_done(state, inputs, policy))

@@ -1,0 +1,397 @@
+"""Lowered programs kept on disk, so that a warm command skips tracing its large kernels.
+
+JAX's persistent compilation cache (compile_cache.py) is keyed by the lowered program, so a warm run
+still traces and lowers every kernel before it can look the program up: a third of a warm
+`jaxplan sweep` (bench/README.md). For the sweep's and the replay's large programs (`jit` wraps
+them), this cache keys a call on what decides its program, without tracing it:
+
+- the function and the compiler options it is jitted with;
+- jaxplan's own files (sources and bundled data: `package_fingerprint`), the JAX and jaxlib
+  versions, JAX's configuration, the XLA_* and JAXPLAN_* environment variables and the devices;
+- the arguments' tree structure, shapes, dtypes, weak types and placement (values are traced, so
+  they do not matter), and the static arguments' values written out in full;
+
+and stores the call's lowered program (`jax.export`, StableHLO). A later run loads it and runs it
+under a jit of one call (tracing that costs milliseconds); the compiled code itself still comes from
+JAX's compilation cache, which checks the program it is handed. A static argument that cannot be
+written out exactly (a closure, a function outside jaxplan, an object this module does not know)
+makes that call an ordinary jit call, as does a program `jax.export` refuses (remembered as an empty
+entry) or a file that cannot be read: the cache only saves time, never changes a result. Off unless
+`enable`d: the CLI does, beside the compilation cache, in <cache dir>/programs (pruned to MAX_BYTES,
+least recently used first; JAXPLAN_PROGRAM_CACHE=off turns it off alone); tests that patch jaxplan's
+internals in process never see it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import pickle
+import threading
+import types
+from pathlib import Path
+
+import numpy as np
+
+SUBDIR = "programs"
+MAX_BYTES = 1 << 30  # pruned to this at each enable, least recently used first (a sweep stores ~0.7 MB)
+ENV = "JAXPLAN_PROGRAM_CACHE"  # "off": only the compilation cache (tracing and lowering every run)
+_log = logging.getLogger(__name__)
+_dir: Path | None = None
+_lock = threading.Lock()
+_memo: dict[str, object] = {}  # key -> StoredProgram (or _NOT_STORED), for the process
+_key_locks: dict[str, threading.Lock] = {}
+
+
+def enable(compile_cache_dir: Path | None) -> Path | None:
+    """Keep programs in `compile_cache_dir`/programs (None: off). The directory used, or None."""
+    global _dir
+    if compile_cache_dir is None or os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
+        _dir = None
+        return None
+    where = Path(compile_cache_dir) / SUBDIR
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        _dir = None
+        return None
+    _dir = where if os.access(where, os.W_OK) else None
+    if _dir is not None:
+        from jaxplan.compile_cache import prune
+
+        prune(_dir, MAX_BYTES)
+    return _dir
+
+
+def disable() -> None:
+    global _dir
+    _dir = None
+    with _lock:
+        _memo.clear()
+
+
+class Uncacheable(Exception):
+    """A value the key cannot write out exactly."""
+
+
+@functools.cache
+def package_fingerprint() -> str:
+    """sha256 over every file of the installed jaxplan package (path and content), compiled caches aside."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# Variables that choose where programs are kept or how much is logged, not what they compute.
+_ENV_NOT_KEYED = frozenset({"JAXPLAN_CACHE_DIR", ENV, "JAXPLAN_DEBUG", "JAXPLAN_COMPILE_AHEAD", "JAXPLAN_TEST_XLA_CACHE"})
+
+
+def _environment() -> str:
+    """What every key shares: versions, configuration, environment, devices, jaxplan's files."""
+    import jax
+    import jaxlib
+
+    config = {k: v for k, v in jax.config.values.items() if not any(s in k for s in ("cache", "log", "explain", "traceback"))}
+    env = {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAXPLAN_", "TF_CPP")) and k not in _ENV_NOT_KEYED}
+    devices = [(d.platform, d.device_kind, d.id) for d in jax.devices()]
+    return repr((jax.__version__, jaxlib.__version__, sorted(config.items(), key=lambda kv: kv[0]), sorted(env.items()), devices, package_fingerprint()))
+
+
+def static_value(x) -> str:
+    """`x` (a static argument) written out exactly, or Uncacheable."""
+    if x is None or isinstance(x, (bool, int, float, str, bytes)):
+        return f"{type(x).__name__}:{x!r}"
+    if isinstance(x, np.ndarray):
+        return f"ndarray:{x.dtype}:{x.shape}:{hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
+    if isinstance(x, np.generic):
+        return f"{type(x).__name__}:{x!r}"
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return f"{_qualified(type(x))}(" + ",".join(static_value(v) for v in x) + ")"
+    if isinstance(x, (tuple, list, frozenset)):
+        items = sorted(static_value(v) for v in x) if isinstance(x, frozenset) else [static_value(v) for v in x]
+        return f"{type(x).__name__}(" + ",".join(items) + ")"
+    if isinstance(x, dict):
+        return "dict(" + ",".join(f"{static_value(k)}={static_value(v)}" for k, v in sorted(x.items(), key=lambda kv: repr(kv[0]))) + ")"
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return f"{_qualified(type(x))}(" + ",".join(f"{f.name}={static_value(getattr(x, f.name))}" for f in dataclasses.fields(x)) + ")"
+    if isinstance(x, functools.partial):
+        return f"partial({static_value(x.func)},{static_value(x.args)},{static_value(x.keywords)})"
+    if callable(x) and getattr(x, "__closure__", None) is None and hasattr(x, "__code__"):
+        return "function:" + _qualified(x)
+    from jax.sharding import Mesh
+
+    if isinstance(x, Mesh):
+        return f"Mesh({tuple(x.shape.items())},{[d.id for d in x.devices.flat]})"
+    raise Uncacheable(type(x).__name__)
+
+
+def _qualified(obj) -> str:
+    """module.qualname of a jaxplan function or class (its code is in the fingerprint); else Uncacheable."""
+    module, name = getattr(obj, "__module__", "") or "", getattr(obj, "__qualname__", "")
+    if not (module == "jaxplan" or module.startswith("jaxplan.")) or "<" in name:
+        raise Uncacheable(f"{module}.{name}")
+    return f"{module}.{name}"
+
+
+def traced_value(x) -> str:
+    """A traced argument leaf by what the compiled program depends on: shape, dtype, weak type and
+    where its shards live (`_placement`)."""
+    import jax
+
+    if isinstance(x, (bool, int, float, complex)):
+        return f"py:{type(x).__name__}"
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return f"{x.shape}:{x.dtype}:{x.weak_type}:{_placement(x.sharding, len(x.shape))}"
+    if isinstance(x, jax.Array):
+        sharding = x.sharding if getattr(x, "_committed", True) else None
+        return f"{x.shape}:{x.dtype}:{x.weak_type}:{_placement(sharding, x.ndim)}"
+    if isinstance(x, (np.ndarray, np.generic)):
+        return f"{np.shape(x)}:{x.dtype}:False:{_placement(None, np.ndim(x))}"
+    raise Uncacheable(type(x).__name__)
+
+
+def _placement(sharding, ndim: int) -> str:
+    """The devices (in order) and XLA's tiling of a sharding; None (an uncommitted array) is the
+    default device. Equivalent shardings spelt differently (a one-device mesh, a single device) get
+    one key, as jit gives them one program."""
+    import jax
+
+    if sharding is None:
+        return f"[{jax.devices()[0].id}]:{{replicated}}"
+    try:
+        return f"{[d.id for d in sharding._device_assignment]}:{sharding._to_xla_hlo_sharding(ndim)}"
+    except Exception as why:  # noqa: BLE001 - a sharding type without them: not keyed
+        raise Uncacheable(f"sharding {type(sharding).__name__}") from why
+
+
+class CachedProgram:
+    """A jitted function whose calls run their stored lowered program when the cache is on.
+
+    static_argnames: the jit's static arguments, always passed by keyword. Everything else (`lower`,
+    `clear_cache`, ...) goes to the jitted function."""
+
+    def __init__(self, jitted, static_argnames=(), donate_argnames=()):
+        functools.update_wrapper(self, getattr(jitted, "__wrapped__", jitted))
+        self._jitted, self._static, self._donate = jitted, frozenset(static_argnames), frozenset(donate_argnames)
+        self._positional = [p.name for p in inspect.signature(self.__wrapped__).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    def __getattr__(self, name):
+        if name in ("_jitted", "_static", "_donate", "_positional"):
+            raise AttributeError(name)
+        return getattr(self._jitted, name)
+
+    def __call__(self, *args, **kwargs):
+        program = self.compiled(*args, **kwargs)
+        if program is not None:
+            try:
+                return program(args, {k: v for k, v in kwargs.items() if k not in self._static})
+            except Uncacheable as why:
+                _log.debug("program cache: %s called as jit (%s)", self.__name__, why)
+        return self._jitted(*args, **kwargs)
+
+    def key(self, args, kwargs) -> str:
+        """sha256 of what decides the compiled program (the module docstring's list)."""
+        import jax
+
+        if self._static & set(self._positional[: len(args)]):
+            raise Uncacheable("a static argument passed by position")
+        dynamic = {k: v for k, v in kwargs.items() if k not in self._static}
+        leaves, tree = jax.tree_util.tree_flatten((args, dynamic))
+        options = getattr(self._jitted, "_options", None)
+        parts = (
+            _qualified(self.__wrapped__),
+            static_value(options),
+            static_value(dict((k, v) for k, v in kwargs.items() if k in self._static)),
+            str(tree),
+            [traced_value(leaf) for leaf in leaves],
+            _environment(),
+        )
+        return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    def compiled(self, *args, **kwargs) -> StoredProgram | None:
+        """The `StoredProgram` for these arguments (from memory, from disk, or exported now and
+        stored), or None when the cache is off or the call cannot be keyed or exported."""
+        where = _dir
+        if where is None:
+            return None
+        try:
+            key = self.key(args, kwargs)
+        except Uncacheable as why:
+            _log.debug("program cache: %s not keyed (%s)", self.__name__, why)
+            return None
+        with _lock:
+            hit = _memo.get(key)
+            key_lock = _key_locks.setdefault(key, threading.Lock())
+        if hit is not None:
+            return hit or None
+        with key_lock:  # compile_ahead's worker and the caller: one load or export
+            with _lock:
+                hit = _memo.get(key)
+            if hit is not None:
+                return hit or None
+            hit = _load(where / key, _mesh_of({k: v for k, v in kwargs.items() if k in self._static}), self.__name__)
+            if hit is None:  # not stored, or unreadable: export (again) and store
+                _log.debug("program cache: exporting %s (%s)", self.__name__, key[:12])
+                hit = self._export_and_store(where / key, args, kwargs)
+            with _lock:
+                _memo[key] = hit or _NOT_STORED
+        return hit or None
+
+    def _compiler_options(self) -> dict | None:
+        """The compiler options the jit uses (`xla_options.OptionJit`: those the backend accepts)."""
+        options = getattr(self._jitted, "_options", None)
+        if not options:
+            return None
+        from jaxplan.xla_options import accepted
+
+        return accepted(options) or None
+
+    def _donated_leaves(self, args, dynamic) -> tuple[int, ...]:
+        """Positions among the flattened (args, dynamic kwargs) of the leaves the jit donates."""
+        import jax
+
+        names = self._positional[: len(args)]
+        counts = [len(jax.tree.leaves(a)) for a in args] + [len(jax.tree.leaves(v)) for v in dynamic.values()]
+        owners = names + list(dynamic)
+        out, at = [], 0
+        for owner, n in zip(owners, counts):
+            if owner in self._donate:
+                out.extend(range(at, at + n))
+            at += n
+        return tuple(out)
+
+    def _export_and_store(self, path: Path, args, kwargs) -> StoredProgram | None:
+        """Trace and lower the jitted function once (as jit would) and store the lowered program."""
+        import jax
+        from jax import export
+
+        dynamic = {k: v for k, v in kwargs.items() if k not in self._static}
+        static = {k: v for k, v in kwargs.items() if k in self._static}
+        leaves, in_tree = jax.tree.flatten((args, dynamic))
+        out_trees = []
+
+        def flat(*flat_leaves):
+            call_args, call_dynamic = jax.tree.unflatten(in_tree, flat_leaves)
+            out, out_tree = jax.tree.flatten(self.__wrapped__(*call_args, **call_dynamic, **static))
+            out_trees.append(out_tree)
+            return out
+
+        mesh = _mesh_of(static)
+        try:
+            with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():  # constraints name its axes
+                exported = export.export(jax.jit(flat))(*leaves)
+            program = StoredProgram(exported, in_tree, out_trees[0], self._donated_leaves(args, dynamic), self._compiler_options(), mesh, self.__name__)
+        except Exception as why:  # noqa: BLE001 - what export cannot take: the caller uses jit
+            _log.debug("program cache: %s not exported (%s)", self.__name__, why)
+            _write(path, b"")  # an empty entry: later runs go straight to jit instead of exporting again
+            return None
+        try:
+            _write(path, pickle.dumps((exported.serialize(), in_tree, program.out_tree, program.donated, program.compiler_options)))
+        except Exception as why:  # noqa: BLE001 - a tree pickle cannot write: the program still runs
+            _log.debug("program cache: %s not stored (%s)", self.__name__, why)
+        return program
+
+
+class _NotStored:
+    """Memo entry of a call that could not be exported: the caller uses jit without trying again."""
+
+    def __bool__(self):
+        return False
+
+
+_NOT_STORED = _NotStored()
+
+
+class StoredProgram:
+    """A lowered program (`jax.export.Exported`) of one jitted call, run under its own jit: tracing
+    that is a single call, and its compilation is found in JAX's compilation cache."""
+
+    def __init__(self, exported, in_tree, out_tree, donated: tuple[int, ...], compiler_options: dict | None, mesh=None, name: str = "call"):
+        import jax
+
+        self.in_tree, self.out_tree, self.donated, self.compiler_options = in_tree, out_tree, tuple(donated), compiler_options
+        shardings = {}
+        if exported.nr_devices > 1:  # placed as exported, over the call's own mesh (a static argument)
+            if mesh is None or mesh.size != exported.nr_devices:
+                raise Uncacheable(f"exported for {exported.nr_devices} devices without their mesh")
+            shardings = dict(in_shardings=tuple(exported.in_shardings_jax(mesh)), out_shardings=list(exported.out_shardings_jax(mesh)))
+
+        def call(*leaves):
+            return exported.call(*leaves)
+
+        call.__name__ = call.__qualname__ = name  # JAX's compile events and profiles name the kernel, not "call"
+        self._call = jax.jit(call, donate_argnums=self.donated, compiler_options=compiler_options, **shardings)
+
+    def __call__(self, args, dynamic):
+        import jax
+
+        leaves, tree = jax.tree.flatten((args, dynamic))
+        if tree != self.in_tree:
+            raise Uncacheable(f"called with {tree}, stored for {self.in_tree}")
+        return jax.tree.unflatten(self.out_tree, self._call(*leaves))
+
+    def compile(self, args, dynamic):
+        """Compile ahead (compile_ahead's worker); `out_info` of the result is in the call's tree."""
+        import jax
+
+        compiled = self._call.lower(*jax.tree.leaves((args, dynamic))).compile()
+        return types.SimpleNamespace(out_info=jax.tree.unflatten(self.out_tree, jax.tree.leaves(compiled.out_info)))
+
+
+def _write(path: Path, blob: bytes) -> None:
+    """Write `path` whole or not at all (readers never see a partial file); disk trouble is ignored."""
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        partial.write_bytes(blob)
+        os.replace(partial, path)
+    except OSError as why:
+        _log.debug("program cache: %s not written (%s)", path.name, why)
+        with contextlib.suppress(OSError):
+            partial.unlink()
+
+
+def _mesh_of(static: dict):
+    """The one `Mesh` among the static arguments (a sharded program's devices), or None."""
+    from jax.sharding import Mesh
+
+    meshes = [v for v in static.values() if isinstance(v, Mesh)]
+    return meshes[0] if len(meshes) == 1 else None
+
+
+def _load(path: Path, mesh, name: str) -> StoredProgram | _NotStored | None:
+    """The stored program (None: nothing stored or unreadable; _NOT_STORED: an earlier run could not export it)."""
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    if not blob:
+        return _NOT_STORED
+    try:
+        from jax import export
+
+        serialized, in_tree, out_tree, donated, compiler_options = pickle.loads(blob)
+        return StoredProgram(export.deserialize(serialized), in_tree, out_tree, donated, compiler_options, mesh, name)
+    except Exception as why:  # noqa: BLE001 - a damaged or foreign file: export again and overwrite it
+        _log.debug("program cache: %s unreadable (%s)", path.name, why)
+        return None
+
+
+def jit(fun=None, *, options: dict | None = None, **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` (`xla_options.OptionJit` with compiler `options`) as a
+    `CachedProgram`; usable as a decorator with or without arguments."""
+    if fun is None:
+        return functools.partial(jit, options=options, **jit_kwargs)
+    import jax
+
+    from jaxplan.xla_options import OptionJit
+
+    jitted = OptionJit(fun, options, **jit_kwargs) if options else jax.jit(fun, **jit_kwargs)
+    names = lambda option: (lambda v: (v,) if isinstance(v, str) else tuple(v))(jit_kwargs.get(option, ()))
+    return CachedProgram(jitted, names("static_argnames"), names("donate_argnames"))

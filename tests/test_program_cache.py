@@ -1,0 +1,176 @@
+"""The program cache: what its key writes out, what it refuses, and programs stored, reloaded
+(in this process and in a new one) and exported again when damaged, with the same results as jit."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxplan import program_cache
+from jaxplan.replay import ops
+from jaxplan.replay.config import ReplayConfig
+
+
+@pytest.fixture
+def cache_on(tmp_path):
+    where = program_cache.enable(tmp_path)
+    assert where == tmp_path / program_cache.SUBDIR
+    yield where
+    program_cache.disable()
+
+
+def _scaled_cumsum(x, *, scale: int):
+    return ops.cumsum(x) * scale
+
+
+_scaled_cumsum.__module__ = "jaxplan.replay.ops"  # keyed as jaxplan code (the key names only jaxplan functions)
+_scaled_cumsum.__qualname__ = "_test_scaled_cumsum"
+program = program_cache.jit(_scaled_cumsum, static_argnames="scale")
+
+
+def test_static_values_are_written_out_in_full_or_refused():
+    policy = ReplayConfig.create(max_num_seqs=[4], max_num_batched_tokens=[64], num_kv_blocks=8, data_parallel_size=[1])
+    write = program_cache.static_value
+    assert write(0.1) == "float:0.1" and write(1) != write(1.0) != write(True)
+    assert write(ops.cumsum) == "function:jaxplan.replay.ops.cumsum"
+    assert write(functools.partial(ops.ceil_sum, bs=16)) != write(functools.partial(ops.ceil_sum, bs=32))
+    assert write(np.arange(5000)) != write(np.arange(5000) + (np.arange(5000) == 2500))  # no "..." in the middle
+    assert "round_robin" in write(policy) and "16" in write(policy)
+    for refused in (lambda x: x, np.sum, object(), functools.partial(lambda x: x)):
+        with pytest.raises(program_cache.Uncacheable):
+            write(refused)
+    offset = 3
+
+    def closure(x):
+        return x + offset
+
+    closure.__module__, closure.__qualname__ = "jaxplan.replay.ops", "closure"  # its captured value is not in the key
+    with pytest.raises(program_cache.Uncacheable):
+        write(closure)
+
+
+def test_key_follows_shapes_dtypes_and_static_values_not_traced_values():
+    x = jnp.arange(8.0)
+    key = program.key((x,), {"scale": 2})
+    assert key == program.key((x + 5,), {"scale": 2})  # values are traced
+    assert key != program.key((jnp.arange(9.0),), {"scale": 2})
+    assert key != program.key((jnp.arange(8),), {"scale": 2})
+    assert key != program.key((x,), {"scale": 3})
+    assert key == program.key((jax.ShapeDtypeStruct((8,), jnp.float32),), {"scale": 2})  # as compile_ahead passes it
+
+
+def test_off_unless_enabled_and_then_plain_jit():
+    program_cache.disable()
+    assert program.compiled(jnp.arange(4.0), scale=2) is None
+    np.testing.assert_array_equal(program(jnp.arange(4.0), scale=2), [0, 2, 6, 12])
+
+
+def test_stored_program_is_reloaded_and_gives_jit_results(cache_on, monkeypatch):
+    x = jnp.asarray(np.random.default_rng(0).random(64), jnp.float32)
+    want = jax.jit(_scaled_cumsum, static_argnames="scale")(x, scale=3)
+    np.testing.assert_array_equal(program(x, scale=3), want)
+    assert len(list(cache_on.iterdir())) == 1
+    program_cache.disable()  # a new process: nothing in memory
+    program_cache.enable(cache_on.parent)
+
+    def no_exporting(*_):
+        raise AssertionError("traced and exported although stored")
+
+    monkeypatch.setattr(program_cache.CachedProgram, "_export_and_store", no_exporting)
+    np.testing.assert_array_equal(program(x, scale=3), want)
+
+
+def test_damaged_file_is_exported_again_and_replaced(cache_on):
+    x = jnp.arange(16.0)
+    program(x, scale=2)
+    (stored,) = cache_on.iterdir()
+    stored.write_bytes(b"not an executable")
+    program_cache.disable()
+    program_cache.enable(cache_on.parent)
+    np.testing.assert_array_equal(program(x, scale=2), np.cumsum(np.arange(16.0)) * 2)
+    assert stored.read_bytes() != b"not an executable"
+
+
+def _scaled_positional(x, scale):
+    return ops.cumsum(x) * scale
+
+
+_scaled_positional.__module__, _scaled_positional.__qualname__ = "jaxplan.replay.ops", "_test_scaled_positional"
+
+
+def test_a_program_export_refuses_is_marked_and_then_run_by_jit(cache_on, monkeypatch):
+    """A call `jax.export` cannot take leaves an empty entry: the next run calls jit straight away,
+    without tracing for an export again, and gets the same numbers."""
+    from jax import export
+
+    x = jnp.arange(10.0)
+
+    def refuse(*_, **__):
+        raise ValueError("not exportable")
+
+    monkeypatch.setattr(export, "export", refuse)
+    np.testing.assert_array_equal(program(x, scale=4), np.cumsum(np.arange(10.0)) * 4)
+    (marker,) = cache_on.iterdir()
+    assert marker.read_bytes() == b""
+    program_cache.disable()
+    program_cache.enable(cache_on.parent)
+
+    def no_exporting(*_):
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr(program_cache.CachedProgram, "_export_and_store", no_exporting)
+    np.testing.assert_array_equal(program(x, scale=4), np.cumsum(np.arange(10.0)) * 4)
+
+
+def test_donated_arguments_are_donated_by_the_stored_program(cache_on):
+    """The stored program donates what the jit donates (the sweep's tables and the replay's state
+    would otherwise be copied each call): the donated array is deleted after the call."""
+    donating = program_cache.jit(_scaled_positional, static_argnames="scale", donate_argnames="x")
+    x = jnp.arange(32.0)
+    out = donating(x, scale=2)
+    np.testing.assert_array_equal(out, np.cumsum(np.arange(32.0)) * 2)
+    assert donating.compiled(jnp.arange(32.0), scale=2).donated == (0,)
+    assert x.is_deleted()
+
+
+def test_static_argument_by_position_is_not_keyed_and_still_runs(cache_on):
+    positional = program_cache.jit(_scaled_positional, static_argnames="scale")
+    with pytest.raises(program_cache.Uncacheable):
+        positional.key((jnp.arange(3.0), 2), {})
+    np.testing.assert_array_equal(positional(jnp.arange(3.0), 2), [0, 2, 6])
+    assert list(cache_on.iterdir()) == []
+
+
+def test_a_new_process_loads_what_the_first_stored(tmp_path):
+    """Two real processes: the first traces the program to export it (`flat`, the flattened call),
+    the second only traces the one-call wrapper around what it loaded, and prints the same numbers."""
+    script = textwrap.dedent(
+        f"""
+        import jax, jax.numpy as jnp
+        from jaxplan import program_cache
+        from jaxplan.replay import ops
+        traced = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda name, secs, **kw: traced.append(kw.get("fun_name")) if name == "/jax/core/compile/jaxpr_trace_duration" else None)
+        program_cache.enable({str(tmp_path)!r})
+        program = program_cache.jit(ops.ceil_sum, static_argnames=("bs", "max_k"))
+        k, c, g = (jnp.arange(50, dtype=jnp.int32) % 9, jnp.arange(50, dtype=jnp.int32) * 37, jnp.arange(50, dtype=jnp.int32) % 21)
+        out = program(k, c, g, bs=16, max_k=8)
+        print("flat" in traced, out.sum().item())
+        """
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    first, second = (subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300) for _ in range(2))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    traced_first, total_first = first.stdout.split()
+    traced_second, total_second = second.stdout.split()
+    assert (traced_first, traced_second) == ("True", "False")
+    assert total_first == total_second

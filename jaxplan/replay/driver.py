@@ -62,7 +62,7 @@ from jaxplan.replay.split import split_sizes as split_sizes
 from jaxplan.replay.state import LaneState
 from jaxplan.replay.traffic import Requests, pad_requests, request_bucket
 from jaxplan.specs.workload import Arrival, Workload
-from jaxplan.xla_options import LEAN_COMPILE
+from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
 
 DEFAULT_WINDOW = 128
 INITIAL_SLOTS = 32  # slot rows per lane to start with
@@ -149,7 +149,7 @@ def _on_lanes(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, lanes), tree)
 
 
-@program_cache.jit(options=LEAN_COMPILE, static_argnames=("num_slots", "max_dp", "policy", "mesh"))
+@jit_with_options(LEAN_COMPILE, static_argnames=("num_slots", "max_dp", "policy", "mesh"))  # jax.export refuses its lane placement
 def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
     (its finalist's stream). `requests` [R] are padded; the first `num_requests` are real."""
@@ -227,7 +227,7 @@ def _grow(inputs: LaneInput, state, *, num_slots: int, policy: RoutingPolicy, me
     return _on_lanes(policy.widen(inputs, state, extra), mesh)
 
 
-@program_cache.jit(options=LEAN_COMPILE, static_argnames=("policy",))
+@jit_with_options(LEAN_COMPILE, static_argnames=("policy",))  # jax.export refuses it over the lanes' devices
 def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, policy: RoutingPolicy) -> ReplayTrace:
     """The trace [F, ...] of lanes [L], merged back to one per finalist by the policy."""
     merged = policy.merge(inputs, state, position, split, dp, _lanes_done(state, inputs, policy))

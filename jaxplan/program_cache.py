@@ -192,9 +192,23 @@ class CachedProgram:
         if program is not None:
             try:
                 return program(args, {k: v for k, v in kwargs.items() if k not in self._static})
-            except Uncacheable as why:
+            except Exception as why:  # noqa: BLE001 - a stored program its wrapper cannot place or lower
+                # (these fail before running, so nothing was donated): jit from now on, in later runs too
                 _log.debug("program cache: %s called as jit (%s)", self.__name__, why)
+                self._forget(args, kwargs)
         return self._jitted(*args, **kwargs)
+
+    def _forget(self, args, kwargs) -> None:
+        """Mark this call's entry as not stored, in memory and on disk."""
+        where = _dir
+        try:
+            key = self.key(args, kwargs)
+        except Uncacheable:
+            return
+        with _lock:
+            _memo[key] = _NOT_STORED
+        if where is not None:
+            _write(where / key, b"")
 
     def key(self, args, kwargs) -> str:
         """sha256 of what decides the compiled program (the module docstring's list)."""

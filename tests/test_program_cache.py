@@ -27,6 +27,12 @@ def cache_on(tmp_path):
     program_cache.disable()
 
 
+def fresh_process(cache_on):
+    """As a new process: nothing in memory, the same folder."""
+    program_cache.disable()
+    program_cache.enable(cache_on.parent)
+
+
 def _scaled_cumsum(x, *, scale: int):
     return ops.cumsum(x) * scale
 
@@ -78,8 +84,7 @@ def test_stored_program_is_reloaded_and_gives_jit_results(cache_on, monkeypatch)
     want = jax.jit(_scaled_cumsum, static_argnames="scale")(x, scale=3)
     np.testing.assert_array_equal(program(x, scale=3), want)
     assert len(list(cache_on.iterdir())) == 1
-    program_cache.disable()  # a new process: nothing in memory
-    program_cache.enable(cache_on.parent)
+    fresh_process(cache_on)
 
     def no_exporting(*_):
         raise AssertionError("traced and exported although stored")
@@ -93,8 +98,7 @@ def test_damaged_file_is_exported_again_and_replaced(cache_on):
     program(x, scale=2)
     (stored,) = cache_on.iterdir()
     stored.write_bytes(b"not an executable")
-    program_cache.disable()
-    program_cache.enable(cache_on.parent)
+    fresh_process(cache_on)
     np.testing.assert_array_equal(program(x, scale=2), np.cumsum(np.arange(16.0)) * 2)
     assert stored.read_bytes() != b"not an executable"
 
@@ -120,14 +124,30 @@ def test_a_program_export_refuses_is_marked_and_then_run_by_jit(cache_on, monkey
     np.testing.assert_array_equal(program(x, scale=4), np.cumsum(np.arange(10.0)) * 4)
     (marker,) = cache_on.iterdir()
     assert marker.read_bytes() == b""
-    program_cache.disable()
-    program_cache.enable(cache_on.parent)
+    fresh_process(cache_on)
 
     def no_exporting(*_):
         raise AssertionError("exported again")
 
     monkeypatch.setattr(program_cache.CachedProgram, "_export_and_store", no_exporting)
     np.testing.assert_array_equal(program(x, scale=4), np.cumsum(np.arange(10.0)) * 4)
+
+
+def test_a_stored_program_that_fails_to_run_falls_back_to_jit_for_good(cache_on, monkeypatch):
+    """A stored program its wrapper cannot place or lower (an error before it runs) is answered by
+    jit, with the same numbers, and its entry is emptied so later runs do not load it again."""
+    x = jnp.arange(12.0)
+    program(x, scale=5)  # stored
+    (stored,) = cache_on.iterdir()
+    fresh_process(cache_on)
+
+    def cannot_place(self, args, dynamic):
+        raise ValueError("placement mismatch")
+
+    monkeypatch.setattr(program_cache.StoredProgram, "__call__", cannot_place)
+    np.testing.assert_array_equal(program(x, scale=5), np.cumsum(np.arange(12.0)) * 5)
+    assert stored.read_bytes() == b""
+    assert program.compiled(x, scale=5) is None
 
 
 def test_donated_arguments_are_donated_by_the_stored_program(cache_on):

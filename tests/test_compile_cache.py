@@ -1,12 +1,14 @@
-"""The CLI's persistent compilation cache: where it lives, how to turn it off, and that JAX writes to it."""
+"""The CLI's persistent compilation cache: where it lives, how to turn it off, that JAX writes to it,
+and the least-recently-used pruning it shares with the suite's cache and the program cache."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from jaxplan.compile_cache import ENV, cache_dir, enable
+from jaxplan.compile_cache import ENV, cache_dir, enable, prune
 
 
 def test_cache_dir_follows_the_environment(tmp_path):
@@ -37,3 +39,27 @@ def test_compiled_programs_land_in_the_cache(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert any(where.iterdir()), "JAX wrote nothing to the cache directory"
+
+
+def test_pruning_deletes_the_oldest_entries_until_the_rest_fit(tmp_path):
+    for age, name in enumerate(["newest", "middle", "oldest"]):
+        path = tmp_path / name
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1e9 - age * 1000, 1e9 - age * 1000))
+    prune(str(tmp_path), 250)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
+    prune(str(tmp_path), 200)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
+    prune(str(tmp_path), 99)
+    assert list(tmp_path.iterdir()) == []
+    prune(str(tmp_path / "absent"), 0)  # no directory yet: nothing to do
+
+
+def test_pruning_keeps_an_old_entry_that_was_read_lately(tmp_path):
+    old, new = tmp_path / "written-long-ago-read-today", tmp_path / "written-yesterday"
+    for path in (old, new):
+        path.write_bytes(b"x" * 100)
+    os.utime(old, (2e9, 1e9))  # (access, modification)
+    os.utime(new, (1.5e9, 1.5e9))
+    prune(str(tmp_path), 150)
+    assert [p.name for p in tmp_path.iterdir()] == [old.name]

@@ -75,31 +75,3 @@ def test_the_suite_cache_is_kept_between_runs_unless_fresh_is_asked(tmp_path):
     where, made = suite_cache_dir({SHARED_CACHE_ENV: "fresh", "XDG_CACHE_HOME": str(tmp_path)})
     assert made and os.path.isdir(where) and not os.listdir(where) and not where.startswith(str(tmp_path / "jaxplan"))
     os.rmdir(where)
-
-
-def test_pruning_deletes_the_oldest_entries_until_the_rest_fit(tmp_path):
-    from jaxplan.compile_cache import prune as prune_cache
-
-    for age, name in enumerate(["newest", "middle", "oldest"]):
-        path = tmp_path / name
-        path.write_bytes(b"x" * 100)
-        os.utime(path, (1e9 - age * 1000, 1e9 - age * 1000))
-    prune_cache(str(tmp_path), 250)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
-    prune_cache(str(tmp_path), 200)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
-    prune_cache(str(tmp_path), 99)
-    assert list(tmp_path.iterdir()) == []
-    prune_cache(str(tmp_path / "absent"), 0)  # no directory yet: nothing to do
-
-
-def test_pruning_keeps_an_old_entry_that_was_read_lately(tmp_path):
-    from jaxplan.compile_cache import prune as prune_cache
-
-    old, new = tmp_path / "written-long-ago-read-today", tmp_path / "written-yesterday"
-    for path in (old, new):
-        path.write_bytes(b"x" * 100)
-    os.utime(old, (2e9, 1e9))  # (access, modification)
-    os.utime(new, (1.5e9, 1.5e9))
-    prune_cache(str(tmp_path), 150)
-    assert [p.name for p in tmp_path.iterdir()] == [old.name]

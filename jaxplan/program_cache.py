@@ -407,5 +407,10 @@ def jit(fun=None, *, options: dict | None = None, **jit_kwargs):
     from jaxplan.xla_options import OptionJit
 
     jitted = OptionJit(fun, options, **jit_kwargs) if options else jax.jit(fun, **jit_kwargs)
-    names = lambda option: (lambda v: (v,) if isinstance(v, str) else tuple(v))(jit_kwargs.get(option, ()))
-    return CachedProgram(jitted, names("static_argnames"), names("donate_argnames"))
+    return CachedProgram(jitted, _argnames(jit_kwargs, "static_argnames"), _argnames(jit_kwargs, "donate_argnames"))
+
+
+def _argnames(jit_kwargs: dict, option: str) -> tuple[str, ...]:
+    """A jit option's argument names as a tuple (jit takes one name as a plain string too)."""
+    names = jit_kwargs.get(option, ())
+    return (names,) if isinstance(names, str) else tuple(names)

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.specs.gpu import GpuSpec
 from jaxplan.specs.formats import BY_NAME, OTHER_BYTES
 from jaxplan.specs.space import DTYPE_BYTES, LAYOUT_KINDS, SearchSpace, parse_kind_label
@@ -102,6 +103,13 @@ class Grid:
         configurations = max(1, -(-run // num_dp))
         prefixes = -(-(configurations - 1) // knobs) + 1
         return min(prefixes, math.prod(self.sizes[a] for a in LAYOUT_PREFIX)) * num_dp
+
+    def kernel_axis_arrays(self) -> tuple[jnp.ndarray, ...]:
+        """`axis_arrays` as the kernels take them: every axis but DP padded to `bucket_size` entries
+        (its last value repeated), so that grids whose axes differ in length share compiled programs.
+        Digits never reach the padding (decoding counts with `sizes`); DP stays exact, because the
+        chunk kernel factorises over its length."""
+        return tuple(a if axis == DP_AXIS else jax.device_put(pad_rows(np.asarray(a), a.shape[0], bucket_size(a.shape[0]))) for axis, a in enumerate(self.axis_arrays()))
 
     def axis_arrays(self) -> tuple[jnp.ndarray, ...]:
         """Numeric value of every axis entry (GPU: its index; weight dtype: its format code; KV dtype:

@@ -96,7 +96,7 @@ def test_chunk_size_does_not_change_the_answer(baseline):
     # TPOT differently from the other's (2.6%, where a near tie decides which setting wins its layout).
     optimised = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != O0_FLAG)
     one, several = summaries_in_a_subprocess("65536,1000", dict(os.environ, XLA_FLAGS=optimised, JAX_PLATFORMS="cpu"))
-    assert one["chunk_size"] == baseline.grid.size and several["chunk_size"] < baseline.grid.size
+    assert one["chunk_size"] >= baseline.grid.size > several["chunk_size"]  # one chunk (padded to a bucket), several
     # Every candidate is counted exactly once (PADDING is not a candidate).
     assert sum(several["counts"].values()) == baseline.grid.size
     assert several["counts"] == {r.name: n for r, n in baseline.reason_counts.items()}

@@ -104,6 +104,22 @@ def test_another_model_sweeps_without_compiling(sweeps):
     assert small.shortlist[0]["num_gpus"] < large.shortlist[0]["num_gpus"]  # the model did change
 
 
+def test_other_gpus_and_axis_lengths_sweep_without_compiling(sweeps):
+    """The kernels take every axis but DP and the GPU table padded to a bucket (`Grid.kernel_axis_arrays`,
+    `sweep.table_shape`): after the two-GPU sweeps, one GPU type and a space whose other axes have
+    other lengths (DP kept: the kernel factorises over it) compile nothing."""
+    from jaxplan.funnel import run_sweep
+
+    space = load_space("small")
+    other = space.replace(tensor_parallel_size=(1, 2, 4), max_num_seqs=(128, 512), kv_cache_dtype=("auto",), gpu_budget=8)
+    assert len(other.data_parallel_size) == len(space.data_parallel_size)
+    with count_compilations() as events:
+        result = run_sweep(load_model("llama-3.1-8b"), parse_gpu_list("h200_sxm"), load_workload("chat"), other, top_k=5)
+    assert not events, f"{events.count(COMPILE)} compilations and {events.count(TRACE)} traces"
+    assert result.grid.sizes != sweeps[0].grid.sizes and result.shortlist
+    assert {r["gpu"] for r in result.shortlist} == {"h200_sxm"} and {r["max_num_seqs"] for r in result.shortlist} <= {128, 512}
+
+
 def test_sensitivity_does_not_recompile(sweeps):
     from jaxplan.elasticity import for_rows
 

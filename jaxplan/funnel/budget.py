@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxplan.buckets import bucket_size
 from jaxplan.deadline import check_limit
 from jaxplan.errors import PlanError, TimeLimitExceeded
 from jaxplan.funnel.devices import local_sweep_devices
@@ -54,12 +55,20 @@ class SweepEstimate:
         )
 
 
+SMALL_CHUNK = 4096
+
+
 def effective_chunk(grid: Grid, chunk_size: int, num_devices: int) -> int:
     """The chunk a streamed pass uses (the sweep's `stream`, the winner map's `stream_scenarios`): the
     requested size capped at the grid, rounded up so every device's share holds whole runs of the DP
-    axis (the kernel factorises over DP)."""
+    axis (the kernel factorises over DP). A grid smaller than the chunk takes a power of two of those
+    runs, at least SMALL_CHUNK candidates, so that small grids of other sizes share the compiled kernel
+    (the extra candidates are padding, a fraction of a millisecond)."""
     unit = num_devices * grid.sizes[DP_AXIS]
-    return max(unit, (min(chunk_size, max(grid.size, 1)) + unit - 1) // unit * unit)
+    runs = -(-min(chunk_size, max(grid.size, 1)) // unit)
+    if grid.size < chunk_size:
+        runs = min(max(bucket_size(runs, 1), -(-SMALL_CHUNK // unit)), -(-chunk_size // unit))
+    return unit * runs
 
 
 def default_chunk(platform: str | None = None, device_bytes: int | None = None) -> int:

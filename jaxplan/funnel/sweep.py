@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxplan.errors import PlanError
+from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, default_chunk, effective_chunk
 from jaxplan.funnel.devices import local_sweep_devices
@@ -46,6 +47,8 @@ from jaxplan.specs.workload import Workload
 from jaxplan.vllm_release import for_release, selected
 
 REPORT_ROWS = FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS  # rows evaluated for reports, padded to one shape
+SHARED_TABLE_ROWS = 1024  # a small grid's layout table and window: 40 KiB, folded in microseconds
+SHARED_TABLE_MAX_ROWS = 1 << 17  # 5 MiB
 PAGES_PER_CHUNK = 4  # stages 3-4 run on survivors in pages of chunk / devices / 4
 STAGE_NAMES = {1: "structure", 2: "memory", 3: "capacity", 4: "estimate", 5: "frontier", 6: "shortlist"}
 
@@ -98,11 +101,13 @@ def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path:
     space = grid.space
     names = [g.name for g in grid.gpus]
     efficiency = for_release(efficiency_for(names, params_path), selected(vllm_version), every=load_efficiency(params_path))
+    num_gpus = len(grid.gpus)
     return SweepContext(
-        axis_values=grid.axis_arrays(),
+        axis_values=grid.kernel_axis_arrays(),
         sizes=jax.device_put(np.asarray(grid.sizes, np.int32)),
         model=model_shape(model),
-        hardware=hardware_table(grid.gpus, efficiency),
+        # Padded like the axes (the last GPU repeated; no digit reaches it): one program serves 1-8 GPU types.
+        hardware=jax.device_put(pad_rows(hardware_table(grid.gpus, efficiency), num_gpus, bucket_size(num_gpus))),
         workload=workload_params(workload, **workload_overrides),
         gpu_budget=jnp.float32(space.gpu_budget),
         allow_multi_node=jnp.bool_(space.allow_multi_node),
@@ -159,11 +164,11 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     sharding = NamedSharding(mesh, PartitionSpec("candidates"))
     offsets = jax.device_put(np.arange(chunk_size, dtype=np.int32), sharding)
     num_axes = len(AXES)
-    one = SweepState(empty_table(grid.num_layouts, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
+    arrays, static_model = chunk_model(ctx, grid.size)
+    table_rows, window_rows = table_shape(grid, chunk_size // num_devices, shared=static_model is None)
+    one = SweepState(empty_table(table_rows, num_axes), empty_table(FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS, num_axes))
     state = jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * num_devices), one), sharding)
     page_size = max(chunk_size // num_devices // PAGES_PER_CHUNK, 256)
-    window_rows = grid.layout_window(chunk_size // num_devices)
-    arrays, static_model = chunk_model(ctx, grid.size)
     kernel = chunk_kernel(grid.size)
 
     def run_chunk(state, start):
@@ -180,8 +185,25 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     for counts in jax.device_get(histograms):
         totals += counts.sum(axis=0)
     merged = merge_devices(state, num_devices)
+    merged = merged._replace(layouts=BestTable(*(x[: grid.num_layouts] for x in merged.layouts)))  # the padding rows stay empty
     run_s = time.perf_counter() - t0
     return StreamedPart(totals, merged, compile_s, run_s, num_devices, chunk_size)
+
+
+def table_shape(grid: Grid, run: int, *, shared: bool) -> tuple[int, int]:
+    """(rows of the layout table the chunk kernel carries, rows of it one device's `run` of candidates
+    touches: `Grid.layout_window`). Where the kernel is `shared` across models (the model traced), both
+    are padded to `bucket_size`, at least SHARED_TABLE_ROWS, so that grids of other lengths share the
+    program too: the table as if the GPU axis had its padded length (`build_context`), so that 1-8 GPU
+    types share it, up to SHARED_TABLE_MAX_ROWS. A large grid, whose kernel is its model's own, keeps its
+    exact table (it grows with the DP range)."""
+    rows, window = grid.num_layouts, grid.layout_window(run)
+    if not shared:
+        return rows, window
+    num_gpus = len(grid.gpus)
+    as_padded = rows // num_gpus * bucket_size(num_gpus)
+    rows = bucket_size(as_padded if as_padded <= SHARED_TABLE_MAX_ROWS else rows, SHARED_TABLE_ROWS)
+    return rows, min(bucket_size(window, SHARED_TABLE_ROWS), rows)
 
 
 def drive_chunks(run, state, starts, chunk_size: int, grid_size: int, progress=None):

@@ -198,7 +198,8 @@ def hardware_table(gpus: tuple[GpuSpec, ...], efficiency: dict[str, dict[str, fl
         for field in Hardware._fields
         if field not in peak
     }
-    return Hardware(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in {**peak, **calibrated}.items()})
+    # device_put is a host transfer; jnp.asarray would compile a small staging program for every G.
+    return Hardware(**{k: jax.device_put(np.asarray(v, np.float32)) for k, v in {**peak, **calibrated}.items()})
 
 
 def take(table: Hardware, gpu_index: jnp.ndarray) -> Hardware:

@@ -109,11 +109,15 @@ class Grid:
         (its last value repeated), so that grids whose axes differ in length share compiled programs.
         Digits never reach the padding (decoding counts with `sizes`); DP stays exact, because the
         chunk kernel factorises over its length."""
-        return tuple(a if axis == DP_AXIS else jax.device_put(pad_rows(np.asarray(a), a.shape[0], bucket_size(a.shape[0]))) for axis, a in enumerate(self.axis_arrays()))
+        padded = lambda axis, v: v if axis == DP_AXIS else pad_rows(v, len(v), bucket_size(len(v)))  # noqa: E731
+        return tuple(jax.device_put(padded(axis, v)) for axis, v in enumerate(self._axis_values()))
 
     def axis_arrays(self) -> tuple[jnp.ndarray, ...]:
         """Numeric value of every axis entry (GPU: its index; weight dtype: its format code; KV dtype:
         bytes per element; layout kind: `kind_value`)."""
+        return tuple(jax.device_put(v) for v in self._axis_values())  # on the host: no XLA program
+
+    def _axis_values(self) -> list[np.ndarray]:
         out = []
         for axis in AXES:
             labels = self.labels[axis]
@@ -127,8 +131,8 @@ class Grid:
                 values = np.array([kind_value(*parse_kind_label(v)) for v in labels])
             else:
                 values = np.array(labels)
-            out.append(jax.device_put(np.asarray(values, np.float32)))  # on the host: no XLA program
-        return tuple(out)
+            out.append(np.asarray(values, np.float32))
+        return out
 
     def digits_of(self, index: int) -> np.ndarray:
         """Mixed-radix digits of a (Python int) candidate index, outermost first."""

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxplan.grid import AXES, LAYOUT_AXES, Grid, decode, layout_index
-from jaxplan.specs import load_gpu, load_space
+from jaxplan.specs import load_gpu, load_space, parse_gpu_list
 from jaxplan.specs.space import DTYPE_BYTES, SearchSpace
 
 CHUNK = 512  # offsets per decoded chunk; one compiled shape for every test of this module
@@ -223,3 +223,19 @@ def test_huge_grid_decode_in_jit_near_3e9(huge_grid: Grid, decode_jit):
     # Exactly 300 valid candidates before the end of the grid, then padding.
     tail = decode_at(decode_jit, huge_grid, huge_grid.size - 300, offsets)
     assert int(tail.valid.sum()) == 300
+
+
+def test_kernel_axis_arrays_pad_every_axis_but_dp_with_its_last_value():
+    """The kernels' axis arrays (`Grid.kernel_axis_arrays`): the grid's values first, then the last
+    value repeated up to a power of two of at least 8 entries; DP exact (the kernel factorises over it)."""
+    space = load_space("small").replace(max_num_seqs=tuple(range(1, 10)))  # 9 entries -> 16
+    grid = Grid(parse_gpu_list("h100_sxm,a100_sxm,h200_sxm"), space)
+    exact, padded = [np.asarray(a) for a in grid.axis_arrays()], [np.asarray(a) for a in grid.kernel_axis_arrays()]
+    for axis, (e, p) in enumerate(zip(exact, padded)):
+        if AXES[axis] == "data_parallel_size":
+            np.testing.assert_array_equal(p, e)
+            continue
+        assert len(p) == max(8, 1 << (len(e) - 1).bit_length()), AXES[axis]
+        np.testing.assert_array_equal(p[: len(e)], e)
+        assert (p[len(e):] == e[-1]).all()
+    assert len(padded[AXES.index("max_num_seqs")]) == 16 and list(padded[0][:4]) == [0, 1, 2, 2]

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxplan.errors import PlanError
 from jaxplan.buckets import bucket_size, pad_rows
+from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, default_chunk, effective_chunk
 from jaxplan.funnel.devices import local_sweep_devices

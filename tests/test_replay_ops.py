@@ -101,14 +101,14 @@ def test_cumsum_matches_numpy_on_both_paths(n):
     assert (n > SINGLE_MATMUL_MAX) == (n >= 2 * SINGLE_MATMUL_MAX) and n % CUMSUM_BLOCK == 0
 
 
-def test_gather_columns_places_each_part_and_leaves_the_rest_empty():
-    """The replay's table compaction against a plain loop: columns of two parts sent to distinct
-    destinations (num_slots: dropped), the columns nothing is sent to as `empty_rows` makes them."""
-    from jaxplan.replay.state import NF, NI, empty_rows, gather_columns
+def test_gather_rows_places_each_part_and_leaves_the_rest_empty():
+    """The replay's table compaction against a plain loop: rows of two parts sent to distinct
+    destinations (num_slots: dropped), the rows nothing is sent to as `empty_rows` makes them."""
+    from jaxplan.replay.state import NF, NI, K, empty_rows, gather_rows
 
     rng = np.random.default_rng(3)
     num_s = 12
-    parts = [(rng.integers(0, 99, (NI, num_s)).astype(np.int32), rng.random((NF, num_s)).astype(np.float32)) for _ in range(2)]
+    parts = [(rng.integers(0, 99, (num_s, NI)).astype(np.int32), rng.random((num_s, NF)).astype(np.float32)) for _ in range(2)]
     order = rng.permutation(num_s)
     dests = [np.full(num_s, num_s), np.full(num_s, num_s)]  # num_s: not sent anywhere
     dests[0][:5], dests[1][:4] = order[:5], order[5:9]
@@ -116,8 +116,8 @@ def test_gather_columns_places_each_part_and_leaves_the_rest_empty():
     for (ints, floats), dest in zip(parts, dests):
         for j, d in enumerate(dest):
             if d < num_s:
-                want_i[:, d], want_f[:, d] = ints[:, j], floats[:, j]
-    got_i, got_f = jax.jit(lambda p, d: gather_columns(p, d, num_s))([tuple(map(jnp.asarray, p)) for p in parts], [jnp.asarray(d, jnp.int32) for d in dests])
+                want_i[d], want_f[d] = ints[j], floats[j]
+    got_i, got_f = jax.jit(lambda p, d: gather_rows(p, d, num_s))([tuple(map(jnp.asarray, p)) for p in parts], [jnp.asarray(d, jnp.int32) for d in dests])
     np.testing.assert_array_equal(np.asarray(got_i), want_i)
     np.testing.assert_array_equal(np.asarray(got_f), want_f)
-    assert int((np.asarray(got_i)[0] == -1).sum()) == num_s - 9  # K = -1 marks the 3 empty columns
+    assert int((np.asarray(got_i)[:, K] == -1).sum()) == num_s - 9  # K = -1 marks the 3 empty rows

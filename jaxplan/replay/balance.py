@@ -83,7 +83,7 @@ def init_balanced(arrival, submitted, max_dp: int, num_slots: int):
 
 def _status(st: LaneState, rt: Route, lane: LaneInput):
     """Per replica [D]: (live: may step at all, busy: has a step to run, next step start (hi, lo) s)."""
-    num_s = st.run_i.shape[-1]
+    num_s = st.run_i.shape[-2]
     d = jnp.arange(st.n_run.shape[0], dtype=I32)
     in_flight = st.n_run + st.n_pq
     waiting = rt.n_routed - st.next_k
@@ -115,7 +115,7 @@ def release_and_route(st: LaneState, rt: Route, lane: LaneInput, load_fn=outstan
     """Steps 1 and 2 of an iteration (see the module docstring), routing to the lowest
     `load_fn(st, rt, clock [D], arrival s) -> [D]` (ties to the lowest index).
     Returns (st, rt, clock [D] s)."""
-    num_s, num_d = st.run_i.shape[-1], st.n_run.shape[0]
+    num_s, num_d = st.run_i.shape[-2], st.n_run.shape[0]
     d_idx = jnp.arange(num_d, dtype=I32)
     pos = jnp.arange(num_s, dtype=I32)
     clock = st.clock_hi + st.clock_lo  # [D] when each replica's last iteration ended
@@ -146,7 +146,7 @@ def release_and_route(st: LaneState, rt: Route, lane: LaneInput, load_fn=outstan
 def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int):
     """One iteration of a least-loaded lane: release, route one arrival, step the earliest replica."""
     st, rt = carry
-    num_s, num_d = st.run_i.shape[-1], st.n_run.shape[0]
+    num_s, num_d = st.run_i.shape[-2], st.n_run.shape[0]
     d_idx = jnp.arange(num_d, dtype=I32)
     pos = jnp.arange(num_s, dtype=I32)
     st, rt, clock = release_and_route(st, rt, lane)
@@ -200,7 +200,7 @@ def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
 def balanced_done(carry, lane: LaneInput):
     """No replica has a step to run, nothing is left to route or to submit. Scalar bool."""
     st, rt = carry
-    num_s = st.run_i.shape[-1]
+    num_s = st.run_i.shape[-2]
     live = (jnp.arange(st.n_run.shape[0]) < lane.num_replicas) & ~st.rep_stalled
     busy = live & ((st.n_run + st.n_pq > 0) | (rt.n_routed > st.next_k))
     return ~jnp.any(busy) & ~jnp.isfinite(st.arrival[num_s + rt.next_id]) & ~jnp.any(rt.pend > 0)
@@ -218,7 +218,7 @@ def balanced_widen(inputs: LaneInput, carry, extra: int):
     num_f, num_d = st.n_run.shape
     e_i, e_f = empty_rows(extra)
     tile = lambda e: jnp.broadcast_to(e, (num_f, num_d) + e.shape)
-    widen = lambda x, e: jnp.concatenate([x, tile(e)], axis=-1)
+    widen = lambda x, e: jnp.concatenate([x, tile(e)], axis=-2)  # more slot rows
     pad = lambda x, v: jnp.concatenate([jnp.full(x.shape[:-1] + (extra,), v, x.dtype), x, jnp.full(x.shape[:-1] + (extra,), v, x.dtype)], axis=-1)
     st = st._replace(
         run_i=widen(st.run_i, e_i),
@@ -238,11 +238,11 @@ def balanced_records(carry):
     num_r = st.rec_i.shape[-1]
     rec_i, rec_f = st.rec_i, st.rec_f
     for ints, floats, count in ((st.run_i, st.run_f, st.n_run), (st.pq_i, st.pq_f, st.n_pq)):  # two tables
-        live = jnp.arange(ints.shape[-1])[None, :] < count[:, None]  # [D, S]
-        idx = jnp.where(live, ints[:, K], num_r).reshape(-1)
+        live = jnp.arange(ints.shape[-2])[None, :] < count[:, None]  # [D, S]
+        idx = jnp.where(live, ints[..., K], num_r).reshape(-1)
         flat = lambda x: x.reshape(-1)
-        rec_i = rec_i.at[:, idx].set(jnp.stack([flat(ints[:, STEP_FIRST]), jnp.full(idx.shape, -1, I32), flat(ints[:, NPRE])]), mode="drop")
-        rec_f = rec_f.at[:, idx].set(jnp.stack([flat(floats[:, TTFT]), jnp.full(idx.shape, jnp.nan, F32), flat(floats[:, T_ADMIT])]), mode="drop")
+        rec_i = rec_i.at[:, idx].set(jnp.stack([flat(ints[..., STEP_FIRST]), jnp.full(idx.shape, -1, I32), flat(ints[..., NPRE])]), mode="drop")
+        rec_f = rec_f.at[:, idx].set(jnp.stack([flat(floats[..., TTFT]), jnp.full(idx.shape, jnp.nan, F32), flat(floats[..., T_ADMIT])]), mode="drop")
     num_d = rt.routed.shape[0]
     ids = jnp.where(rt.routed >= 0, rt.routed, num_r).reshape(-1)
     replica = jnp.full(num_r, -1, I32).at[ids].set(jnp.repeat(jnp.arange(num_d, dtype=I32), rt.routed.shape[1]), mode="drop")

@@ -223,7 +223,7 @@ def _demand(inputs: LaneInput, state, *, policy: RoutingPolicy):
 @functools.partial(jax.jit, static_argnames=("num_slots", "policy", "mesh"))
 def _grow(inputs: LaneInput, state, *, num_slots: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """The same lanes with `num_slots` slot rows (more than before); resumes exactly."""
-    extra = num_slots - policy.lane_state(state).run_i.shape[-1]
+    extra = num_slots - policy.lane_state(state).run_i.shape[-2]
     return _on_lanes(policy.widen(inputs, state, extra), mesh)
 
 
@@ -237,7 +237,7 @@ def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneS
 def _trace(requests: Requests, inputs: LaneInput, state: LaneState, position, rec_i, rec_f, replica, replica_done) -> ReplayTrace:
     num_r = requests.prompt_tokens.shape[0]
     num_d = state.rep_steps.shape[1]
-    num_s = state.run_i.shape[-1]
+    num_s = state.run_i.shape[-2]
     dp = inputs.num_replicas
     take = lambda x: jnp.take_along_axis(x, position, axis=1)
     gi = jnp.stack([take(rec_i[:, c]) for c in range(3)], -1)  # [F, R, 3] by request

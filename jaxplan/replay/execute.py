@@ -40,7 +40,7 @@ from jaxplan.replay.state import (
     TTFT,
     K,
     LaneState,
-    gather_columns,
+    gather_rows,
     itl_bin,
     two_sum_add,
 )
@@ -75,14 +75,14 @@ def step_batches(st: LaneState, queue: Queue, plan: Plan, window: int) -> tuple[
     """The StepBatch of this step and of the next window - 1 with the same grants ([window] each
     field: the contexts and prompt prefixes grow), and the decoding requests (int32)."""
     r_i = st.run_i
-    comp, out = r_i[COMP], r_i[OUT]
+    comp, out = r_i[:, COMP], r_i[:, OUT]
     g, cg = plan.grant, plan.c_grant
-    dec = (g > 0) & (out >= 1) & (comp == r_i[PROMPT] + out - 1)
+    dec = (g > 0) & (out >= 1) & (comp == r_i[:, PROMPT] + out - 1)
     pre = (g > 0) & ~dec
     n_dec = jnp.sum(dec).astype(I32)
     gp, gc = g.astype(F32), cg.astype(F32)
     pf_tokens = (jnp.sum(jnp.where(pre, g, 0)) + jnp.sum(cg)).astype(F32)
-    pairs = jnp.sum(jnp.where(pre, gp * (comp + gp / 2), 0.0)) + jnp.sum(gc * (queue.cand_i[HIT] + gc / 2))
+    pairs = jnp.sum(jnp.where(pre, gp * (comp + gp / 2), 0.0)) + jnp.sum(gc * (queue.cand_i[:, HIT] + gc / 2))
     pairs_growth = jnp.sum(jnp.where(pre, gp * gp, 0.0))  # a chunk's prefix grows by its size each step
     pf_seqs = (jnp.sum(pre) + plan.admitted).astype(F32)
     ctx0 = jnp.sum(jnp.where(dec, comp + 1, 0)).astype(F32)
@@ -104,13 +104,13 @@ def jump_limits(st: LaneState, rep: Replica, queue: Queue, plan: Plan, dts, *, w
     """How many steps with the same grants may run at once, given their times `dts` [window] s."""
     bs = block_size
     r_i = st.run_i
-    comp, out = r_i[COMP], r_i[OUT]
+    comp, out = r_i[:, COMP], r_i[:, OUT]
     g = plan.grant
-    dec = (g > 0) & (out >= 1) & (comp == r_i[PROMPT] + out - 1)
+    dec = (g > 0) & (out >= 1) & (comp == r_i[:, PROMPT] + out - 1)
     cum = cumsum(dts)
     valid = jnp.arange(comp.shape[0]) < rep.n_run
     elig = (window > 1) & (plan.admitted == 0) & (plan.kept == rep.n_run) & jnp.any(g > 0)
-    k_fin = jnp.min(jnp.where(dec, r_i[OSL] - out, BIG))
+    k_fin = jnp.min(jnp.where(dec, r_i[:, OSL] - out, BIG))
     alloc = cdiv(comp, bs)
     cands = jnp.asarray(jump_candidates(window), I32)
     extra_c = jnp.sum(jnp.where(valid[None, :], cdiv(comp[None, :] + cands[:, None] * g[None, :], bs) - alloc[None, :], 0), axis=1)
@@ -122,7 +122,7 @@ def jump_limits(st: LaneState, rep: Replica, queue: Queue, plan: Plan, dts, *, w
 def timing_of(st: LaneState, rep: Replica, queue: Queue, plan: Plan, dts, k, n_dec, *, block_size: int) -> Timing:
     """The Timing of `k` steps with the same grants, taking `dts` [window] s each."""
     bs = block_size
-    comp, g = st.run_i[COMP], plan.grant
+    comp, g = st.run_i[:, COMP], plan.grant
     valid = jnp.arange(comp.shape[0]) < rep.n_run
     dt = cumsum(dts)[k - 1]
     end_hi, end_lo = two_sum_add(queue.clock_hi, queue.clock_lo, dt)
@@ -159,8 +159,8 @@ def time_steps(st: LaneState, rep: Replica, queue: Queue, plan: Plan, params, *,
 class Rows(NamedTuple):
     """A slot table after the step(s), before finished rows are dropped."""
 
-    ints: jnp.ndarray  # [NI, S]
-    floats: jnp.ndarray  # [NF, S]
+    ints: jnp.ndarray  # [S, NI]
+    floats: jnp.ndarray  # [S, NF]
     keep: jnp.ndarray  # [S] bool: still in flight
     rec_idx: jnp.ndarray  # [S] int32 stream position of a finished request, R otherwise
     rec_i: jnp.ndarray  # [3, S] int32 its record: first-token step, finish step, preemptions
@@ -176,26 +176,26 @@ def apply_rows(ints, floats, before, grant, member, flush, rep: Replica, queue: 
     Finished requests get their record; so do `flush` ones (still in flight, as unfinished).
     """
     k, end_hi, end_lo = timing.k, timing.end_hi, timing.end_lo
-    out = ints[OUT]
-    tok = member & (grant > 0) & (before + grant == ints[PROMPT] + out)
+    out = ints[:, OUT]
+    tok = member & (grant > 0) & (before + grant == ints[:, PROMPT] + out)
     made = jnp.where(tok, k, 0)
     new_out = out + made
     first = tok & (out == 0)
-    fin = tok & (new_out >= ints[OSL])
-    arrival = floats[ARRIVAL]
-    ttft = jnp.where(first, (end_hi - arrival) + end_lo, floats[TTFT])
-    step_first = jnp.where(first, rep.steps, ints[STEP_FIRST])
-    t_admit = jnp.where(member & jnp.isnan(floats[T_ADMIT]), queue.clock_hi + queue.clock_lo, floats[T_ADMIT])
-    since = floats[SINCE]
-    new_i = jnp.stack([ints[K], ints[PROMPT], ints[OSL], ints[HIT], before + grant * k, new_out, step_first, ints[NPRE]])
-    new_f = jnp.stack([arrival, jnp.where(tok, 0.0, since + dt), t_admit, ttft])
+    fin = tok & (new_out >= ints[:, OSL])
+    arrival = floats[:, ARRIVAL]
+    ttft = jnp.where(first, (end_hi - arrival) + end_lo, floats[:, TTFT])
+    step_first = jnp.where(first, rep.steps, ints[:, STEP_FIRST])
+    t_admit = jnp.where(member & jnp.isnan(floats[:, T_ADMIT]), queue.clock_hi + queue.clock_lo, floats[:, T_ADMIT])
+    since = floats[:, SINCE]
+    new_i = jnp.stack([ints[:, K], ints[:, PROMPT], ints[:, OSL], ints[:, HIT], before + grant * k, new_out, step_first, ints[:, NPRE]], axis=-1)
+    new_f = jnp.stack([arrival, jnp.where(tok, 0.0, since + dt), t_admit, ttft], axis=-1)
     last_step = jnp.broadcast_to(rep.steps + k - 1, out.shape)
     return Rows(
         ints=new_i,
         floats=new_f,
         keep=member & ~fin,
-        rec_idx=jnp.where(fin | flush, ints[K], num_r),
-        rec_i=jnp.stack([step_first, jnp.where(fin, last_step, -1), ints[NPRE]]),
+        rec_idx=jnp.where(fin | flush, ints[:, K], num_r),
+        rec_i=jnp.stack([step_first, jnp.where(fin, last_step, -1), ints[:, NPRE]]),
         rec_f=jnp.stack([ttft, jnp.where(fin, (end_hi - arrival) + end_lo, jnp.nan), t_admit]),
         gap=since + timing.dts[0],
         gap_weight=(tok & (out >= 1)).astype(I32),
@@ -205,7 +205,7 @@ def apply_rows(ints, floats, before, grant, member, flush, rep: Replica, queue: 
 
 def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Plan, timing: Timing, *, runs, stall, overflow) -> LaneState:
     """The lane after this iteration; nothing but flags changes unless `runs`."""
-    num_s, num_r = st.run_i.shape[1], st.rec_i.shape[1]
+    num_s, num_r = st.run_i.shape[0], st.rec_i.shape[1]
     pos = jnp.arange(num_s, dtype=I32)
     n, n_pq = rep.n_run, rep.n_pq
     m = jnp.where(runs, plan.kept, n)
@@ -215,8 +215,8 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     r_i = st.run_i
     # a stalled replica is left for good: record what its requests in flight got so far
     flush_r, flush_q = stall & (pos < n), stall & (pos < n_pq)
-    run = materialize(*apply_rows(r_i, st.run_f, r_i[COMP], jnp.where(runs, plan.grant, 0), kept, flush_r, rep, queue, timing, dt, num_r))
-    new = materialize(*apply_rows(queue.cand_i, queue.cand_f, queue.cand_i[HIT], jnp.where(runs, plan.c_grant, 0), adm, flush_q, rep, queue, timing, dt, num_r))
+    run = materialize(*apply_rows(r_i, st.run_f, r_i[:, COMP], jnp.where(runs, plan.grant, 0), kept, flush_r, rep, queue, timing, dt, num_r))
+    new = materialize(*apply_rows(queue.cand_i, queue.cand_f, queue.cand_i[:, HIT], jnp.where(runs, plan.c_grant, 0), adm, flush_q, rep, queue, timing, dt, num_r))
     run, new = Rows(*run), Rows(*new)
 
     # Records of finished requests; inter-token gaps (first step per request, then the jump's steps).
@@ -232,7 +232,7 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     n_keep = kept_sums[0, -1]
     dest_r = jnp.where(run.keep, kept_sums[0] - 1, num_s)
     dest_c = jnp.where(new.keep, n_keep + kept_sums[1] - 1, num_s)
-    run_i, run_f = gather_columns([(run.ints, run.floats), (new.ints, new.floats)], [dest_r, dest_c], num_s)
+    run_i, run_f = gather_rows([(run.ints, run.floats), (new.ints, new.floats)], [dest_r, dest_c], num_s)
     n_run = n_keep + kept_sums[1, -1]
 
     # New preempted queue: victims (in running order) in front of the rest, or admitted ones popped.
@@ -240,9 +240,9 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     a_pq = jnp.minimum(a, n_pq)
     dest_v = jnp.where((pos >= m) & (pos < n), pos - m, num_s)
     dest_q = jnp.where((pos >= a_pq) & (pos < n_pq), pos - a_pq + n_vict, num_s)
-    victims = jnp.stack([r_i[K], r_i[PROMPT], r_i[OSL], r_i[HIT], jnp.zeros_like(r_i[COMP]), r_i[OUT], r_i[STEP_FIRST], r_i[NPRE] + 1])
-    pq_i, pq_f = gather_columns([(victims, st.run_f), (st.pq_i, st.pq_f)], [dest_v, dest_q], num_s)
-    pq_f = pq_f + jnp.where(jnp.arange(pq_f.shape[0]) == SINCE, dt, 0.0)[:, None]
+    victims = r_i.at[:, COMP].set(0).at[:, NPRE].add(1)
+    pq_i, pq_f = gather_rows([(victims, st.run_f), (st.pq_i, st.pq_f)], [dest_v, dest_q], num_s)
+    pq_f = pq_f + jnp.where(jnp.arange(pq_f.shape[1]) == SINCE, dt, 0.0)[None, :]
     new_pq = n_pq + n_vict - a_pq
     next_k = rep.next_k + a - a_pq
 

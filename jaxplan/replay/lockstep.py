@@ -53,7 +53,7 @@ def coordinator_score(st: LaneState, rt: Route, clock, a):
 def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int):
     """One iteration of a lock-step lane: release, route one arrival, step the earliest group."""
     st, rt, ranks = carry
-    num_s, num_d = st.run_i.shape[-1], st.n_run.shape[0]
+    num_s, num_d = st.run_i.shape[-2], st.n_run.shape[0]
     d_idx = jnp.arange(num_d, dtype=I32)
     pos = jnp.arange(num_s, dtype=I32)
     st, rt, clock = release_and_route(st, rt, lane, coordinator_score)

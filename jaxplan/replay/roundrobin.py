@@ -32,7 +32,7 @@ def start_lanes(requests, num_requests, config, closed_concurrency, split, *, ma
 
 def lane_demand(st: LaneState, lane: LaneInput):
     """Requests the lane's current replica wants in flight now: running, preempted, arrived and waiting. Scalar."""
-    num_s = st.run_i.shape[-1]
+    num_s = st.run_i.shape[-2]
     num_r = st.rec_i.shape[-1]
     hot = jnp.arange(st.rep_steps.shape[0]) == st.replica
     seg_end = jnp.sum(jnp.where(hot, lane.seg_start + lane.seg_count, 0))
@@ -44,7 +44,7 @@ def lane_demand(st: LaneState, lane: LaneInput):
 def widen_lanes(inputs: LaneInput, state: LaneState, extra: int):
     """The same lanes (leading axis [L]) with `extra` more slot rows."""
     e_i, e_f = jax.vmap(lambda _: empty_rows(extra))(state.n_run)
-    widen = lambda x, e: jnp.concatenate([x, e], axis=-1)
+    widen = lambda x, e: jnp.concatenate([x, e], axis=-2)  # more slot rows
     pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
     pad_zero = jnp.zeros(inputs.stream.shape[:-1] + (extra,), jnp.int32)
     # A lane out of rows was frozen before its step, which it runs again now: that iteration did
@@ -67,7 +67,7 @@ def merge_lanes(inputs: LaneInput, state: LaneState, position, split, dp, lanes_
     [F, 3, R] by stream position, the replica of each request [F, R] and replica_done [F, D]."""
     num_r = position.shape[1]
     num_d = state.rep_steps.shape[1]
-    num_s = state.run_i.shape[-1]
+    num_s = state.run_i.shape[-2]
     num_f = position.shape[0]
     replica_done = lanes_done[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None])
     rec_i, rec_f = _flush(state, num_r)  # [L, 3, R] by stream position of the lane's finalist
@@ -107,10 +107,10 @@ def _flush(state: LaneState, num_r: int):
     def flush(st: LaneState):  # records of requests still in flight
         rec_i, rec_f = st.rec_i, st.rec_f
         for ints, floats, count in ((st.run_i, st.run_f, st.n_run), (st.pq_i, st.pq_f, st.n_pq)):
-            live = jnp.arange(ints.shape[1]) < count
-            idx = jnp.where(live, ints[K], num_r)
-            rec_i = rec_i.at[:, idx].set(jnp.stack([ints[STEP_FIRST], jnp.full_like(ints[K], -1), ints[NPRE]]), mode="drop")
-            rec_f = rec_f.at[:, idx].set(jnp.stack([floats[TTFT], jnp.full_like(floats[TTFT], jnp.nan), floats[T_ADMIT]]), mode="drop")
+            live = jnp.arange(ints.shape[0]) < count
+            idx = jnp.where(live, ints[:, K], num_r)
+            rec_i = rec_i.at[:, idx].set(jnp.stack([ints[:, STEP_FIRST], jnp.full_like(ints[:, K], -1), ints[:, NPRE]]), mode="drop")
+            rec_f = rec_f.at[:, idx].set(jnp.stack([floats[:, TTFT], jnp.full_like(floats[:, TTFT], jnp.nan), floats[:, T_ADMIT]]), mode="drop")
         return rec_i, rec_f
 
     return jax.vmap(flush)(state)

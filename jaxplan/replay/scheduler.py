@@ -107,8 +107,8 @@ def current_replica(st: LaneState, lane: LaneInput) -> Replica:
 class Queue(NamedTuple):
     """The waiting queue's first S requests (preempted ones first) and the step's clock."""
 
-    cand_i: jnp.ndarray  # [NI, S] int32 fields of each candidate
-    cand_f: jnp.ndarray  # [NF, S] float32 fields
+    cand_i: jnp.ndarray  # [S, NI] int32 fields of each candidate
+    cand_f: jnp.ndarray  # [S, NF] float32 fields
     valid: jnp.ndarray  # [S] bool: a request that has arrived and waits
     n_wait: jnp.ndarray  # int32 (capped at S)
     t_next: jnp.ndarray  # float32 s: next arrival not yet waiting (inf: none)
@@ -123,7 +123,7 @@ def stream_window(st: LaneState, lane: LaneInput, rep: Replica):
     Returns (stream positions [S] int32, fields [3, S] int32, arrival [S] float32 s,
     inf for the first n_pq columns and past the replica's segment).
     """
-    num_s = st.run_i.shape[1]
+    num_s = st.run_i.shape[0]
     pos = jnp.arange(num_s, dtype=I32)
     base = num_s + rep.next_k - rep.n_pq
     w_i = jax.lax.dynamic_slice_in_dim(lane.stream, base, num_s, axis=1)  # [3, S]
@@ -134,7 +134,7 @@ def stream_window(st: LaneState, lane: LaneInput, rep: Replica):
 
 def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica, window=None) -> Queue:
     """Preempted rows first, then the stream window (default `stream_window`); sleep if idle."""
-    num_s = st.run_i.shape[1]
+    num_s = st.run_i.shape[0]
     pos = jnp.arange(num_s, dtype=I32)
     w_pos, w_i, w_arr = stream_window(st, lane, rep) if window is None else window
     from_pq = pos < rep.n_pq
@@ -147,9 +147,9 @@ def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica, window=None) -> 
     valid = from_pq | arrived
     zero = jnp.zeros(num_s, I32)
     nan = jnp.full(num_s, jnp.nan, F32)
-    fresh_i = jnp.stack([w_pos, w_i[0], w_i[1], w_i[2], zero, zero, zero - 1, zero])
-    fresh_f = jnp.stack([w_arr, jnp.zeros(num_s, F32), nan, nan])
-    cand_i, cand_f = materialize(jnp.where(from_pq[None, :], st.pq_i, fresh_i), jnp.where(from_pq[None, :], st.pq_f, fresh_f))
+    fresh_i = jnp.stack([w_pos, w_i[0], w_i[1], w_i[2], zero, zero, zero - 1, zero], axis=-1)
+    fresh_f = jnp.stack([w_arr, jnp.zeros(num_s, F32), nan, nan], axis=-1)
+    cand_i, cand_f = materialize(jnp.where(from_pq[:, None], st.pq_i, fresh_i), jnp.where(from_pq[:, None], st.pq_f, fresh_f))
     return Queue(cand_i, cand_f, valid, jnp.sum(valid).astype(I32), jnp.min(jnp.where(arrived, jnp.inf, w_arr)), hi, lo, idle & ~wake)
 
 
@@ -173,16 +173,16 @@ class Plan(NamedTuple):
 
 def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_size: int) -> Plan:
     """vLLM's running loop (grants, preemption from the tail) and admission, as prefix sums."""
-    num_s = st.run_i.shape[1]
+    num_s = st.run_i.shape[0]
     bs, budget, n = block_size, lane.step_budget, rep.n_run
     pos = jnp.arange(num_s, dtype=I32)
     r_i, c_i = st.run_i, queue.cand_i
     valid = pos < n
-    comp = r_i[COMP]
-    want = jnp.where(valid, r_i[PROMPT] + r_i[OUT] - comp, 0)
+    comp = r_i[:, COMP]
+    want = jnp.where(valid, r_i[:, PROMPT] + r_i[:, OUT] - comp, 0)
     alloc = jnp.where(valid, cdiv(comp, bs), 0)
-    c_hit = c_i[HIT]
-    c_want = jnp.where(queue.valid, c_i[PROMPT] + c_i[OUT] - c_hit, 0)
+    c_hit = c_i[:, HIT]
+    c_want = jnp.where(queue.valid, c_i[:, PROMPT] + c_i[:, OUT] - c_hit, 0)
     clipped = jnp.minimum(jnp.stack([want, c_want]), lane.budget)  # one micro-batch's budget each
     sums = cumsum(jnp.stack([clipped[0], alloc, clipped[1]]))
     grant = jnp.clip(budget - (sums[0] - clipped[0]), 0, clipped[0])
@@ -212,7 +212,7 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
     # A prompt chunk keeps its size while the rest of the prompt stays >= the per-request budget
     # (its clipped size, and so every grant after it, is then the same) and completes no prompt.
     g_ok = jnp.where(ok, grant, 0)
-    chunk = (g_ok > 0) & ~((r_i[OUT] >= 1) & (want == 1))
+    chunk = (g_ok > 0) & ~((r_i[:, OUT] >= 1) & (want == 1))
     g_safe = jnp.maximum(g_ok, 1)
     k_chunk = jnp.where(want >= lane.budget, jnp.minimum(div_small(jnp.maximum(want - lane.budget, 0), g_safe) + 1, div_small(jnp.maximum(want - 1, 0), g_safe)), 1)
     steady = jnp.maximum(jnp.min(jnp.where(chunk, k_chunk, jnp.iinfo(I32).max)), 1).astype(I32)

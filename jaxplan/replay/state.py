@@ -6,20 +6,22 @@ arrays [D] keep each replica's totals. Least loaded (balance.py): the
 per-replica fields (balance.BANK) carry a leading [D] axis, every replica at
 once, and stream positions are request ids in arrival order.
 
-Requests in flight live in two ordered slot tables of S columns: `run` (the
+Requests in flight live in two ordered slot tables of S rows: `run` (the
 running list, in order of admission) and `pq` (requests preempted and waiting
 for recompute, front of the waiting queue first). New requests are admitted
 only when `pq` is empty, so running + preempted never exceeds max_num_seqs.
-S may be smaller than max_num_seqs (columns are a capacity, not a limit): a
+S may be smaller than max_num_seqs (rows are a capacity, not a limit): a
 lane that would need more raises its `overflow` flag and the host widens the
 tables (see driver.py). Never-admitted requests are not copied anywhere: they
 are the lane's stream from `next_k` on.
 
-A table is two matrices, int32 [NI, S] and float32 [NF, S] (a field per row,
-a request per column): reading or writing a field is contiguous, and moving
-requests between tables is one scatter per matrix. Times are float32
-seconds; the clock is a compensated (hi, lo) pair so that long replays (1e5+
-steps) do not lose the step times' low bits.
+A table is two matrices, int32 [S, NI] and float32 [S, NF] (a request per
+row, a field per column, read as `table[..., FIELD]`): moving requests between
+tables, which every iteration does, gathers whole rows of contiguous fields,
+where a field-per-row table made XLA:CPU transpose every table to gather its
+columns and back (bench/README.md, stage 7). Times are float32 seconds; the
+clock is a compensated (hi, lo) pair so that long replays (1e5+ steps) do not
+lose the step times' low bits.
 """
 
 from __future__ import annotations
@@ -51,11 +53,11 @@ class LaneState(NamedTuple):
     Scalars describe the current replica; `rep_*` arrays [D] accumulate per replica.
     """
 
-    run_i: jnp.ndarray  # [NI, S] running list, columns (requests) < n_run valid
-    run_f: jnp.ndarray  # [NF, S]
+    run_i: jnp.ndarray  # [S, NI] running list, rows (requests) < n_run valid
+    run_f: jnp.ndarray  # [S, NF]
     n_run: jnp.ndarray
-    pq_i: jnp.ndarray  # [NI, S] preempted queue, columns < n_pq valid
-    pq_f: jnp.ndarray  # [NF, S]
+    pq_i: jnp.ndarray  # [S, NI] preempted queue, rows < n_pq valid
+    pq_f: jnp.ndarray  # [S, NF]
     n_pq: jnp.ndarray
     replica: jnp.ndarray  # int32 current replica
     finished: jnp.ndarray  # bool: the current replica is done (or stalled)
@@ -81,29 +83,29 @@ class LaneState(NamedTuple):
 
 
 def empty_rows(num_slots: int):
-    ints = jnp.zeros((NI, num_slots), jnp.int32).at[K].set(-1).at[STEP_FIRST].set(-1)
-    floats = jnp.full((NF, num_slots), jnp.nan, jnp.float32).at[SINCE].set(0.0)
+    """Empty slot tables: ints [num_slots, NI], floats [num_slots, NF]."""
+    ints = jnp.zeros((num_slots, NI), jnp.int32).at[:, K].set(-1).at[:, STEP_FIRST].set(-1)
+    floats = jnp.full((num_slots, NF), jnp.nan, jnp.float32).at[:, SINCE].set(0.0)
     return ints, floats
 
 
-def gather_columns(parts, dests, num_slots: int):
-    """Slot tables (ints [NI, S], floats [NF, S]) filled from `parts`, a list of (ints [NI, n], floats [NF, n]):
-    column j of part p goes to column dests[p][j] (int32 [n]; num_slots or more: nowhere); the
-    columns nothing is sent to are empty. Destinations must not collide.
+def gather_rows(parts, dests, num_slots: int):
+    """Slot tables (ints [S, NI], floats [S, NF]) filled from `parts`, a list of (ints [n, NI], floats [n, NF]):
+    row j of part p goes to row dests[p][j] (int32 [n]; num_slots or more: nowhere); the rows
+    nothing is sent to are empty. Destinations must not collide.
 
-    One scatter of source numbers [S], then one gather per matrix: a scatter of whole columns
-    would make XLA:CPU transpose every table to [S, fields] and back on each replay iteration.
+    One scatter of source numbers [S], then one gather of whole rows per matrix.
     """
     e_i, e_f = empty_rows(1)
-    src_i = jnp.concatenate([p[0] for p in parts] + [e_i], axis=1)
-    src_f = jnp.concatenate([p[1] for p in parts] + [e_f], axis=1)
-    empty = src_i.shape[1] - 1
+    src_i = jnp.concatenate([p[0] for p in parts] + [e_i], axis=0)
+    src_f = jnp.concatenate([p[1] for p in parts] + [e_f], axis=0)
+    empty = src_i.shape[0] - 1
     src = jnp.full(num_slots, empty, jnp.int32)
     offset = 0
     for (ints, _), dest in zip(parts, dests):
-        src = src.at[dest].set(offset + jnp.arange(ints.shape[1], dtype=jnp.int32), mode="drop")
-        offset += ints.shape[1]
-    return src_i[:, src], src_f[:, src]
+        src = src.at[dest].set(offset + jnp.arange(ints.shape[0], dtype=jnp.int32), mode="drop")
+        offset += ints.shape[0]
+    return src_i[src], src_f[src]
 
 
 def init_lane(arrival, submitted, max_dp: int, num_slots: int) -> LaneState:

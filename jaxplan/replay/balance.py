@@ -54,6 +54,7 @@ from jaxplan.replay.state import (
     LaneState,
     empty_rows,
     init_lane,
+    widen_stream_rows,
 )
 from jaxplan.replay.traffic import Lanes, build_balanced_lanes
 
@@ -177,10 +178,10 @@ def balanced_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
     ids = jax.lax.dynamic_slice(routed, (x, num_s + view.next_k - view.n_pq), (1, num_s))[0]
     ok = (pos >= view.n_pq) & (view.next_k + pos - view.n_pq < seg_end)
     ids = jnp.where(ok, ids, 0)
-    w_i = jnp.take(lane.stream, num_s + ids, axis=1)
+    w_rows = jnp.take(lane.stream, num_s + ids, axis=0)
     w_arr = jnp.where(ok, arrival[num_s + ids], jnp.inf)
     solo = lane._replace(closed=jnp.zeros_like(lane.closed))  # submissions are released above, not by the step
-    queue = waiting_queue(view, solo, rep, (ids, w_i, w_arr))
+    queue = waiting_queue(view, solo, rep, (w_rows, w_arr))
     queue = queue._replace(t_next=jnp.minimum(queue.t_next, a_next))  # a jump stops before it (unless admission is closed)
     plan = schedule(view, solo, rep, queue, block_size)
     live_step = rep.active & ~queue.nothing_left
@@ -228,7 +229,7 @@ def balanced_widen(inputs: LaneInput, carry, extra: int):
         arrival=pad(st.arrival, jnp.inf),
         overflow=jnp.zeros_like(st.overflow),
     )
-    return inputs._replace(stream=pad(inputs.stream, 0)), (st, rt._replace(routed=pad(rt.routed, -1)))
+    return inputs._replace(stream=widen_stream_rows(inputs.stream, extra)), (st, rt._replace(routed=pad(rt.routed, -1)))
 
 
 def balanced_records(carry):

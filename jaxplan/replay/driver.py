@@ -59,7 +59,7 @@ from jaxplan.replay.split import choose_split as choose_split
 from jaxplan.replay.split import lane_count_bucket as lane_count_bucket
 from jaxplan.replay.split import lane_split as lane_split
 from jaxplan.replay.split import split_sizes as split_sizes
-from jaxplan.replay.state import LaneState
+from jaxplan.replay.state import LaneState, stream_rows
 from jaxplan.replay.traffic import Requests, pad_requests, request_bucket
 from jaxplan.specs.workload import Arrival, Workload
 from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
@@ -154,9 +154,8 @@ def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concur
     """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
     (its finalist's stream). `requests` [R] are padded; the first `num_requests` are real."""
     lanes, state, position = policy.start(requests, num_requests, config, closed_concurrency, split, max_dp=max_dp, num_slots=num_slots)
-    pad = jnp.zeros((lanes.stream.shape[0], 3, num_slots), jnp.int32)
     inputs = LaneInput(
-        jnp.concatenate([pad, jnp.swapaxes(lanes.stream, 1, 2), pad], axis=2),
+        jax.vmap(lambda s: stream_rows(s, num_slots))(lanes.stream),
         lanes.seg_start,
         lanes.seg_count,
         lanes.seg_initial,

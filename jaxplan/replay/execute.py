@@ -187,8 +187,8 @@ def apply_rows(ints, floats, before, grant, member, flush, rep: Replica, queue: 
     step_first = jnp.where(first, rep.steps, ints[:, STEP_FIRST])
     t_admit = jnp.where(member & jnp.isnan(floats[:, T_ADMIT]), queue.clock_hi + queue.clock_lo, floats[:, T_ADMIT])
     since = floats[:, SINCE]
-    new_i = jnp.stack([ints[:, K], ints[:, PROMPT], ints[:, OSL], ints[:, HIT], before + grant * k, new_out, step_first, ints[:, NPRE]], axis=-1)
-    new_f = jnp.stack([arrival, jnp.where(tok, 0.0, since + dt), t_admit, ttft], axis=-1)
+    new_i = ints.at[:, COMP].set(before + grant * k).at[:, OUT].set(new_out).at[:, STEP_FIRST].set(step_first)
+    new_f = floats.at[:, SINCE].set(jnp.where(tok, 0.0, since + dt)).at[:, T_ADMIT].set(t_admit).at[:, TTFT].set(ttft)
     last_step = jnp.broadcast_to(rep.steps + k - 1, out.shape)
     return Rows(
         ints=new_i,

@@ -88,7 +88,7 @@ def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
         w_arr = jnp.where(routed_ok, st.arrival[num_s + ids], jnp.inf)
         # every routed request has arrived by the group's start; a rank never wakes on its own
         later = w_arr > start_hi + start_lo
-        queue = waiting_queue(view, solo, rep, (ids, jnp.take(lane.stream, num_s + ids, axis=1), jnp.where(later, jnp.inf, w_arr)))
+        queue = waiting_queue(view, solo, rep, (jnp.take(lane.stream, num_s + ids, axis=0), jnp.where(later, jnp.inf, w_arr)))
         queue = queue._replace(t_next=jnp.minimum(queue.t_next, jnp.minimum(jnp.min(jnp.where(later, w_arr, jnp.inf)), t_stop)))
         plan = schedule(view, solo, rep, queue, block_size)
         batches, n_dec = step_batches(view, queue, plan, window)

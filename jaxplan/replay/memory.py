@@ -61,7 +61,7 @@ def lane_bytes(shape: ReplayShape) -> int:
     return r * (LANE_REQUEST_BYTES + d) + s * (2 * 2 * (NI + NF) * 4 + 64 * 4) + 2 * ITL_BINS * 4 + 64 * shape.window + 256 * d
 
 
-# Per request of one lane: stream int32 x3 and its padded copy, arrival and records (1 + 6 words,
+# Per request of one lane: its stream row (int32 x NI) and the lanes' [R, 3] source, arrival and records (1 + 6 words,
 # loop carry twice), positions and ids, and the lane gathers of the merge: ~150 bytes; with a margin.
 LANE_REQUEST_BYTES = 256
 

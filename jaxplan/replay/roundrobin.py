@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxplan.replay.scheduler import LaneInput
-from jaxplan.replay.state import NPRE, STEP_FIRST, T_ADMIT, TTFT, K, LaneState, empty_rows, init_lane
+from jaxplan.replay.state import NPRE, STEP_FIRST, T_ADMIT, TTFT, K, LaneState, empty_rows, init_lane, widen_stream_rows
 from jaxplan.replay.traffic import Lanes, build_lanes, split_lanes
 
 
@@ -46,7 +46,6 @@ def widen_lanes(inputs: LaneInput, state: LaneState, extra: int):
     e_i, e_f = jax.vmap(lambda _: empty_rows(extra))(state.n_run)
     widen = lambda x, e: jnp.concatenate([x, e], axis=-2)  # more slot rows
     pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
-    pad_zero = jnp.zeros(inputs.stream.shape[:-1] + (extra,), jnp.int32)
     # A lane out of rows was frozen before its step, which it runs again now: that iteration did
     # nothing, so it does not count (replica_iterations then do not depend on when rows grow).
     frozen = state.overflow[:, None] & (jnp.arange(state.rep_iterations.shape[1])[None, :] == state.replica[:, None])
@@ -59,7 +58,7 @@ def widen_lanes(inputs: LaneInput, state: LaneState, extra: int):
         arrival=jnp.concatenate([pad_inf, state.arrival, pad_inf], axis=-1),
         overflow=jnp.zeros_like(state.overflow),
     )
-    return inputs._replace(stream=jnp.concatenate([pad_zero, inputs.stream, pad_zero], axis=-1)), state
+    return inputs._replace(stream=widen_stream_rows(inputs.stream, extra)), state
 
 
 def merge_lanes(inputs: LaneInput, state: LaneState, position, split, dp, lanes_done):

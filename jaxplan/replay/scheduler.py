@@ -39,13 +39,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxplan.replay.ops import F32, I32, cdiv, cumsum, div_small, materialize
-from jaxplan.replay.state import COMP, HIT, OUT, PROMPT, LaneState
+from jaxplan.replay.state import ARRIVAL, COMP, HIT, NF, OUT, PROMPT, SINCE, LaneState
 
 
 class LaneInput(NamedTuple):
     """One lane's (finalist's) static inputs: request stream, replica segments, capacities."""
 
-    stream: jnp.ndarray  # [3, S + R + S] int32 (prompt, osl, hit) at offset S
+    stream: jnp.ndarray  # [S + R + S, NI] int32 each request's slot-table row before admission (state.stream_rows)
     seg_start: jnp.ndarray  # [D] int32 first stream position of each replica
     seg_count: jnp.ndarray  # [D] int32 requests of each replica
     seg_initial: jnp.ndarray  # [D] int32 requests submitted at t = 0 (closed loop; else all)
@@ -120,23 +120,23 @@ class Queue(NamedTuple):
 def stream_window(st: LaneState, lane: LaneInput, rep: Replica):
     """The replica's never-admitted requests, a window of S behind its n_pq preempted ones.
 
-    Returns (stream positions [S] int32, fields [3, S] int32, arrival [S] float32 s,
-    inf for the first n_pq columns and past the replica's segment).
+    Returns (their slot-table rows [S, NI] int32, arrival [S] float32 s, inf for the first n_pq
+    rows and past the replica's segment).
     """
     num_s = st.run_i.shape[0]
     pos = jnp.arange(num_s, dtype=I32)
     base = num_s + rep.next_k - rep.n_pq
-    w_i = jax.lax.dynamic_slice_in_dim(lane.stream, base, num_s, axis=1)  # [3, S]
+    w_rows = jax.lax.dynamic_slice_in_dim(lane.stream, base, num_s, axis=0)  # [S, NI]
     w_pos = rep.next_k + pos - rep.n_pq
     w_arr = jnp.where((pos < rep.n_pq) | (w_pos >= rep.seg_end), jnp.inf, jax.lax.dynamic_slice_in_dim(st.arrival, base, num_s))
-    return w_pos, w_i, w_arr
+    return w_rows, w_arr
 
 
 def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica, window=None) -> Queue:
     """Preempted rows first, then the stream window (default `stream_window`); sleep if idle."""
     num_s = st.run_i.shape[0]
     pos = jnp.arange(num_s, dtype=I32)
-    w_pos, w_i, w_arr = stream_window(st, lane, rep) if window is None else window
+    w_rows, w_arr = stream_window(st, lane, rep) if window is None else window
     from_pq = pos < rep.n_pq
     t_first = jnp.min(w_arr)
     idle = (rep.n_run == 0) & (rep.n_pq == 0) & (t_first > rep.clock_hi + rep.clock_lo)
@@ -145,11 +145,8 @@ def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica, window=None) -> 
     lo = jnp.where(wake, 0.0, rep.clock_lo).astype(F32)
     arrived = w_arr <= hi + lo
     valid = from_pq | arrived
-    zero = jnp.zeros(num_s, I32)
-    nan = jnp.full(num_s, jnp.nan, F32)
-    fresh_i = jnp.stack([w_pos, w_i[0], w_i[1], w_i[2], zero, zero, zero - 1, zero], axis=-1)
-    fresh_f = jnp.stack([w_arr, jnp.zeros(num_s, F32), nan, nan], axis=-1)
-    cand_i, cand_f = materialize(jnp.where(from_pq[:, None], st.pq_i, fresh_i), jnp.where(from_pq[:, None], st.pq_f, fresh_f))
+    fresh_f = jnp.where(jnp.arange(NF) == ARRIVAL, w_arr[:, None], jnp.where(jnp.arange(NF) == SINCE, 0.0, jnp.nan).astype(F32))
+    cand_i, cand_f = materialize(jnp.where(from_pq[:, None], st.pq_i, w_rows), jnp.where(from_pq[:, None], st.pq_f, fresh_f))
     return Queue(cand_i, cand_f, valid, jnp.sum(valid).astype(I32), jnp.min(jnp.where(arrived, jnp.inf, w_arr)), hi, lo, idle & ~wake)
 
 

@@ -89,6 +89,25 @@ def empty_rows(num_slots: int):
     return ints, floats
 
 
+def stream_rows(stream, num_slots: int):
+    """A lane's stream [R, 3] (prompt, osl, hit) as the slot-table rows its requests enter with,
+    int32 [S + R + S, NI]: row j is stream position j - S (K), the request's fields, nothing computed
+    yet; the S rows before and after are empty requests. The scheduler slices its waiting window
+    out of it, whole rows, instead of assembling them every iteration."""
+    num_r = stream.shape[0]
+    rows = jnp.zeros((num_slots + num_r + num_slots, NI), jnp.int32).at[:, STEP_FIRST].set(-1)
+    rows = rows.at[num_slots : num_slots + num_r, PROMPT : HIT + 1].set(stream.astype(jnp.int32))
+    return rows.at[:, K].set(jnp.arange(rows.shape[0], dtype=jnp.int32) - num_slots)
+
+
+def widen_stream_rows(rows, extra: int):
+    """`stream_rows` [..., S + R + S, NI] for S + extra slot rows: `extra` more empty requests at each end."""
+    pad = jnp.zeros(rows.shape[:-2] + (extra, NI), jnp.int32).at[..., STEP_FIRST].set(-1)
+    first = rows[..., :1, K] - extra  # position of the new first row
+    rows = jnp.concatenate([pad, rows, pad], axis=-2)
+    return rows.at[..., K].set(first + jnp.broadcast_to(jnp.arange(rows.shape[-2], dtype=jnp.int32), first.shape[:-1] + rows.shape[-2:-1]))
+
+
 def gather_rows(parts, dests, num_slots: int):
     """Slot tables (ints [S, NI], floats [S, NF]) filled from `parts`, a list of (ints [n, NI], floats [n, NF]):
     row j of part p goes to row dests[p][j] (int32 [n]; num_slots or more: nowhere); the rows

@@ -121,3 +121,21 @@ def test_gather_rows_places_each_part_and_leaves_the_rest_empty():
     np.testing.assert_array_equal(np.asarray(got_i), want_i)
     np.testing.assert_array_equal(np.asarray(got_f), want_f)
     assert int((np.asarray(got_i)[:, K] == -1).sum()) == num_s - 9  # K = -1 marks the 3 empty rows
+
+
+def test_stream_rows_are_the_rows_requests_enter_with_and_widen_keeps_positions():
+    """Row j of `stream_rows` is stream position j - S with its prompt, output and hit tokens and
+    nothing computed; widening by `extra` adds empty requests at both ends and keeps every row's position."""
+    from jaxplan.replay.state import COMP, HIT, NI, NPRE, OSL, OUT, PROMPT, STEP_FIRST, K, stream_rows, widen_stream_rows
+
+    stream = np.array([[100, 7, 16], [50, 3, 0]], np.int32)  # two requests: (prompt, osl, hit)
+    rows = np.asarray(stream_rows(jnp.asarray(stream), 2))
+    assert rows.shape == (2 + 2 + 2, NI)
+    np.testing.assert_array_equal(rows[:, K], [-2, -1, 0, 1, 2, 3])
+    np.testing.assert_array_equal(rows[2:4][:, [PROMPT, OSL, HIT]], stream)
+    np.testing.assert_array_equal(rows[[0, 1, 4, 5]][:, [PROMPT, OSL, HIT]], 0)
+    np.testing.assert_array_equal(rows[:, [COMP, OUT, NPRE]], 0)
+    np.testing.assert_array_equal(rows[:, STEP_FIRST], -1)
+    wide = np.asarray(widen_stream_rows(jnp.asarray(np.stack([rows, rows])), 3))  # a leading lane axis
+    assert wide.shape == (2, 3 + 6 + 3, NI)
+    np.testing.assert_array_equal(wide[1], np.asarray(stream_rows(jnp.asarray(stream), 5)))

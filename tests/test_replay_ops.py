@@ -136,6 +136,6 @@ def test_stream_rows_are_the_rows_requests_enter_with_and_widen_keeps_positions(
     np.testing.assert_array_equal(rows[[0, 1, 4, 5]][:, [PROMPT, OSL, HIT]], 0)
     np.testing.assert_array_equal(rows[:, [COMP, OUT, NPRE]], 0)
     np.testing.assert_array_equal(rows[:, STEP_FIRST], -1)
-    wide = np.asarray(widen_stream_rows(jnp.asarray(np.stack([rows, rows])), 3))  # a leading lane axis
+    wide = np.asarray(widen_stream_rows(jnp.asarray(np.stack([rows, rows])), 2, 3))  # a leading lane axis
     assert wide.shape == (2, 3 + 6 + 3, NI)
     np.testing.assert_array_equal(wide[1], np.asarray(stream_rows(jnp.asarray(stream), 5)))

@@ -217,6 +217,7 @@ def balanced_widen(inputs: LaneInput, carry, extra: int):
     """The same lanes (leading axis [F]) with `extra` more slot rows per replica."""
     st, rt = carry
     num_f, num_d = st.n_run.shape
+    stream = widen_stream_rows(inputs.stream, st.run_i.shape[-2], extra)
     e_i, e_f = empty_rows(extra)
     tile = lambda e: jnp.broadcast_to(e, (num_f, num_d) + e.shape)
     widen = lambda x, e: jnp.concatenate([x, tile(e)], axis=-2)  # more slot rows
@@ -229,7 +230,7 @@ def balanced_widen(inputs: LaneInput, carry, extra: int):
         arrival=pad(st.arrival, jnp.inf),
         overflow=jnp.zeros_like(st.overflow),
     )
-    return inputs._replace(stream=widen_stream_rows(inputs.stream, extra)), (st, rt._replace(routed=pad(rt.routed, -1)))
+    return inputs._replace(stream=stream), (st, rt._replace(routed=pad(rt.routed, -1)))
 
 
 def balanced_records(carry):

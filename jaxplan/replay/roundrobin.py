@@ -43,6 +43,7 @@ def lane_demand(st: LaneState, lane: LaneInput):
 
 def widen_lanes(inputs: LaneInput, state: LaneState, extra: int):
     """The same lanes (leading axis [L]) with `extra` more slot rows."""
+    stream = widen_stream_rows(inputs.stream, state.run_i.shape[-2], extra)
     e_i, e_f = jax.vmap(lambda _: empty_rows(extra))(state.n_run)
     widen = lambda x, e: jnp.concatenate([x, e], axis=-2)  # more slot rows
     pad_inf = jnp.full(state.arrival.shape[:-1] + (extra,), jnp.inf, jnp.float32)
@@ -58,7 +59,7 @@ def widen_lanes(inputs: LaneInput, state: LaneState, extra: int):
         arrival=jnp.concatenate([pad_inf, state.arrival, pad_inf], axis=-1),
         overflow=jnp.zeros_like(state.overflow),
     )
-    return inputs._replace(stream=widen_stream_rows(inputs.stream, extra)), state
+    return inputs._replace(stream=stream), state
 
 
 def merge_lanes(inputs: LaneInput, state: LaneState, position, split, dp, lanes_done):

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxplan.replay.ops import F32, I32, cdiv, cumsum, div_small, materialize
-from jaxplan.replay.state import ARRIVAL, COMP, HIT, NF, OUT, PROMPT, SINCE, LaneState
+from jaxplan.replay.state import ARRIVAL, COMP, HIT, NF, OUT, PROMPT, LaneState, empty_rows
 
 
 class LaneInput(NamedTuple):
@@ -145,7 +145,7 @@ def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica, window=None) -> 
     lo = jnp.where(wake, 0.0, rep.clock_lo).astype(F32)
     arrived = w_arr <= hi + lo
     valid = from_pq | arrived
-    fresh_f = jnp.where(jnp.arange(NF) == ARRIVAL, w_arr[:, None], jnp.where(jnp.arange(NF) == SINCE, 0.0, jnp.nan).astype(F32))
+    fresh_f = jnp.where(jnp.arange(NF) == ARRIVAL, w_arr[:, None], empty_rows(1)[1])  # arrived, nothing else yet
     cand_i, cand_f = materialize(jnp.where(from_pq[:, None], st.pq_i, w_rows), jnp.where(from_pq[:, None], st.pq_f, fresh_f))
     return Queue(cand_i, cand_f, valid, jnp.sum(valid).astype(I32), jnp.min(jnp.where(arrived, jnp.inf, w_arr)), hi, lo, idle & ~wake)
 

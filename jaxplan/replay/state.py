@@ -100,12 +100,9 @@ def stream_rows(stream, num_slots: int):
     return rows.at[:, K].set(jnp.arange(rows.shape[0], dtype=jnp.int32) - num_slots)
 
 
-def widen_stream_rows(rows, extra: int):
-    """`stream_rows` [..., S + R + S, NI] for S + extra slot rows: `extra` more empty requests at each end."""
-    pad = jnp.zeros(rows.shape[:-2] + (extra, NI), jnp.int32).at[..., STEP_FIRST].set(-1)
-    first = rows[..., :1, K] - extra  # position of the new first row
-    rows = jnp.concatenate([pad, rows, pad], axis=-2)
-    return rows.at[..., K].set(first + jnp.broadcast_to(jnp.arange(rows.shape[-2], dtype=jnp.int32), first.shape[:-1] + rows.shape[-2:-1]))
+def widen_stream_rows(rows, num_slots: int, extra: int):
+    """Lanes' `stream_rows` [L, S + R + S, NI] for S = num_slots, rebuilt for S + extra slot rows."""
+    return jax.vmap(lambda r: stream_rows(r[num_slots : r.shape[0] - num_slots, PROMPT : HIT + 1], num_slots + extra))(rows)
 
 
 def gather_rows(parts, dests, num_slots: int):

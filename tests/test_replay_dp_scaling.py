@@ -14,9 +14,9 @@ round robin (R / N each), with the bundled physics as the step time. Why the bou
 - Lower, default max_num_seqs: N replicas each replay a subset of the one replica's burst, which
   never takes longer: >= 1.
 - Thrash: a KV cache that holds R / N requests' whole contexts but not R's makes the one replica
-  preempt and recompute while the N do not; only then may N replicas serve more than N times, and
-  only where the recomputed contexts are long enough to cost step time (short ones ride along
-  in decode steps that are bound by reading the weights).
+  preempt and recompute while the N do not; only then may N replicas serve more than N times, by
+  what the recomputation costs: a few percent where the recomputed contexts are short, more where
+  they are long.
 The accounting is checked exactly as well: N replicas of R / N identical requests each serve
 N times what one replica serves with R / N requests (the same replay N times over).
 Stage 4's estimate (predict --method analytical) obeys the same bounds; it models no preemption.
@@ -114,14 +114,18 @@ def test_equal_batches_scale_to_just_below_n(replayed):
     assert 0.98 * 4 <= ratio <= 4 * 1.01
 
 
-def test_preemption_without_costly_recompute_stays_below_n(replayed):
+def test_preemption_of_short_contexts_costs_a_few_percent(replayed, long_replayed):
     """A KV cache of R / 4 whole contexts: one replica admits prompts while their blocks fit, then
     preempts as they grow, and runs about R / 4 at a time, as each of four does without preempting.
-    Recomputing these short prompts rides along in decode steps almost free: still below 4."""
+    What it recomputes costs prefill time that the four never spend, so they serve a little more than
+    four times what it serves; with these short contexts (at most 511 tokens) less than 5% more, and
+    less than where the recomputed contexts are 2k-3k tokens."""
     one, four = replayed["one_tight"], replayed["four_tight"]
     assert one["num_preemptions"] > 0 and four["num_preemptions"] == 0
     assert four["output_tokens_per_s"] == pytest.approx(replayed["four"]["output_tokens_per_s"], rel=1e-6)  # the cache does not bind four
-    assert _ratio(replayed, "four_tight", "one_tight") <= 4 * 1.01
+    ratio = _ratio(replayed, "four_tight", "one_tight")
+    assert 4 * 0.99 <= ratio <= 4 * 1.05
+    assert ratio < _ratio(long_replayed, "four_tight", "one_tight")
 
 
 def test_more_than_n_only_when_one_replica_recomputes_long_contexts(long_replayed):

@@ -59,7 +59,7 @@ def test_unfitted_gpu_takes_kernel_fields_from_its_priors_and_the_rest_from_the_
 
 
 def test_an_unfitted_gpu_scales_its_gemm_prior_by_what_serving_reaches_of_the_tables():
-    """Both serving fits land below NVIDIA's GEMM tables (H200 0.88, B200 0.97 of them): a GPU without
+    """Both serving fits land below NVIDIA's GEMM tables (H200 0.86, B200 0.96 of them): a GPU without
     rows takes its own table value times the fitted GPUs' mean ratio, not the raw table value (found by
     an audit: the H100, the H200's silicon without serving rows, prefilled faster than the H200)."""
     from jaxplan.calibrate.run import SERVING_RATIO_FIELDS, serving_ratios
@@ -76,17 +76,58 @@ def test_an_unfitted_gpu_scales_its_gemm_prior_by_what_serving_reaches_of_the_ta
 
 
 def test_the_shipped_unfitted_gpus_reach_of_their_gemm_tables_what_the_fitted_ones_do():
-    """The H100 (the H200's silicon, no serving rows) and the L40S reach the fitted GPUs' (H200, B200,
-    A100) mean share of their GEMM tables: between the least and the greatest share, never the whole table."""
+    """The L40S (no serving rows) reaches the fitted GPUs' (H200, B200, A100) mean share of its GEMM
+    tables, between the least and the greatest share, never the whole table; the H100, the H200's
+    silicon, reaches the H200's share (`run.SAME_SILICON`)."""
     from jaxplan.physics.params import load_efficiency, load_priors
 
     shipped, priors = load_efficiency(), load_priors()
     share = {g: shipped[g]["gemm_flops_efficiency"] / priors[g]["gemm_flops_efficiency"] for g in ("h100_sxm", "l40s", "h200_sxm", "b200_sxm", "a100_sxm")}
     fitted = sorted([share["h200_sxm"], share["b200_sxm"], share["a100_sxm"]])
     assert fitted[0] < 0.95
-    for g in ("h100_sxm", "l40s"):
-        assert fitted[0] - 1e-4 <= share[g] <= fitted[-1] + 1e-4, (g, share)
-        assert share[g] == pytest.approx(sum(fitted) / 3, abs=1e-4)
+    assert fitted[0] - 1e-4 <= share["l40s"] <= fitted[-1] + 1e-4, share
+    assert share["l40s"] == pytest.approx(sum(fitted) / 3, abs=1e-4)
+    assert share["h100_sxm"] == pytest.approx(share["h200_sxm"], abs=1e-4) and share["h100_sxm"] < share["l40s"]
+
+
+def test_a_gpu_without_rows_takes_its_fitted_siblings_values_not_the_stacks_mean():
+    """A GPU whose die a fitted GPU shares (H100 = H200's GH100) takes that GPU's fitted runtime fields
+    and its serving share of the GEMM tables, and keeps its own kernel tables; a GPU without a fitted
+    sibling takes the mean of its stack's fitted GPUs; a sibling without rows changes nothing."""
+    from jaxplan.calibrate.run import SAME_SILICON, priced_without_rows
+
+    assert SAME_SILICON["h100_sxm"] == "h200_sxm"
+    priors = {g: dict(DEFAULTS, gemm_flops_efficiency=e, attention_flops_efficiency=a)
+              for g, e, a in (("h100_sxm", 0.76, 0.50), ("h200_sxm", 0.78, 0.49), ("b200_sxm", 0.70, 0.38), ("l40s", 0.60, 0.45))}
+    fitted = {"h200_sxm": dict(DEFAULTS, gemm_flops_efficiency=0.663, memory_bandwidth_efficiency=0.80, request_overhead_s=0.030),
+              "b200_sxm": dict(DEFAULTS, gemm_flops_efficiency=0.679, memory_bandwidth_efficiency=0.74, request_overhead_s=0.060)}
+    vectors = {g: fit.free_vector(v) for g, v in fitted.items()}
+    scaled = set(priors)
+    h100 = priced_without_rows("h100_sxm", priors, vectors, scaled)
+    h200 = fit.values_of(vectors["h200_sxm"])
+    assert h100["request_overhead_s"] == pytest.approx(h200["request_overhead_s"], rel=1e-6)
+    assert h100["memory_bandwidth_efficiency"] == pytest.approx(h200["memory_bandwidth_efficiency"], rel=1e-6)
+    assert h100["gemm_flops_efficiency"] == pytest.approx(0.76 * h200["gemm_flops_efficiency"] / 0.78, rel=1e-5)  # 0.646
+    assert h100["attention_flops_efficiency"] == 0.50  # its own table, not the H200's
+    l40s = priced_without_rows("l40s", priors, vectors, scaled)  # no sibling: the stack's mean (of log latencies)
+    b200 = fit.values_of(vectors["b200_sxm"])
+    assert l40s["request_overhead_s"] == pytest.approx((h200["request_overhead_s"] * b200["request_overhead_s"]) ** 0.5, rel=1e-5)
+    without_sibling = priced_without_rows("h100_sxm", priors, {"b200_sxm": vectors["b200_sxm"]}, scaled)
+    assert without_sibling["request_overhead_s"] == pytest.approx(b200["request_overhead_s"], rel=1e-6)
+
+
+def test_the_shipped_h100_is_priced_from_the_h200s_fit():
+    """In the bundled parameters the H100 carries the H200's fitted runtime fields (request overhead,
+    per-layer latency, decode's HBM fraction, all-reduce latency) and its own kernel-table fields."""
+    from jaxplan.physics.params import load_efficiency, load_priors
+
+    shipped, priors = load_efficiency(), load_priors()
+    for f in FIT_FIELDS:
+        if f in KERNEL_FIELDS + ENGINE_FIELDS:
+            continue
+        assert shipped["h100_sxm"][f] == pytest.approx(shipped["h200_sxm"][f], rel=1e-5), f
+    for f in set(KERNEL_FIELDS) - {"gemm_flops_efficiency"}:
+        assert shipped["h100_sxm"][f] == pytest.approx(priors["h100_sxm"][f], rel=1e-5), f
 
 
 def test_only_the_inconsistent_campaign_is_left_out_of_the_fit():

@@ -127,10 +127,14 @@ def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[s
     return {f: float(np.mean([values[f] / priors[g][f] for g, values in fitted.items()])) for f in SERVING_RATIO_FIELDS}
 
 
-# A GPU without rows whose die and software image equal a fitted GPU's takes that GPU's fitted values:
-# MI325X is MI300X's CDNA 3 compute die with HBM3E instead of HBM3 (its own spec peaks carry the
-# difference), and the InferenceMAX runs use the same ROCm vLLM image on both.
-SAME_SILICON = {"mi325x": "mi300x"}
+# A GPU without rows whose die and software image equal a fitted GPU's takes that GPU's fitted values
+# (its own spec peaks carry the difference, and its own kernel tables, where it has them, the kernel
+# fields): MI325X is MI300X's CDNA 3 compute die with HBM3E instead of HBM3, and the InferenceMAX runs
+# use the same ROCm vLLM image on both; H100 SXM is H200 SXM's GH100 die with 80 GB of HBM3 instead of
+# 141 GB of HBM3E, served from the same vLLM images in the same NVIDIA campaigns. The mean of the stack's
+# fitted GPUs is weaker evidence for such a GPU: priced from it (held out), the H200's Llama-3.1-70B
+# rows miss TTFT / TPOT by 16% / 9%, against 9% / 6% with its own fit (docs/calibration_report.json).
+SAME_SILICON = {"mi325x": "mi300x", "h100_sxm": "h200_sxm"}
 
 
 def software_stack(gpu: str) -> str:
@@ -152,14 +156,14 @@ def stack_peers(gpu: str, fitted: list[str]) -> list[str]:
 
 def priced_without_rows(gpu: str, priors: dict[str, dict[str, float]], vectors: dict[str, np.ndarray], scaled: set[str]) -> dict[str, float]:
     """Complete parameters of `gpu` from serving fits that did not see its rows: `vectors` (fitted GPU ->
-    its free vector; a shared fit gives every fitted GPU the same one). Its SAME_SILICON sibling's
-    values where that GPU was fitted; else `unfitted_gpu_params` of the mean free vector of its
-    `stack_peers`, the serving ratio of those peers whose priors are kernel tables (`scaled`) applied
-    where `gpu` has tables of its own."""
+    its free vector; a shared fit gives every fitted GPU the same one). `unfitted_gpu_params` of its
+    SAME_SILICON sibling's free vector where that GPU was fitted (of every fitted field where `gpu`
+    has no kernel tables), else of the mean free vector of its `stack_peers`; the serving ratio of
+    those GPUs whose priors are kernel tables (`scaled`) applied where `gpu` has tables of its own."""
     sibling = SAME_SILICON.get(gpu)
-    if sibling in vectors:
+    if sibling in vectors and gpu not in scaled:
         return {**DEFAULTS, **priors[sibling], **fit.values_of(vectors[sibling])}
-    peers = stack_peers(gpu, sorted(vectors))
+    peers = [sibling] if sibling in vectors else stack_peers(gpu, sorted(vectors))
     shared = fit.values_of(np.mean([vectors[g] for g in peers], axis=0))
     with_tables = [g for g in peers if g in scaled]
     ratios = serving_ratios({g: fit.values_of(vectors[g]) for g in with_tables}, priors) if gpu in scaled and with_tables else None

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from jaxplan.layout_kind import kind_label
 from jaxplan.specs.workload import Arrival
 
 # Row keys a finalist gains (SI units, like the sweep's own metrics).
@@ -139,21 +140,60 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
         if math.isfinite(slo) and ratio is not None and p99 * ratio > slo:
             notes.append(f"At its band's high end (p90) the winner's p99 {name} would be {p99 * ratio * 1e3:,.0f} ms, past the "
                          f"{slo * 1e3:,.0f} ms SLO.")
-    notes += unmeasured_layout_notes(best)
+    notes += unmeasured_layout_notes(best, rows[1:], workload)
     return Verdict(lead, close, tuple(notes))
 
 
-def unmeasured_layout_notes(row: dict) -> list[str]:
+def _uses_lockstep(row: dict) -> bool:
+    return int(row.get("lockstep_ranks") or 1) > 1
+
+
+def _uses_pipeline(row: dict) -> bool:
+    return int(row.get("pipeline_parallel_size") or 1) > 1
+
+
+def unmeasured_layout_notes(row: dict, others: list[dict] = (), workload=None) -> list[str]:
     """One line for each part of a finalist's layout that no measured run behind the bands checks: their
-    classes pool rows of other layouts, so the band alone would not say it (docs/accuracy.md, docs/moe.md)."""
+    classes pool rows of other layouts, so the band alone would not say it (docs/accuracy.md, docs/moe.md).
+    others: the finalists ranked after it (with `workload`), of which each line names the best without
+    that part (`best_without`), so that a cautious reader has the choice in hand."""
     notes = []
-    if int(row.get("lockstep_ranks") or 1) > 1:
+    if _uses_lockstep(row):
         notes.append("The winner runs vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured "
-                     "vLLM run here checks: its band comes from TP and EP runs (docs/moe.md).")
-    if int(row.get("pipeline_parallel_size") or 1) > 1:
+                     "vLLM run here checks: its band comes from TP and EP runs (docs/moe.md)." + best_without(others, _uses_lockstep, row, workload))
+    if _uses_pipeline(row):
         notes.append("The winner uses pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine "
-                     "(A100): measure it on your vLLM before committing (docs/accuracy.md).")
+                     "(A100): measure it on your vLLM before committing (docs/accuracy.md)." + best_without(others, _uses_pipeline, row, workload))
     return notes
+
+
+def _meets_workload(row: dict, workload) -> bool:
+    """A replayed finalist meets the workload when the replay finds no shortfall; a finalist stage 4
+    alone ranked passed its sieves to be one."""
+    from jaxplan.funnel.replay_stage import replay_shortfalls
+
+    return "replay_output_tokens_per_s" not in row or workload is None or not replay_shortfalls(row, workload)
+
+
+def best_without(others: list[dict], uses, winner: dict, workload) -> str:
+    """' The best finalist without it: ...' (its layout, cost against the winner's, p99 TTFT and TPOT,
+    replayed where it was replayed) for the first of `others` (best first) for which `uses` is false
+    and that meets the workload; a sentence saying none does where all such finalists miss it; '' where
+    every finalist uses it."""
+    without = [r for r in others if not uses(r)]
+    if not without:
+        return ""
+    meeting = [r for r in without if _meets_workload(r, workload)]
+    if not meeting:
+        return f" None of the {len(without)} finalists without it meets the workload."
+    alt = meeting[0]
+    replayed = "replay_ttft_p99_s" in alt
+    ttft, tpot = (alt["replay_ttft_p99_s"], alt["replay_tpot_p99_s"]) if replayed else (alt["ttft_p99_s"], alt["tpot_p99_s"])
+    cost = "cost_per_million_output_tokens_usd"
+    price = (f"${alt[cost]:,.2f} per million output tokens against the winner's ${winner[cost]:,.2f}" if cost in alt and cost in winner
+             else f"${alt['hourly_usd']:,.2f} an hour against the winner's ${winner['hourly_usd']:,.2f}")
+    return (f" The best finalist without it: {alt['num_gpus']} x {alt['gpu']} as {kind_label(alt)}, {price}, "
+            f"{'replayed ' if replayed else ''}p99 TTFT {ttft * 1e3:,.0f} ms, TPOT {tpot * 1e3:,.1f} ms.")
 
 
 def _high_ratio(row: dict, metric: str) -> float | None:

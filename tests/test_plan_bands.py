@@ -99,3 +99,29 @@ def test_a_layout_no_measured_run_checks_is_said():
     assert "lock-step data parallelism" in lockstep and "docs/moe.md" in lockstep
     assert len(verdict(banded([row(pipeline_parallel_size=2, lockstep_ranks=2)]), CLOSED).notes) == 2
     assert verdict(banded([row(lockstep_ranks=1, dp=8)]), CLOSED).notes == ()
+
+
+def test_the_note_names_the_best_finalist_without_the_unchecked_part():
+    """Under a pipeline-parallel winner the note names the best finalist without pipeline stages that
+    meets the workload (replayed: no shortfall), its cost against the winner's and its p99s; finalists
+    that miss an SLO in the replay are passed over; where all of them miss, it says so; where every
+    finalist uses it, nothing is added."""
+    slo = dataclasses.replace(CLOSED, ttft_slo_s=1.0, tpot_slo_s=0.05)
+    replayed = dict(replay_output_tokens_per_s=1000.0, replay_ttft_mean_s=0.2, replay_tpot_mean_s=0.02, replay_unfinished=0)
+    cost = "cost_per_million_output_tokens_usd"
+    winner = row(pipeline_parallel_size=2, **replayed, replay_ttft_p99_s=0.5, replay_tpot_p99_s=0.03, **{cost: 2.5})
+    pp_too = row(pipeline_parallel_size=4, **replayed, replay_ttft_p99_s=0.4, replay_tpot_p99_s=0.03, **{cost: 2.6})
+    misses = row(tensor_parallel_size=2, **replayed, replay_ttft_p99_s=1.5, replay_tpot_p99_s=0.03, **{cost: 2.7})  # TTFT SLO
+    meets = row(tensor_parallel_size=4, dp=2, **replayed, replay_ttft_p99_s=0.6, replay_tpot_p99_s=0.0412, **{cost: 2.8})
+    def pp_note(rows, workload=slo):
+        (note,) = [n for n in verdict(banded(rows, workload), workload).notes if "pipeline parallelism" in n]
+        return note
+
+    note = pp_note([winner, pp_too, misses, meets])
+    assert note.endswith(" The best finalist without it: 2 x h200_sxm as TP4xPP1xDP2, $2.80 per million output tokens against "
+                         "the winner's $2.50, replayed p99 TTFT 600 ms, TPOT 41.2 ms.")
+    assert pp_note([winner, pp_too, misses]).endswith(" None of the 1 finalists without it meets the workload.")
+    assert pp_note([winner, pp_too]).endswith("(docs/accuracy.md).")
+    # stage 4 only (no replay): a finalist is one because it passed; the cost per hour where no cost per token is given
+    assert pp_note([row(pipeline_parallel_size=2), row(hourly_usd=12.0)], CLOSED).endswith(" The best finalist without it: 1 x h200_sxm as TP1xPP1xDP1, $12.00 an hour against the winner's $10.00, "
+                         "p99 TTFT 500 ms, TPOT 30.0 ms.")

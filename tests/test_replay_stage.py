@@ -97,3 +97,22 @@ def test_replay_shortfalls_name_what_the_workload_misses():
     assert replay_shortfalls(dict(row, replay_unfinished=7), workload) == ["7 requests did not finish"]
     assert replay_score(short, workload) < replay_score(row, workload) - 500
     assert "no finalist meets the workload" in replay_warning(replay_shortfalls(short, workload)) and "2,745 output tok/s" in replay_warning(replay_shortfalls(short, workload))
+
+
+def test_poisson_finalists_that_meet_the_workload_tie_on_throughput_and_split_on_tpot():
+    """Poisson traffic: every finalist that meets the workload serves what arrives (stage 4's figure),
+    so equally priced ones are ordered by the objective's tie-break, the lower p99 TPOT, not by the
+    finite replay's throughput, which its ramp and drain set 0.1-0.3% apart. A closed loop still ranks
+    by the replayed throughput, and a finalist that misses the workload stays below."""
+    from jaxplan.funnel.replay_stage import replay_score
+    from jaxplan.specs.workload import Arrival, Workload
+
+    poisson = Workload(name="p", isl_mean_tokens=8000, osl_mean_tokens=300, arrival=Arrival.POISSON, request_rate_per_s=8.0,
+                       ttft_slo_s=5.0, tpot_slo_s=0.1)
+    base = dict(replay_unfinished=0, replay_ttft_p99_s=2.0, hourly_usd=16 * 2.5)
+    drains_fast = dict(base, replay_output_tokens_per_s=2355.0, replay_tpot_p99_s=0.0534)
+    decodes_fast = dict(base, replay_output_tokens_per_s=2303.0, replay_tpot_p99_s=0.0476)
+    assert replay_score(decodes_fast, poisson) > replay_score(drains_fast, poisson)
+    assert replay_score(dict(decodes_fast, replay_ttft_p99_s=6.0), poisson) < replay_score(drains_fast, poisson) - 500
+    closed = Workload(name="c", isl_mean_tokens=8000, osl_mean_tokens=300, arrival=Arrival.CLOSED, concurrency=64, ttft_slo_s=5.0, tpot_slo_s=0.1)
+    assert replay_score(drains_fast, closed) > replay_score(decodes_fast, closed)

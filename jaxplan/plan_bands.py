@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from jaxplan.layout_kind import kind_label
+from jaxplan.layout_kind import kind_label, row_kind
 from jaxplan.specs.workload import Arrival
 
 # Row keys a finalist gains (SI units, like the sweep's own metrics).
@@ -145,7 +145,7 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
 
 
 def _uses_lockstep(row: dict) -> bool:
-    return int(row.get("lockstep_ranks") or 1) > 1
+    return row_kind(row)[1] > 1
 
 
 def _uses_pipeline(row: dict) -> bool:

@@ -46,13 +46,9 @@ from jaxplan.replay.execute import advance, time_steps
 from jaxplan.replay.ops import F32, I32
 from jaxplan.replay.scheduler import LaneInput, Replica, schedule, waiting_queue
 from jaxplan.replay.state import (
-    NPRE,
-    STEP_FIRST,
-    T_ADMIT,
-    TTFT,
-    K,
     LaneState,
     empty_rows,
+    flush_in_flight,
     init_lane,
     widen_stream_rows,
 )
@@ -238,13 +234,7 @@ def balanced_records(carry):
     and the replica each request was routed to [R] (-1: never routed)."""
     st, rt = carry
     num_r = st.rec_i.shape[-1]
-    rec_i, rec_f = st.rec_i, st.rec_f
-    for ints, floats, count in ((st.run_i, st.run_f, st.n_run), (st.pq_i, st.pq_f, st.n_pq)):  # two tables
-        live = jnp.arange(ints.shape[-2])[None, :] < count[:, None]  # [D, S]
-        idx = jnp.where(live, ints[..., K], num_r).reshape(-1)
-        flat = lambda x: x.reshape(-1)
-        rec_i = rec_i.at[:, idx].set(jnp.stack([flat(ints[..., STEP_FIRST]), jnp.full(idx.shape, -1, I32), flat(ints[..., NPRE])]), mode="drop")
-        rec_f = rec_f.at[:, idx].set(jnp.stack([flat(floats[..., TTFT]), jnp.full(idx.shape, jnp.nan, F32), flat(floats[..., T_ADMIT])]), mode="drop")
+    rec_i, rec_f = flush_in_flight(st)
     num_d = rt.routed.shape[0]
     ids = jnp.where(rt.routed >= 0, rt.routed, num_r).reshape(-1)
     replica = jnp.full(num_r, -1, I32).at[ids].set(jnp.repeat(jnp.arange(num_d, dtype=I32), rt.routed.shape[1]), mode="drop")

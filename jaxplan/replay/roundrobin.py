@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxplan.replay.scheduler import LaneInput
-from jaxplan.replay.state import NPRE, STEP_FIRST, T_ADMIT, TTFT, K, LaneState, empty_rows, init_lane, widen_stream_rows
+from jaxplan.replay.state import LaneState, empty_rows, flush_in_flight, init_lane, widen_stream_rows
 from jaxplan.replay.traffic import Lanes, build_lanes, split_lanes
 
 
@@ -70,7 +70,7 @@ def merge_lanes(inputs: LaneInput, state: LaneState, position, split, dp, lanes_
     num_s = state.run_i.shape[-2]
     num_f = position.shape[0]
     replica_done = lanes_done[:, None] | (jnp.arange(num_d)[None, :] < state.replica[:, None])
-    rec_i, rec_f = _flush(state, num_r)  # [L, 3, R] by stream position of the lane's finalist
+    rec_i, rec_f = jax.vmap(flush_in_flight)(state)  # [L, 3, R] by stream position of the lane's finalist
     # Each finalist's replica d (and its stream positions) comes from the one lane that replayed it.
     d = jnp.arange(num_d, dtype=jnp.int32)
     lane_of = split.lane_of  # [F, D]
@@ -101,16 +101,3 @@ def merge_lanes(inputs: LaneInput, state: LaneState, position, split, dp, lanes_
     return fin_inputs, merged, of_position(rec_i), of_position(rec_f), replica, of_replica(replica_done)
 
 
-def _flush(state: LaneState, num_r: int):
-    """Records [L, 3, R] with the current replicas' requests in flight flushed in."""
-
-    def flush(st: LaneState):  # records of requests still in flight
-        rec_i, rec_f = st.rec_i, st.rec_f
-        for ints, floats, count in ((st.run_i, st.run_f, st.n_run), (st.pq_i, st.pq_f, st.n_pq)):
-            live = jnp.arange(ints.shape[0]) < count
-            idx = jnp.where(live, ints[:, K], num_r)
-            rec_i = rec_i.at[:, idx].set(jnp.stack([ints[:, STEP_FIRST], jnp.full_like(ints[:, K], -1), ints[:, NPRE]]), mode="drop")
-            rec_f = rec_f.at[:, idx].set(jnp.stack([floats[:, TTFT], jnp.full_like(floats[:, TTFT], jnp.nan), floats[:, T_ADMIT]]), mode="drop")
-        return rec_i, rec_f
-
-    return jax.vmap(flush)(state)

@@ -124,6 +124,23 @@ def gather_rows(parts, dests, num_slots: int):
     return src_i[src], src_f[src]
 
 
+def flush_in_flight(st: LaneState):
+    """The lane's records (rec_i, rec_f [3, R] by stream position) with the requests still in its
+    slot tables written in, as unfinished: first-token step, no finish step (-1), preemptions; TTFT,
+    no end (NaN), first admission. The tables may carry leading axes (least loaded: one per replica,
+    with counts [D])."""
+    num_r = st.rec_i.shape[-1]
+    rec_i, rec_f = st.rec_i, st.rec_f
+    for ints, floats, count in ((st.run_i, st.run_f, st.n_run), (st.pq_i, st.pq_f, st.n_pq)):  # two tables
+        count = jnp.asarray(count)
+        live = jnp.arange(ints.shape[-2]).reshape((1,) * count.ndim + (-1,)) < count[..., None]  # [..., S]
+        idx = jnp.where(live, ints[..., K], num_r).reshape(-1)
+        flat = lambda x: x.reshape(-1)
+        rec_i = rec_i.at[:, idx].set(jnp.stack([flat(ints[..., STEP_FIRST]), jnp.full(idx.shape, -1, jnp.int32), flat(ints[..., NPRE])]), mode="drop")
+        rec_f = rec_f.at[:, idx].set(jnp.stack([flat(floats[..., TTFT]), jnp.full(idx.shape, jnp.nan, jnp.float32), flat(floats[..., T_ADMIT])]), mode="drop")
+    return rec_i, rec_f
+
+
 def init_lane(arrival, submitted, max_dp: int, num_slots: int) -> LaneState:
     """Empty state for one lane: stream arrival times [R] (inf = not submitted), first unsubmitted position."""
     num_r = arrival.shape[0]

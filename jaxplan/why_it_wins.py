@@ -8,7 +8,10 @@ scored by stage 4) is set against the winner on two things the physics prices:
 - one decode step at the same load (the winner's concurrent requests, spread evenly over each
   layout's replicas), broken into `physics.step_time.StepCost`'s parts: communication (all-reduce,
   dispatch and combine), GEMMs and weight streaming, attention, overhead.
-One line per other kind, computed, never canned.
+One line per other kind, computed, never canned. Where no layout of a kind passes on the winner's
+GPU count (one GPU leaves no room for expert parallelism or lock-step ranks), the line also names
+the fewest GPUs of the winner's type on which one does (up to MAX_LARGER_COUNTS larger counts) and
+what its best layout there costs per output token against the winner.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from jaxplan.layout_kind import kind_label, kind_name, row_kind
 
 KIND_ORDER = ("tp", "ep", "dp", "dp_ep")
 MAX_ROWS = 8  # rows of one evaluation (winner + up to 3 rivals), padded: one compilation
+MAX_LARGER_COUNTS = 6  # larger GPU counts searched for a kind that does not pass on the winner's
 
 
 def why_it_wins(result, winner: dict) -> list[str]:
     """Lines saying how `winner` (a sweep or replayed row) beats the best layout of each other kind
-    on the same GPUs; [] for a dense model or a space with one kind."""
+    of the space on the same GPUs (or, where none of a kind passes there, on the fewest more GPUs
+    that run one); [] for a dense model or a space with one kind."""
     if not result.model.is_moe or len(set(result.grid.space.layout_kind)) < 2:
         return []
     from jaxplan.plots.splits import best_per_split
@@ -37,19 +42,61 @@ def why_it_wins(result, winner: dict) -> list[str]:
         kind = row_kind(r)[0]
         if kind != mine and kind not in best:
             best[kind] = r
-    rivals = [best[k] for k in KIND_ORDER if k in best]
-    if not rivals:
-        return []
-    passing = [r for r in rivals if r["passes"]]
-    costs = decode_costs(result, [winner, *passing], concurrency=float(winner["concurrency_per_replica"]) * int(winner["data_parallel_size"]))
-    lines = []
-    for r in rivals:
-        kind = row_kind(r)[0]
-        if not r["passes"]:
-            lines.append(f"{kind_name(winner)} over {kind}: no {kind} layout of {winner['num_gpus']} {winner['gpu']} passes ({r['why']})")
+    others = [k for k in KIND_ORDER if k != mine and k in set(result.grid.space.layout_kind)]
+    passing = [best[k] for k in others if k in best and best[k]["passes"]]
+    costs = decode_costs(result, [winner, *passing], concurrency=float(winner["concurrency_per_replica"]) * int(winner["data_parallel_size"])) if passing else []
+    lines, searched = [], {}
+    for kind in others:
+        r = best.get(kind)
+        if r is not None and r["passes"]:
+            lines.append(compare_line(winner, r, costs[0], costs[1 + passing.index(r)], result.grid.space.block_size_tokens))
             continue
-        lines.append(compare_line(winner, r, costs[0], costs[1 + passing.index(r)], result.grid.space.block_size_tokens))
+        if r is not None:
+            line = f"{kind_name(winner)} over {kind}: no {kind} layout of {winner['num_gpus']} {winner['gpu']} passes ({r['why']})"
+        else:
+            line = f"{kind_name(winner)} over {kind}: the space has no {kind} layout of {winner['num_gpus']} {winner['gpu']}"
+        larger = best_on_more_gpus(result, winner, kind, searched)
+        lines.append(line if larger is None else f"{line}; {more_gpus_clause(winner, larger)}")
     return lines
+
+
+def larger_counts(result, winner: dict) -> list[int]:
+    """GPU counts of the grid's layouts on the winner's GPU type larger than the winner's, ascending:
+    TP x PP x DP x lock-step ranks over the space's axes."""
+    from jaxplan.specs.space import parse_kind_label
+
+    labels = result.grid.labels
+    ranks = {parse_kind_label(k)[1] for k in labels["layout_kind"]}
+    counts = {int(tp) * int(pp) * int(dp) * r for tp in labels["tensor_parallel_size"] for pp in labels["pipeline_parallel_size"] for dp in labels["data_parallel_size"] for r in ranks}
+    return sorted(c for c in counts if c > int(winner["num_gpus"]))
+
+
+def best_on_more_gpus(result, winner: dict, kind: str, searched: dict | None = None) -> dict | None:
+    """The best passing layout of `kind` on the fewest GPUs of the winner's type above the winner's
+    count (the first MAX_LARGER_COUNTS such counts searched), or None. `searched`: {count: rows of
+    `best_per_split`}, filled as counts are evaluated, so that several kinds evaluate each count once."""
+    from jaxplan.plots.splits import best_per_split
+
+    searched = {} if searched is None else searched
+    for count in larger_counts(result, winner)[:MAX_LARGER_COUNTS]:
+        if count not in searched:
+            searched[count] = best_per_split(result, count, (winner["gpu"],))
+        rows = [r for r in searched[count] if r["passes"] and row_kind(r)[0] == kind]
+        if rows:
+            return rows[0]  # best first
+    return None
+
+
+def more_gpus_clause(winner: dict, rival: dict) -> str:
+    """How the best layout of another kind on more GPUs compares: cost per output token first (what
+    the sweep ranks by), then stage 4's throughput and p99 TPOT."""
+    cost, theirs = winner["cost_per_million_output_tokens_usd"], rival["cost_per_million_output_tokens_usd"]
+    return (
+        f"on the fewest {winner['gpu']} that run one ({rival['num_gpus']}), the best, {kind_label(rival)} "
+        f"{rival['weight_dtype']}/{rival['kv_cache_dtype']}, costs ${theirs:.2f} per million output tokens against the winner's ${cost:.2f} "
+        f"({theirs / max(cost, 1e-12):.2f}x); stage 4 {rival['output_tokens_per_s']:,.0f} vs {winner['output_tokens_per_s']:,.0f} tok/s, "
+        f"p99 TPOT {rival['tpot_p99_s'] * 1e3:.1f} vs {winner['tpot_p99_s'] * 1e3:.1f} ms"
+    )
 
 
 def compare_line(winner: dict, rival: dict, mine: dict, theirs: dict, block_size_tokens: int) -> str:

@@ -256,6 +256,28 @@ def test_why_the_winner_wins_is_computed_from_the_rows(plan):
         assert block > 0 and "decode step at" in line
 
 
+def test_a_one_gpu_winner_is_set_against_the_fewest_gpus_that_run_each_other_kind(plan):
+    """At a chat rate one H200 serves gpt-oss-120b: no EP or lock-step layout exists on one GPU, so each
+    line names the fewest H200s on which that kind passes (2: TP2 EP2, DP2 lock-step) and its cost
+    per output token against the winner's, as the rows give them."""
+    import jaxplan
+    from jaxplan.plots.splits import best_per_split
+
+    chat = jaxplan.sweep("gpt-oss-120b", "h200_sxm", "chat", "small", top=8, replay=False)  # the fixture's programs
+    winner = chat.winner.finalist.to_row()
+    assert (winner["layout_kind"], winner["num_gpus"]) == ("tp", 1)
+    assert [re.search(r" over (\w+)", line).group(1) for line in chat.winner.why] == ["ep", "dp", "dp_ep"]
+    assert "passes (" in chat.winner.why[0] and "the space has no dp layout of 1 h200_sxm" in chat.winner.why[1]
+    two = best_per_split(chat.sweep, 2, ("h200_sxm",))
+    for line in chat.winner.why:
+        kind = re.search(r" over (\w+)", line).group(1)
+        rival = next(r for r in two if r["passes"] and r["layout_kind"] == kind)  # best first
+        cost, theirs = winner["cost_per_million_output_tokens_usd"], rival["cost_per_million_output_tokens_usd"]
+        assert f"run one (2), the best, {kind_label(rival)} " in line, line
+        assert f"${theirs:.2f} per million output tokens against the winner's ${cost:.2f} ({theirs / cost:.2f}x)" in line, line
+        assert theirs > cost  # two GPUs for the rate one serves: the winner is the cheaper
+
+
 def test_a_dense_plan_says_nothing_about_kinds():
     from jaxplan.why_it_wins import why_it_wins
 

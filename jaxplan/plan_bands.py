@@ -192,7 +192,7 @@ def best_without(others: list[dict], uses, winner: dict, workload) -> str:
     cost = "cost_per_million_output_tokens_usd"
     price = (f"${alt[cost]:,.2f} per million output tokens against the winner's ${winner[cost]:,.2f}" if cost in alt and cost in winner
              else f"${alt['hourly_usd']:,.2f} an hour against the winner's ${winner['hourly_usd']:,.2f}")
-    return (f" The best finalist without it: {alt['num_gpus']} x {alt['gpu']} as {kind_label(alt)}, {price}, "
+    return (f" The best finalist without it: {_layout(alt)}, {price}, "
             f"{'replayed ' if replayed else ''}p99 TTFT {ttft * 1e3:,.0f} ms, TPOT {tpot * 1e3:,.1f} ms.")
 
 
@@ -206,4 +206,5 @@ def _high_ratio(row: dict, metric: str) -> float | None:
 
 
 def _layout(row: dict) -> str:
-    return f"{row['num_gpus']} x {row['gpu']}: TP{row['tensor_parallel_size']} x PP{row['pipeline_parallel_size']} x DP{row['data_parallel_size']}"
+    """A row's deployment as every line under the winner spells it: '16 x h100_sxm as TP2xPP1xDP8'."""
+    return f"{row['num_gpus']} x {row['gpu']} as {kind_label(row)}"

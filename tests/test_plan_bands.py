@@ -67,6 +67,7 @@ def test_a_runner_up_inside_the_bands_is_a_close_call():
     # Tokens per dollar: 100 against 95 (5% ahead); the winner's p10 (90) is below the runner-up's p90 (104.5).
     v = verdict(banded([row(tokens_per_s=1000.0), row(tokens_per_s=950.0)]), CLOSED)
     assert v.close and v.lead == pytest.approx(1000 / 950 - 1) and "Too close to call" in v.notes[0]
+    assert "runner-up (1 x h200_sxm as TP1xPP1xDP1)" in v.notes[0]  # spelled as the table and the other lines spell layouts
 
 
 def test_a_lead_wider_than_the_bands_is_not():

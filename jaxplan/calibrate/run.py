@@ -121,6 +121,21 @@ def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratio
     return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS + ENGINE_FIELDS}, **scaled}
 
 
+# The fused-MoE kernel's GEMM rate (`moe_<format>_flops_fraction`, read off NVIDIA's MoE tables) takes the
+# share of its GEMM table that the GPU's dense GEMMs reach in serving (fitted / kernel prior: H200 0.86,
+# B200 0.96): the tables time each kernel alone, and whatever keeps serving below them (clocks under
+# sustained load, other work in flight) slows the expert GEMMs as it does the dense ones. Only a GPU
+# whose priors are kernel tables has that share; the streaming rate and least time are left as read.
+MOE_SERVING_SHARE_FIELDS = tuple(f for f in moe_kernel_fields() if f.endswith("_flops_fraction"))
+
+
+def with_moe_serving_share(values: dict[str, float], prior: dict[str, float]) -> dict[str, float]:
+    """`values` (a GPU's complete parameters) with its MoE GEMM rates scaled by the serving share of its
+    GEMM table, values / prior `gemm_flops_efficiency` (see MOE_SERVING_SHARE_FIELDS), within BOUNDS."""
+    share = values["gemm_flops_efficiency"] / prior["gemm_flops_efficiency"]
+    return {**values, **{f: float(np.clip(prior[f] * share, BOUNDS[f][1], BOUNDS[f][2])) for f in MOE_SERVING_SHARE_FIELDS if f in prior}}
+
+
 def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[str, float]]) -> dict[str, float]:
     """SERVING_RATIO_FIELDS -> the mean over the fitted GPUs (`fitted`: GPU -> its serving-fit values) of
     fitted value / kernel prior (pass only GPUs whose priors are kernel tables)."""
@@ -167,7 +182,13 @@ def priced_without_rows(gpu: str, priors: dict[str, dict[str, float]], vectors: 
     shared = fit.values_of(np.mean([vectors[g] for g in peers], axis=0))
     with_tables = [g for g in peers if g in scaled]
     ratios = serving_ratios({g: fit.values_of(vectors[g]) for g in with_tables}, priors) if gpu in scaled and with_tables else None
-    return {**DEFAULTS, **unfitted_gpu_params(priors[gpu], shared, ratios, tables=gpu in scaled)}
+    return complete_params(gpu, {**DEFAULTS, **unfitted_gpu_params(priors[gpu], shared, ratios, tables=gpu in scaled)}, priors, scaled)
+
+
+def complete_params(gpu: str, values: dict[str, float], priors: dict[str, dict[str, float]], scaled: set[str]) -> dict[str, float]:
+    """A GPU's parameters as shipped and scored: `values`, with the MoE GEMM rates taking the serving
+    share of the GEMM table (`with_moe_serving_share`) where its priors are kernel tables (`scaled`)."""
+    return with_moe_serving_share(values, priors[gpu]) if gpu in scaled else values
 
 
 def trained_rows(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[dict]:
@@ -303,7 +324,7 @@ def params_without(rest: list[dict], train: list[dict], priors: dict[str, dict[s
     gpus, z, _ = serving_fit(rest, priors, steps=steps, gpus=sorted({r["gpu"] for r in train} | set(fitted_gpus)), like=train)
     vectors = {g: z[gpus.index(g)] for g in fitted_gpus}
     for g in priors:
-        params[g] = {**DEFAULTS, **priors[g], **fit.values_of(vectors[g])} if g in vectors else priced_without_rows(g, priors, vectors, scaled)
+        params[g] = complete_params(g, {**DEFAULTS, **priors[g], **fit.values_of(vectors[g])}, priors, scaled) if g in vectors else priced_without_rows(g, priors, vectors, scaled)
     return params
 
 
@@ -450,10 +471,10 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
         )
     if fitted_gpus:
         _, z, loss = serving_fit(train, priors, steps=steps, like=train)
-        for g, vector in zip(fitted_gpus, z):
-            params[g].update(fit.values_of(vector))
-        vectors = dict(zip(fitted_gpus, z))
         scaled = {g for g in gpus if prior_sources[g] != PRIOR_SOURCES[2]}
+        for g, vector in zip(fitted_gpus, z):
+            params[g] = complete_params(g, {**params[g], **fit.values_of(vector)}, priors, scaled)
+        vectors = dict(zip(fitted_gpus, z))
         report["serving_ratios"] = serving_ratios({g: params[g] for g in fitted_gpus if g in scaled}, priors)
         for g in gpus:  # GPUs without serving rows: priced from their stack's fitted GPUs (`priced_without_rows`)
             if g not in fitted_gpus:

@@ -122,17 +122,28 @@ def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratio
 
 
 # The fused-MoE kernel's GEMM rate (`moe_<format>_flops_fraction`, read off NVIDIA's MoE tables) takes the
-# share of its GEMM table that the GPU's dense GEMMs reach in serving (fitted / kernel prior: H200 0.86,
-# B200 0.96): the tables time each kernel alone, and whatever keeps serving below them (clocks under
-# sustained load, other work in flight) slows the expert GEMMs as it does the dense ones. Only a GPU
-# whose priors are kernel tables has that share; the streaming rate and least time are left as read.
+# share of the tables' GEMM rate that the GPU's dense GEMMs reach in serving: fitted (or priced) over the
+# table's `gemm_flops_efficiency` of the GPU the MoE fields come from (`moe_table_gpu`). The tables time
+# each kernel alone, and whatever keeps serving below them slows the expert GEMMs as it does the dense
+# ones; a GPU that borrows another's MoE fields (B300 and GB200 B200's, the AMD GPUs H100's defaults)
+# reaches what its own stack reaches of the dense GEMMs. The streaming rate and least time stay as read.
 MOE_SERVING_SHARE_FIELDS = tuple(f for f in moe_kernel_fields() if f.endswith("_flops_fraction"))
+# `physics.params.MOE_KERNEL_DEFAULTS`, the MoE fields of a GPU without tables of its own or a peer's, are
+# H100's table values.
+MOE_DEFAULTS_GPU = "h100_sxm"
 
 
-def with_moe_serving_share(values: dict[str, float], prior: dict[str, float]) -> dict[str, float]:
-    """`values` (a GPU's complete parameters) with its MoE GEMM rates scaled by the serving share of its
-    GEMM table, values / prior `gemm_flops_efficiency` (see MOE_SERVING_SHARE_FIELDS), within BOUNDS."""
-    share = values["gemm_flops_efficiency"] / prior["gemm_flops_efficiency"]
+def moe_table_gpu(gpu: str, scaled: set[str]) -> str:
+    """The GPU whose kernel tables `gpu`'s MoE fields were read from: its own (`scaled`: priors from
+    kernel tables), its MOE_KERNEL_PEERS peer's, else MOE_DEFAULTS_GPU's."""
+    return gpu if gpu in scaled else MOE_KERNEL_PEERS.get(gpu, MOE_DEFAULTS_GPU)
+
+
+def with_moe_serving_share(values: dict[str, float], prior: dict[str, float], table_gemm_efficiency: float) -> dict[str, float]:
+    """`values` (a GPU's complete parameters) with the MoE GEMM rates of `prior` (as read off the
+    tables) scaled by values' `gemm_flops_efficiency` over the tables' (`table_gemm_efficiency`, of
+    the GPU the MoE fields come from), within BOUNDS (see MOE_SERVING_SHARE_FIELDS)."""
+    share = values["gemm_flops_efficiency"] / table_gemm_efficiency
     return {**values, **{f: float(np.clip(prior[f] * share, BOUNDS[f][1], BOUNDS[f][2])) for f in MOE_SERVING_SHARE_FIELDS if f in prior}}
 
 
@@ -177,7 +188,7 @@ def priced_without_rows(gpu: str, priors: dict[str, dict[str, float]], vectors: 
     those GPUs whose priors are kernel tables (`scaled`) applied where `gpu` has tables of its own."""
     sibling = SAME_SILICON.get(gpu)
     if sibling in vectors and gpu not in scaled:
-        return {**DEFAULTS, **priors[sibling], **fit.values_of(vectors[sibling])}
+        return complete_params(gpu, {**DEFAULTS, **priors[sibling], **fit.values_of(vectors[sibling])}, priors, scaled)
     peers = [sibling] if sibling in vectors else stack_peers(gpu, sorted(vectors))
     shared = fit.values_of(np.mean([vectors[g] for g in peers], axis=0))
     with_tables = [g for g in peers if g in scaled]
@@ -187,8 +198,12 @@ def priced_without_rows(gpu: str, priors: dict[str, dict[str, float]], vectors: 
 
 def complete_params(gpu: str, values: dict[str, float], priors: dict[str, dict[str, float]], scaled: set[str]) -> dict[str, float]:
     """A GPU's parameters as shipped and scored: `values`, with the MoE GEMM rates taking the serving
-    share of the GEMM table (`with_moe_serving_share`) where its priors are kernel tables (`scaled`)."""
-    return with_moe_serving_share(values, priors[gpu]) if gpu in scaled else values
+    share of the GEMM tables they were read with (`with_moe_serving_share`); unchanged where those
+    tables' priors are not at hand (`scaled`: the GPUs whose priors are kernel tables)."""
+    table = moe_table_gpu(gpu, scaled)
+    if table not in scaled or gpu not in priors:
+        return values
+    return with_moe_serving_share(values, priors[gpu], priors[table]["gemm_flops_efficiency"])
 
 
 def trained_rows(rows: list[dict], priors: dict[str, dict[str, float]]) -> list[dict]:

@@ -31,7 +31,10 @@ def why_it_wins(result, winner: dict) -> list[str]:
     """Lines saying how `winner` (a sweep or replayed row) beats the best layout of each other kind
     of the space on the same GPUs (or, where none of a kind passes there, on the fewest more GPUs
     that run one); [] for a dense model or a space with one kind."""
-    if not result.model.is_moe or len(set(result.grid.space.layout_kind)) < 2:
+    if not result.model.is_moe:
+        return []
+    in_space = set(result.grid.space.layout_kind)
+    if len(in_space) < 2:
         return []
     from jaxplan.plots.splits import best_per_split
 
@@ -42,7 +45,7 @@ def why_it_wins(result, winner: dict) -> list[str]:
         kind = row_kind(r)[0]
         if kind != mine and kind not in best:
             best[kind] = r
-    others = [k for k in KIND_ORDER if k != mine and k in set(result.grid.space.layout_kind)]
+    others = [k for k in KIND_ORDER if k != mine and k in in_space]
     passing = [best[k] for k in others if k in best and best[k]["passes"]]
     costs = decode_costs(result, [winner, *passing], concurrency=float(winner["concurrency_per_replica"]) * int(winner["data_parallel_size"])) if passing else []
     lines, searched = [], {}

@@ -117,7 +117,7 @@ def unfitted_gpu_params(prior: dict[str, float], fitted: dict[str, float], ratio
     engine another GPU's rows ran, not a GPU."""
     if not tables:
         return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in ENGINE_FIELDS}}
-    scaled = {f: float(np.clip(prior[f] * r, BOUNDS[f][1], BOUNDS[f][2])) for f, r in (ratios or {}).items()}
+    scaled = {f: scaled_field(prior, f, r) for f, r in (ratios or {}).items()}
     return {**prior, **{f: fitted[f] for f in fit.FIT_FIELDS if f not in KERNEL_FIELDS + ENGINE_FIELDS}, **scaled}
 
 
@@ -144,7 +144,12 @@ def with_moe_serving_share(values: dict[str, float], prior: dict[str, float], ta
     tables) scaled by values' `gemm_flops_efficiency` over the tables' (`table_gemm_efficiency`, of
     the GPU the MoE fields come from), within BOUNDS (see MOE_SERVING_SHARE_FIELDS)."""
     share = values["gemm_flops_efficiency"] / table_gemm_efficiency
-    return {**values, **{f: float(np.clip(prior[f] * share, BOUNDS[f][1], BOUNDS[f][2])) for f in MOE_SERVING_SHARE_FIELDS if f in prior}}
+    return {**values, **{f: scaled_field(prior, f, share) for f in MOE_SERVING_SHARE_FIELDS if f in prior}}
+
+
+def scaled_field(prior: dict[str, float], field: str, ratio: float) -> float:
+    """`prior[field]` times `ratio`, within the field's BOUNDS."""
+    return float(np.clip(prior[field] * ratio, BOUNDS[field][1], BOUNDS[field][2]))
 
 
 def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -201,7 +206,7 @@ def complete_params(gpu: str, values: dict[str, float], priors: dict[str, dict[s
     share of the GEMM tables they were read with (`with_moe_serving_share`); unchanged where those
     tables' priors are not at hand (`scaled`: the GPUs whose priors are kernel tables)."""
     table = moe_table_gpu(gpu, scaled)
-    if table not in scaled or gpu not in priors:
+    if table not in scaled:
         return values
     return with_moe_serving_share(values, priors[gpu], priors[table]["gemm_flops_efficiency"])
 

@@ -150,9 +150,9 @@ def decode_costs(result, rows: list[dict], concurrency: float) -> list[dict]:
 
 
 def _decode_cost(ctx, digits, per_replica, context_tokens):
-    from jaxplan.physics.shapes import traced
+    from jaxplan.funnel.chunk import rows_context
 
-    return _jitted()(ctx._replace(model=traced(ctx.model)), digits, per_replica, context_tokens)
+    return _jitted()(rows_context(ctx), digits, per_replica, context_tokens)
 
 
 @functools.cache

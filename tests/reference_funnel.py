@@ -290,7 +290,6 @@ PAD = 4096  # stage-4 inputs are padded to this many candidates: one compilation
 def stage4_counts(ctx, survivor_digits: np.ndarray) -> Counter:
     """Stage-4 reasons of the stage-3 survivors: one jaxplan estimate over all of them at once (no
     chunks, no pages, no DP factorisation; padded to PAD rows, the padding is dropped)."""
-    import jax
     import jax.numpy as jnp
 
     counts: Counter = Counter()
@@ -299,8 +298,10 @@ def stage4_counts(ctx, survivor_digits: np.ndarray) -> Counter:
         return counts
     assert n <= PAD
     padded = np.concatenate([survivor_digits, np.repeat(survivor_digits[:1], PAD - n, axis=0)])
-    model = jax.tree.map(jnp.float32, ctx.model)  # traced: the same compilation serves every model
-    reason = np.asarray(_stage4_reason(ctx._replace(model=model), jnp.asarray(padded)))[:n]
+    from jaxplan.funnel.chunk import rows_context
+
+    # the model traced and the DP axis padded: the same compilation serves every model and space
+    reason = np.asarray(_stage4_reason(rows_context(ctx), jnp.asarray(padded)))[:n]
     for r in reason:
         counts[Reason(int(r))] += 1
     return counts

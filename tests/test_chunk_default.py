@@ -55,9 +55,9 @@ def test_small_grids_stream_one_bucketed_chunk_by_hand():
     from jaxplan.funnel.budget import SMALL_CHUNK
 
     small = Grid(parse_gpu_list("h100_sxm"), load_space("small"))  # DP 1, 2, 4, 8: runs of 4
-    assert SMALL_CHUNK == 4096 and small.sizes[-1] == 4 and small.size < SMALL_CHUNK
-    assert effective_chunk(small, CPU_CHUNK, 1) == 4096
-    assert effective_chunk(small, CPU_CHUNK, 3) == 12 * 342  # 768 candidates: 64 runs of 3 x 4, raised to the 342 that hold 4,096
+    assert SMALL_CHUNK == 8192 and small.sizes[-1] == 4 and small.size < SMALL_CHUNK
+    assert effective_chunk(small, CPU_CHUNK, 1) == 8192
+    assert effective_chunk(small, CPU_CHUNK, 3) == 12 * 683  # 768 candidates: 64 runs of 3 x 4, raised to the 683 that hold 8,192
     assert effective_chunk(small, 1000, 1) == 1000  # the caller's smaller chunk, whole runs
     assert effective_chunk(small, 1001, 1) == 1004
     wide = load_space("small").replace(max_num_seqs=tuple(range(1, 401)))  # 400 x more: 230,400 candidates
@@ -70,12 +70,12 @@ def test_a_shared_kernels_layout_table_is_padded_and_a_large_grids_is_exact():
     from jaxplan.funnel.sweep import SHARED_TABLE_ROWS, table_shape
 
     grid = Grid(parse_gpu_list("h100_sxm,h200_sxm"), load_space("small"))
-    assert grid.num_layouts == 2 * 4 * 2 * 1 * 4 and SHARED_TABLE_ROWS == 1024
-    assert table_shape(grid, 4096, shared=True) == (1024, 1024)
+    assert grid.num_layouts == 2 * 4 * 2 * 1 * 4 and SHARED_TABLE_ROWS == 2048
+    assert table_shape(grid, 4096, shared=True) == (2048, 2048)
     assert table_shape(grid, 4096, shared=False) == (grid.num_layouts, grid.layout_window(4096))
     one, three = (Grid(parse_gpu_list(g), load_space("default")) for g in ("a100_sxm", "h100_sxm,h200_sxm,b200_sxm"))
     assert (one.num_layouts, three.num_layouts) == (20 * 128, 60 * 128)
-    assert table_shape(one, 65536, shared=True) == table_shape(three, 65536, shared=True) == (32768, 1024)  # as 8 GPUs: 20,480 rows; a window of 384
+    assert table_shape(one, 65536, shared=True) == table_shape(three, 65536, shared=True) == (32768, 2048)  # as 8 GPUs: 20,480 rows; a window of 384
     dp = load_space("small").replace(data_parallel_size=tuple(range(1, 3001)))  # 48,000 layouts; as 8 GPUs, 192,000: too many
     long = Grid(parse_gpu_list("h100_sxm,h200_sxm"), dp)
     rows, window = table_shape(long, 65536, shared=True)

@@ -120,6 +120,30 @@ def test_other_gpus_and_axis_lengths_sweep_without_compiling(sweeps):
     assert {r["gpu"] for r in result.shortlist} == {"h200_sxm"} and {r["max_num_seqs"] for r in result.shortlist} <= {128, 512}
 
 
+def test_rows_of_another_dp_range_are_priced_without_compiling(sweeps):
+    """The programs that price explicit rows (the report rows, the finalists' replay arrays) take the
+    DP axis padded too (`chunk.rows_context`): after the sweeps above, the rows of a sweep whose DP
+    axis has another length compile nothing, and they are the rows that sweep's own streaming priced."""
+    from jaxplan.funnel import run_sweep
+    from jaxplan.funnel.chunk import evaluate_digits
+    from jaxplan.funnel.replay_stage import finalist_inputs
+
+    a, _ = sweeps
+    evaluate_digits(a.context, jnp.asarray([r["digits"] for r in a.shortlist[:1]] * 8, jnp.int32))
+    finalist_inputs(a, a.shortlist[:1])
+    space = load_space("small")
+    wider = space.replace(data_parallel_size=(1, 2, 3, 4, 6, 8))
+    assert len(wider.data_parallel_size) != len(space.data_parallel_size)
+    other = run_sweep(load_model("llama-3.1-8b"), parse_gpu_list("h100_sxm,a100_sxm"), load_workload("chat"), wider, top_k=5)
+    rows = other.shortlist[:1] * 8
+    with count_compilations() as events:
+        ev = jax.device_get(evaluate_digits(other.context, jnp.asarray([r["digits"] for r in rows], jnp.int32)))
+        config, _ = finalist_inputs(other, other.shortlist[:1])
+    assert not events, f"{events.count(COMPILE)} compilations and {events.count(TRACE)} traces"
+    assert float(ev.score[0]) == pytest.approx(other.shortlist[0]["score"], rel=1e-5)
+    assert int(config.data_parallel_size[0]) == other.shortlist[0]["data_parallel_size"]
+
+
 def test_sensitivity_does_not_recompile(sweeps):
     from jaxplan.elasticity import for_rows
 
@@ -236,7 +260,14 @@ def test_calibration_fit_does_not_recompile():
     assert bucket_size(2) == bucket_size(5)
     a, b = assert_no_recompilation(lambda: fit.fit_serving(first_data, ["h100_sxm"], prior("h100_sxm"), steps=3),
                                    lambda: fit.fit_serving(second_data, ["a100_sxm"], prior("a100_sxm"), steps=5), "fit_serving")
-    assert not np.allclose(a[0], b[0])
+    assert not np.allclose(a[0], b[0]) and a[0].shape[0] == b[0].shape[0] == 1
+    # two GPUs, the second without rows (second_data indexes the A100 as 0): the one-GPU fits above ran
+    # padded to MIN_FIT_GPUS, so this is their program
+    both = ["a100_sxm", "h100_sxm"]
+    with count_compilations() as events:
+        two, _ = fit.fit_serving(second_data, both, np.concatenate([prior(g) for g in both]), steps=5)
+    assert not events and two.shape[0] == 2 and fit.MIN_FIT_GPUS == 2
+    np.testing.assert_allclose(two[0], b[0][0], rtol=1e-5, atol=1e-6)  # the listed GPU without rows has no say
 
 
 def test_held_out_gpu_fits_reuse_the_complete_fits_program():
@@ -251,7 +282,7 @@ def test_held_out_gpu_fits_reuse_the_complete_fits_program():
         return [dict(r, measured_ttft_ms_mean=100.0 * (i + 1), measured_tpot_ms_mean=10.0 + i, concurrency=16 + i, request_rate=None)
                 for i, r in enumerate(rows(1000.0, 2.0, gpu) * n)]
 
-    train = measured("h100_sxm", 10) + measured("h200_sxm", 2)  # 20 and 4 rows: buckets 32 and 8 on their own
+    train = measured("h100_sxm", 10) + measured("h200_sxm", 2)  # 20 and 4 rows: a bucket of 32 (one model)
     fit._fit.clear_cache()  # counted from none: another test in this process may have compiled a bucket below
     priors = {g: {**DEFAULTS, **fit.kernel_priors(g)} for g in ("h100_sxm", "h200_sxm")}
     gpus, _, _ = run.serving_fit(train, priors, steps=3, like=train)
@@ -261,5 +292,7 @@ def test_held_out_gpu_fits_reuse_the_complete_fits_program():
     assert gpus == ["h100_sxm", "h200_sxm"] and all(np.isfinite(v) for v in held.values())
     run.serving_fit(train, priors, steps=3)  # without `like`: H100's 20 rows and H200's 4 in one bucket of 32 (one model)
     assert fit._fit._cache_size() == programs
-    run.held_out_params(train[:4] + train[-4:], "h100_sxm", priors, steps=4)  # another bucket (8): another program
+    run.held_out_params(train[:4] + train[-4:], "h100_sxm", priors, steps=4)  # 8 rows: padded to MIN_FIT_ROWS, the same program
+    assert fit._fit._cache_size() == programs and fit.MIN_FIT_ROWS == 32
+    run.held_out_params(measured("h100_sxm", 20) + measured("h200_sxm", 2), "h100_sxm", priors, steps=4)  # 44 rows: bucket 64, another program
     assert fit._fit._cache_size() == programs + 1

@@ -378,14 +378,21 @@ def log_errors(data: FitData, hw_table: Hardware):
     return jnp.concatenate(ttft_err), jnp.concatenate(tpot_err)
 
 
+# The fit's program is compiled per (GPUs, models, row bucket of each), ~10 s each on 2 cores; small
+# fits (a user's few measurements, tests) share one program from these floors up, at the cost of
+# padding rows and GPUs that carry no weight.
+MIN_FIT_ROWS = 32
+MIN_FIT_GPUS = 2
+
+
 def _padded(data: FitData, min_rows: int = 0) -> tuple:
     """Per batch: its traced model shape, its arrays padded to `buckets.bucket_size` rows (of at least
-    `min_rows`) and a weight per row (1 real, 0 padding). Everything is an array, so the fit's program
-    depends on row buckets only."""
+    `min_rows` and MIN_FIT_ROWS) and a weight per row (1 real, 0 padding). Everything is an array, so
+    the fit's program depends on row buckets only."""
     out = []
     for b, ttft, tpot, peaks, v0_pipeline in zip(data.batches, data.ttft_s, data.tpot_s, data.peaks, data.v0_pipeline):
         num = len(ttft)
-        size = bucket_size(max(num, min_rows))
+        size = bucket_size(max(num, min_rows), MIN_FIT_ROWS)
         weight = (np.arange(size) < num).astype(np.float32)
         fraction = np.broadcast_to(np.asarray(b.gpu_memory_utilization, np.float32), (num,))
         out.append((traced(b.model), pad_rows((b.gpu_index, b.layout, b.workload, ttft, tpot, peaks, fraction, v0_pipeline), num, size), weight))
@@ -412,17 +419,22 @@ def fit_serving(data: FitData, gpus: list[str], prior: np.ndarray, *, fixed: dic
     min_rows: pad each model's rows to the bucket of at least this many (`_padded`), e.g. to that of
     the complete fit, whose program a fit on fewer rows then reuses.
 
-    Compiled once per (number of GPUs, number of models, `buckets.bucket_size` of each): a fit of
-    other rows, models, GPUs or steps in the same buckets, shared or not, reuses the program (held-out
-    GPUs and folds, tests, a user's measurements). Returns (z [G, P], final loss)."""
+    Compiled once per (`buckets.bucket_size` of the number of GPUs, at least MIN_FIT_GPUS; number of
+    models; `_padded`'s row bucket of each): a fit of other rows, models, GPUs or steps in the same
+    buckets, shared or not, reuses the program (held-out GPUs and folds, tests, a user's
+    measurements); the GPUs that pad the list are listed GPUs without rows. Returns (z [G, P], final loss)."""
     padded = jax.tree.map(jnp.asarray, _padded(data, min_rows))
-    seen = np.zeros(len(gpus), np.float32)
+    num_gpus = len(gpus)
+    size = bucket_size(num_gpus, MIN_FIT_GPUS)
+    listed = list(gpus) + [gpus[-1]] * (size - num_gpus)
+    prior = np.asarray(pad_rows(np.asarray(prior), num_gpus, size))
+    seen = np.zeros(size, np.float32)
     for batch in data.batches:
         seen[np.asarray(batch.gpu_index)] = 1.0
     z0 = np.broadcast_to((seen @ prior) / max(seen.sum(), 1.0), prior.shape) if shared else prior
-    weight = seen if seen.any() else np.ones_like(seen)
-    z, loss = _fit(jnp.asarray(z0, jnp.float32), jnp.asarray(prior), jnp.asarray(weight), jnp.bool_(shared), padded, base_table(gpus, fixed), jnp.int32(steps))
-    return np.asarray(z), float(loss)
+    weight = seen if seen.any() else (np.arange(size) < num_gpus).astype(np.float32)
+    z, loss = _fit(jnp.asarray(z0, jnp.float32), jnp.asarray(prior), jnp.asarray(weight), jnp.bool_(shared), padded, base_table(listed, fixed), jnp.int32(steps))
+    return np.asarray(z)[:num_gpus], float(loss)
 
 
 # The fit's one program compiles at XLA's -O0: the same HLO and float semantics (the parameters come out

@@ -55,7 +55,7 @@ class SweepEstimate:
         )
 
 
-SMALL_CHUNK = 4096
+SMALL_CHUNK = 8192
 
 
 def effective_chunk(grid: Grid, chunk_size: int, num_devices: int) -> int:

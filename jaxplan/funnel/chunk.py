@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from jaxplan import compile_ahead, program_cache
+from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
@@ -298,6 +299,17 @@ def chunk_model(ctx: SweepContext, grid_size: int) -> tuple[SweepContext, ModelS
     return ctx._replace(model=None), ctx.model
 
 
+def rows_context(ctx: SweepContext) -> SweepContext:
+    """`ctx` as the programs that price explicit rows (digits) take it: the model traced and the DP
+    axis padded like the others (`Grid.kernel_axis_arrays`; these programs do not factorise over DP
+    and no digit reaches the padding), so one program serves every model and every space."""
+    dp = ctx.axis_values[DP_AXIS]
+    num_dp = int(dp.shape[0])
+    padded = jnp.asarray(pad_rows(dp, num_dp, bucket_size(num_dp)))
+    axis_values = tuple(padded if axis == DP_AXIS else v for axis, v in enumerate(ctx.axis_values))
+    return ctx._replace(axis_values=axis_values, model=traced(ctx.model))
+
+
 @program_cache.jit
 def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
@@ -305,13 +317,13 @@ def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
 
 
 def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
-    """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports). The model
-    shape is traced (a few rows: one program per K serves every model)."""
+    """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports; `rows_context`:
+    one program per K serves every model and space)."""
     compile_ahead.wait("evaluate_digits")
-    return _evaluate_digits(ctx._replace(model=traced(ctx.model)), digits)
+    return _evaluate_digits(rows_context(ctx), digits)
 
 
 def evaluate_digits_ahead(ctx: SweepContext, num_rows: int, num_axes: int) -> None:
     """Start compiling `evaluate_digits` for [num_rows, num_axes] digits in the background (the
     reports' rows come after the chunks, and their program is as large as the chunk kernel)."""
-    compile_ahead.ahead("evaluate_digits", _evaluate_digits, ctx._replace(model=traced(ctx.model)), jax.ShapeDtypeStruct((num_rows, num_axes), jnp.int32))
+    compile_ahead.ahead("evaluate_digits", _evaluate_digits, rows_context(ctx), jax.ShapeDtypeStruct((num_rows, num_axes), jnp.int32))

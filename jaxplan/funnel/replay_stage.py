@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan import program_cache
-from jaxplan.funnel.chunk import layout_of
+from jaxplan.funnel.chunk import layout_of, rows_context
 from jaxplan.funnel.estimate import objective
 from jaxplan.grid import candidates_from_digits
 from jaxplan.physics.memory import replay_kv_blocks
@@ -48,14 +48,14 @@ def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     """(ReplayConfig [F], `physics_params` [F]: hardware, layout, model shape) for sweep rows."""
     ctx = result.context
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
-    hw, layout, blocks = _finalist_arrays(ctx._replace(model=traced(ctx.model)), digits)
+    hw, layout, blocks = _finalist_arrays(rows_context(ctx), digits)
     return replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing), physics_params(ctx.model, hw, layout)
 
 
 @program_cache.jit
 def _finalist_arrays(ctx, digits):
     """(hardware [F], layout [F], KV blocks per replica [F]) of the candidates with `digits` [F, A]
-    (the model shape in `ctx` traced: one program serves every model)."""
+    (`ctx` as `rows_context` gives it: one program serves every model and space)."""
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     hw, layout = take(ctx.hardware, c.gpu_index), layout_of(c)
     context = ctx.workload.isl_tokens + 0.5 * ctx.workload.osl_tokens

@@ -47,7 +47,7 @@ from jaxplan.specs.workload import Workload
 from jaxplan.vllm_release import for_release, selected
 
 REPORT_ROWS = FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS  # rows evaluated for reports, padded to one shape
-SHARED_TABLE_ROWS = 1024  # a small grid's layout table and window: 40 KiB, folded in microseconds
+SHARED_TABLE_ROWS = 2048  # a small grid's layout table and window: 80 KiB, folded in microseconds
 SHARED_TABLE_MAX_ROWS = 1 << 17  # 5 MiB
 PAGES_PER_CHUNK = 4  # stages 3-4 run on survivors in pages of chunk / devices / 4
 STAGE_NAMES = {1: "structure", 2: "memory", 3: "capacity", 4: "estimate", 5: "frontier", 6: "shortlist"}

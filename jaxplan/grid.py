@@ -109,8 +109,7 @@ class Grid:
         (its last value repeated), so that grids whose axes differ in length share compiled programs.
         Digits never reach the padding (decoding counts with `sizes`); DP stays exact, because the
         chunk kernel factorises over its length."""
-        padded = lambda axis, v: v if axis == DP_AXIS else pad_rows(v, len(v), bucket_size(len(v)))  # noqa: E731
-        return tuple(jax.device_put(padded(axis, v)) for axis, v in enumerate(self._axis_values()))
+        return tuple(jax.device_put(v if axis == DP_AXIS else padded_axis(v)) for axis, v in enumerate(self._axis_values()))
 
     def axis_arrays(self) -> tuple[jnp.ndarray, ...]:
         """Numeric value of every axis entry (GPU: its index; weight dtype: its format code; KV dtype:
@@ -153,6 +152,13 @@ class Grid:
     def describe(self, digits) -> dict:
         """Human-readable axis values of one candidate."""
         return {axis: self.labels[axis][int(d)] for axis, d in zip(AXES, digits)}
+
+
+def padded_axis(values) -> np.ndarray:
+    """An axis's values [n] padded to `bucket_size(n)` entries, its last value repeated (no digit
+    reaches the padding), so that axes of other lengths in one bucket share compiled programs."""
+    num = len(values)
+    return np.asarray(pad_rows(np.asarray(values), num, bucket_size(num)))
 
 
 def decode(axis_values: tuple[jnp.ndarray, ...], sizes: jnp.ndarray, base_digits: jnp.ndarray, offsets: jnp.ndarray) -> Candidates:

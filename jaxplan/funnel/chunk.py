@@ -13,14 +13,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from jaxplan import compile_ahead, program_cache
-from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.funnel.capacity import capacity
 from jaxplan.funnel.estimate import estimate_stage
 from jaxplan.funnel.memory import memory
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.structure import before_budget, structure
 from jaxplan.funnel.tables import NEG_INF, BestTable, merge_chunk
-from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_digits, layout_index
+from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_digits, layout_index, padded_axis
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
@@ -303,10 +302,7 @@ def rows_context(ctx: SweepContext) -> SweepContext:
     """`ctx` as the programs that price explicit rows (digits) take it: the model traced and the DP
     axis padded like the others (`Grid.kernel_axis_arrays`; these programs do not factorise over DP
     and no digit reaches the padding), so one program serves every model and every space."""
-    dp = ctx.axis_values[DP_AXIS]
-    num_dp = int(dp.shape[0])
-    padded = jnp.asarray(pad_rows(dp, num_dp, bucket_size(num_dp)))
-    axis_values = tuple(padded if axis == DP_AXIS else v for axis, v in enumerate(ctx.axis_values))
+    axis_values = tuple(jnp.asarray(padded_axis(v)) if axis == DP_AXIS else v for axis, v in enumerate(ctx.axis_values))
     return ctx._replace(axis_values=axis_values, model=traced(ctx.model))
 
 

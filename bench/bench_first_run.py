@@ -3,9 +3,10 @@
 Each run is a fresh process (`jaxplan sweep --model llama-3.1-70b --gpus h100_sxm,h200_sxm
 --workload coding`, or the arguments after `--`). Reported per run: wall time, CPU time (user +
 sys, both cores), and from inside the process, JAX's own monitoring events: seconds spent
-tracing, lowering to MLIR, compiling in XLA and loading from the persistent cache (sums over
-every program and thread: with compilation on worker threads they overlap each other and the
-run), the peak RSS, plus the command's own stage times (stages 1-4 streaming, the replay).
+tracing, lowering to MLIR, compiling in XLA, loading from the persistent cache and loading the
+program cache's stored executables (sums over every program and thread: with compilation on
+worker threads they overlap each other and the run), the peak RSS, plus the command's own stage
+times (stages 1-4 streaming, the replay).
 
     python bench/bench_first_run.py --repeat 3
     python bench/bench_first_run.py --repeat 2 -- sweep --no-replay
@@ -57,6 +58,7 @@ EVENTS = {
     "lower_s": "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "xla_compile_s": "/jax/core/compile/backend_compile_duration",
     "cache_load_s": "/jax/compilation_cache/cache_retrieval_time_sec",
+    "executable_load_s": "/jaxplan/program_cache/executable_load_duration",
 }
 
 

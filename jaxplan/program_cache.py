@@ -1,4 +1,5 @@
-"""Lowered programs kept on disk, so that a warm command skips tracing its large kernels.
+"""Lowered programs and their executables kept on disk, so that a warm command loads its large
+kernels instead of tracing, lowering and looking them up.
 
 JAX's persistent compilation cache (compile_cache.py) is keyed by the lowered program, so a warm run
 still traces and lowers every kernel before it can look the program up: a third of a warm
@@ -7,19 +8,23 @@ them), this cache keys a call on what decides its program, without tracing it:
 
 - the function and the compiler options it is jitted with;
 - jaxplan's own files (sources and bundled data: `package_fingerprint`), the JAX and jaxlib
-  versions, JAX's configuration, the XLA_* and JAXPLAN_* environment variables and the devices;
+  versions, JAX's configuration, the XLA_* and JAXPLAN_* environment variables, the devices and
+  the host CPU (`host_cpu`);
 - the arguments' tree structure, shapes, dtypes, weak types and placement (values are traced, so
   they do not matter), and the static arguments' values written out in full;
 
-and stores the call's lowered program (`jax.export`, StableHLO). A later run loads it and runs it
-under a jit of one call (tracing that costs milliseconds); the compiled code itself still comes from
-JAX's compilation cache, which checks the program it is handed. A static argument that cannot be
-written out exactly (a closure, a function outside jaxplan, an object this module does not know)
-makes that call an ordinary jit call, as does a program `jax.export` refuses (remembered as an empty
-entry) or a file that cannot be read: the cache only saves time, never changes a result. Off unless
-`enable`d: the CLI does, beside the compilation cache, in <cache dir>/programs (pruned to MAX_BYTES,
-least recently used first; JAXPLAN_PROGRAM_CACHE=off turns it off alone); tests that patch jaxplan's
-internals in process never see it.
+and stores the call's lowered program (`jax.export`, StableHLO) and,
+once compiled, its executable (`jax.experimental.serialize_executable`). A later run loads the
+executable and calls it: no tracing, no lowering, no compilation-cache lookup. Where no executable
+loads (none stored, or one XLA cannot read), it runs the lowered program under a jit of one call
+(tracing that costs milliseconds), whose compiled code comes from JAX's compilation cache, which
+checks the program it is handed. A static argument that cannot be written out exactly (a closure, a
+function outside jaxplan, an object this module does not know) makes that call an ordinary jit
+call, as does a program `jax.export` refuses (remembered as an empty entry) or a file that cannot be
+read: the cache only saves time, never changes a result. Off unless `enable`d: the CLI does, beside
+the compilation cache, in <cache dir>/programs and <cache dir>/executables (each pruned to
+MAX_BYTES, least recently used first; JAXPLAN_PROGRAM_CACHE=off turns it off alone); tests that
+patch jaxplan's internals in process never see it.
 """
 
 from __future__ import annotations
@@ -33,44 +38,71 @@ import logging
 import os
 import pickle
 import threading
+import time
 import types
 from pathlib import Path
 
 import numpy as np
 
 SUBDIR = "programs"
-MAX_BYTES = 1 << 30  # pruned to this at each enable, least recently used first (a sweep stores ~0.7 MB)
+EXECUTABLES = "executables"  # beside SUBDIR: one compiled executable per stored program
+EXECUTABLE_LOAD_EVENT = "/jaxplan/program_cache/executable_load_duration"  # JAX monitoring: seconds to load one
+MAX_BYTES = 1 << 30  # each folder pruned to this at each enable, least recently used first (a sweep stores ~0.7 MB of programs)
 ENV = "JAXPLAN_PROGRAM_CACHE"  # "off": only the compilation cache (tracing and lowering every run)
 _log = logging.getLogger(__name__)
 _dir: Path | None = None
+_exe_dir: Path | None = None
 _lock = threading.Lock()
+_cache_hits = threading.local()  # .count: JAX compilation-cache hits on this thread (`_count_cache_hit`)
 _memo: dict[str, object] = {}  # key -> StoredProgram (or _NOT_STORED), for the process
 _key_locks: dict[str, threading.Lock] = {}
 
 
 def enable(compile_cache_dir: Path | None) -> Path | None:
     """Keep programs in `compile_cache_dir`/programs (None: off). The directory used, or None."""
-    global _dir
+    global _dir, _exe_dir
+    _dir = _exe_dir = None
+    _listen_for_cache_hits()
     if compile_cache_dir is None or os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
-        _dir = None
         return None
-    where = Path(compile_cache_dir) / SUBDIR
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        _dir = None
-        return None
-    _dir = where if os.access(where, os.W_OK) else None
+    _dir = _writable(Path(compile_cache_dir) / SUBDIR)
     if _dir is not None:
-        from jaxplan.compile_cache import prune
-
-        prune(_dir, MAX_BYTES)
+        _exe_dir = _writable(Path(compile_cache_dir) / EXECUTABLES)
     return _dir
 
 
+@functools.cache
+def _listen_for_cache_hits() -> None:
+    import jax
+
+    jax.monitoring.register_event_listener(_count_cache_hit)
+
+
+def _count_cache_hit(event: str, **_) -> None:
+    # JAX reports a persistent-cache hit on the thread that compiles. An executable loaded from that
+    # cache serialises incompletely (XLA:CPU: running the reloaded copy fails, "Function ... not
+    # found"), so only programs compiled here are stored (`StoredProgram.executable`).
+    if event == "/jax/compilation_cache/cache_hits":
+        _cache_hits.count = getattr(_cache_hits, "count", 0) + 1
+
+
+def _writable(where: Path) -> Path | None:
+    """`where`, made and pruned to MAX_BYTES, or None when it cannot be written."""
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    if not os.access(where, os.W_OK):
+        return None
+    from jaxplan.compile_cache import prune
+
+    prune(where, MAX_BYTES)
+    return where
+
+
 def disable() -> None:
-    global _dir
-    _dir = None
+    global _dir, _exe_dir
+    _dir = _exe_dir = None
     with _lock:
         _memo.clear()
 
@@ -101,7 +133,22 @@ def _environment() -> str:
     config = {k: v for k, v in jax.config.values.items() if not any(s in k for s in ("cache", "log", "explain", "traceback"))}
     env = {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAXPLAN_", "TF_CPP")) and k not in _ENV_NOT_KEYED}
     devices = [(d.platform, d.device_kind, d.id) for d in jax.devices()]
-    return repr((jax.__version__, jaxlib.__version__, sorted(config.items(), key=lambda kv: kv[0]), sorted(env.items()), devices, package_fingerprint()))
+    return repr((jax.__version__, jaxlib.__version__, sorted(config.items(), key=lambda kv: kv[0]), sorted(env.items()), devices, host_cpu(), package_fingerprint()))
+
+
+@functools.cache
+def host_cpu() -> str:
+    """The host CPU's model and instruction-set flags: XLA:CPU compiles for the CPU it runs on, so a
+    stored executable must not be loaded on another (a cache folder shared over a network)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            lines = [line.strip() for line in cpuinfo if line.startswith(("model name", "flags", "Features", "CPU part"))]
+        described = "\n".join(dict.fromkeys(lines))  # the first core's lines, once
+    except OSError:
+        described = ""
+    return hashlib.sha256(f"{platform.machine()}|{platform.processor()}|{described}".encode()).hexdigest()
 
 
 def static_value(x) -> str:
@@ -250,10 +297,11 @@ class CachedProgram:
                 hit = _memo.get(key)
             if hit is not None:
                 return hit or None
-            hit = _load(where / key, _mesh_of({k: v for k, v in kwargs.items() if k in self._static}), self.__name__)
+            executable = None if _exe_dir is None else _exe_dir / key
+            hit = _load(where / key, _mesh_of({k: v for k, v in kwargs.items() if k in self._static}), self.__name__, executable)
             if hit is None:  # not stored, or unreadable: export (again) and store
                 _log.debug("program cache: exporting %s (%s)", self.__name__, key[:12])
-                hit = self._export_and_store(where / key, args, kwargs)
+                hit = self._export_and_store(where / key, args, kwargs, executable)
             with _lock:
                 _memo[key] = hit or _NOT_STORED
         return hit or None
@@ -281,7 +329,7 @@ class CachedProgram:
             at += n
         return tuple(out)
 
-    def _export_and_store(self, path: Path, args, kwargs) -> StoredProgram | None:
+    def _export_and_store(self, path: Path, args, kwargs, executable: Path | None = None) -> StoredProgram | None:
         """Trace and lower the jitted function once (as jit would) and store the lowered program."""
         import jax
         from jax import export
@@ -301,7 +349,7 @@ class CachedProgram:
         try:
             with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():  # constraints name its axes
                 exported = export.export(jax.jit(flat))(*leaves)
-            program = StoredProgram(exported, in_tree, out_trees[0], self._donated_leaves(args, dynamic), self._compiler_options(), mesh, self.__name__)
+            program = StoredProgram(exported, in_tree, out_trees[0], self._donated_leaves(args, dynamic), self._compiler_options(), mesh, self.__name__, executable)
         except Exception as why:  # noqa: BLE001 - what export cannot take: the caller uses jit
             _log.debug("program cache: %s not exported (%s)", self.__name__, why)
             _write(path, b"")  # an empty entry: later runs go straight to jit instead of exporting again
@@ -324,10 +372,12 @@ _NOT_STORED = _NotStored()
 
 
 class StoredProgram:
-    """A lowered program (`jax.export.Exported`) of one jitted call, run under its own jit: tracing
-    that is a single call, and its compilation is found in JAX's compilation cache."""
+    """A lowered program (`jax.export.Exported`) of one jitted call and its compiled executable: loaded
+    from `executable` (a file) where one is stored, else compiled from the lowered program under a jit
+    of one call (tracing that is a single call, the compilation found in JAX's compilation cache) and
+    then stored there."""
 
-    def __init__(self, exported, in_tree, out_tree, donated: tuple[int, ...], compiler_options: dict | None, mesh=None, name: str = "call"):
+    def __init__(self, exported, in_tree, out_tree, donated: tuple[int, ...], compiler_options: dict | None, mesh=None, name: str = "call", executable: Path | None = None):
         import jax
 
         self.in_tree, self.out_tree, self.donated, self.compiler_options = in_tree, out_tree, tuple(donated), compiler_options
@@ -342,6 +392,21 @@ class StoredProgram:
 
         call.__name__ = call.__qualname__ = name  # JAX's compile events and profiles name the kernel, not "call"
         self._call = jax.jit(call, donate_argnums=self.donated, compiler_options=compiler_options, **shardings)
+        self._executable_path, self._name = executable, name
+        self._compiled = None  # the jax.stages.Compiled, once loaded or compiled; False: run self._call
+        self._compiled_lock = threading.Lock()
+
+    def executable(self, leaves):
+        """The compiled program for `leaves` (arrays or ShapeDtypeStructs), or None where only the jit runs it."""
+        with self._compiled_lock:
+            if self._compiled is None:
+                self._compiled = _load_executable(self._executable_path, self._name)
+                if self._compiled is None:
+                    hits = getattr(_cache_hits, "count", 0)
+                    self._compiled = self._call.lower(*leaves).compile()
+                    if getattr(_cache_hits, "count", 0) == hits:  # compiled here, not loaded from JAX's cache
+                        _store_executable(self._executable_path, self._compiled, self._name)
+            return self._compiled or None
 
     def __call__(self, args, dynamic):
         import jax
@@ -349,14 +414,71 @@ class StoredProgram:
         leaves, tree = jax.tree.flatten((args, dynamic))
         if tree != self.in_tree:
             raise Uncacheable(f"called with {tree}, stored for {self.in_tree}")
+        compiled = self.executable(leaves)
+        if compiled is not None:
+            try:
+                return jax.tree.unflatten(self.out_tree, compiled(*leaves))
+            except Exception as why:  # noqa: BLE001 - arguments it checks before running (their placement): nothing donated yet
+                _log.debug("program cache: %s's executable refused its arguments (%s); jit from now on", self._name, why)
+                self._compiled = False
+                if self._executable_path is not None:
+                    with contextlib.suppress(OSError):
+                        self._executable_path.unlink()
         return jax.tree.unflatten(self.out_tree, self._call(*leaves))
 
     def compile(self, args, dynamic):
         """Compile ahead (compile_ahead's worker); `out_info` of the result is in the call's tree."""
         import jax
 
-        compiled = self._call.lower(*jax.tree.leaves((args, dynamic))).compile()
+        leaves = jax.tree.leaves((args, dynamic))
+        compiled = self.executable(leaves) or self._call.lower(*leaves).compile()
         return types.SimpleNamespace(out_info=jax.tree.unflatten(self.out_tree, jax.tree.leaves(compiled.out_info)))
+
+
+def _load_executable(path: Path | None, name: str):
+    """The `jax.stages.Compiled` stored at `path`, on the devices it was compiled for, or None (none
+    stored, or XLA cannot load it)."""
+    if path is None:
+        return None
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        import jax
+        from jax.experimental import serialize_executable
+
+        started = time.perf_counter()
+        device_ids, serialized, in_tree, out_tree = pickle.loads(blob)
+        by_id = {d.id: d for d in jax.devices()}
+        compiled = serialize_executable.deserialize_and_load(serialized, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids])
+        jax.monitoring.record_event_duration_secs(EXECUTABLE_LOAD_EVENT, time.perf_counter() - started, fun_name=name)
+        return compiled
+    except Exception as why:  # noqa: BLE001 - a damaged or foreign file: not tried again
+        _log.debug("program cache: %s's executable not loaded (%s)", name, why)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+
+def _store_executable(path: Path | None, compiled, name: str) -> None:
+    """Write `compiled` to `path`; a program XLA cannot serialise is simply not stored, nor one of a
+    run over several processes (an executable there may span devices this process cannot load)."""
+    if path is None:
+        return
+    try:
+        import jax
+        from jax.experimental import serialize_executable
+
+        if jax.process_count() > 1:
+            return
+
+        device_ids = [d.id for d in compiled.runtime_executable().local_devices()]
+        blob = pickle.dumps((device_ids, *serialize_executable.serialize(compiled)))
+    except Exception as why:  # noqa: BLE001 - not serialisable (a backend without it): compiled each run
+        _log.debug("program cache: %s's executable not stored (%s)", name, why)
+        return
+    _write(path, blob)
 
 
 def _write(path: Path, blob: bytes) -> None:
@@ -379,7 +501,7 @@ def _mesh_of(static: dict):
     return meshes[0] if len(meshes) == 1 else None
 
 
-def _load(path: Path, mesh, name: str) -> StoredProgram | _NotStored | None:
+def _load(path: Path, mesh, name: str, executable: Path | None = None) -> StoredProgram | _NotStored | None:
     """The stored program (None: nothing stored or unreadable; _NOT_STORED: an earlier run could not export it)."""
     try:
         blob = path.read_bytes()
@@ -391,7 +513,7 @@ def _load(path: Path, mesh, name: str) -> StoredProgram | _NotStored | None:
         from jax import export
 
         serialized, in_tree, out_tree, donated, compiler_options = pickle.loads(blob)
-        return StoredProgram(export.deserialize(serialized), in_tree, out_tree, donated, compiler_options, mesh, name)
+        return StoredProgram(export.deserialize(serialized), in_tree, out_tree, donated, compiler_options, mesh, name, executable)
     except Exception as why:  # noqa: BLE001 - a damaged or foreign file: export again and overwrite it
         _log.debug("program cache: %s unreadable (%s)", path.name, why)
         return None

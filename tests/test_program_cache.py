@@ -1,5 +1,6 @@
-"""The program cache: what its key writes out, what it refuses, and programs stored, reloaded
-(in this process and in a new one) and exported again when damaged, with the same results as jit."""
+"""The program cache: what its key writes out, what it refuses, and programs and their executables
+stored, reloaded (in this process and in a new one) and made again when damaged, with the same
+results as jit."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
+
 from jaxplan import program_cache
 from jaxplan.replay import ops
 from jaxplan.replay.config import ReplayConfig
@@ -21,10 +24,32 @@ from jaxplan.replay.config import ReplayConfig
 
 @pytest.fixture
 def cache_on(tmp_path):
+    """The program cache in `tmp_path`, with JAX's compilation cache off: each program is compiled
+    here, so its executable is stored (one loaded from JAX's cache is not, see below)."""
     where = program_cache.enable(tmp_path)
     assert where == tmp_path / program_cache.SUBDIR
+    suite_cache = jax.config.jax_compilation_cache_dir
+    use_jax_cache(None)
     yield where
+    use_jax_cache(suite_cache)
     program_cache.disable()
+
+
+def use_jax_cache(where) -> None:
+    """Point JAX's compilation cache at `where` (None: off), from the next compilation on."""
+    jax.config.update("jax_compilation_cache_dir", None if where is None else str(where))
+    jax_compilation_cache.reset_cache()
+
+
+def executables(cache_on):
+    return sorted((cache_on.parent / program_cache.EXECUTABLES).iterdir())
+
+
+def lowerings():
+    """A list that grows by the name of each function JAX lowers from now on (until the test ends)."""
+    seen = []
+    jax.monitoring.register_event_duration_secs_listener(lambda name, secs, fun_name=None, **_: seen.append(fun_name) if name == "/jax/core/compile/jaxpr_to_mlir_module_duration" else None)
+    return seen
 
 
 def fresh_process(cache_on):
@@ -93,6 +118,45 @@ def test_stored_program_is_reloaded_and_gives_jit_results(cache_on, monkeypatch)
     np.testing.assert_array_equal(program(x, scale=3), want)
 
 
+def test_a_stored_executable_is_called_without_tracing_or_lowering(cache_on):
+    """The second run of a program loads its compiled executable: no export, no lowering of the
+    one-call wrapper, no compilation-cache lookup; the same numbers to the bit."""
+    x = jnp.asarray(np.random.default_rng(1).random(96), jnp.float32)
+    first = np.asarray(program(x, scale=7))
+    assert len(executables(cache_on)) == 1
+    fresh_process(cache_on)
+    lowered = lowerings()
+    again = np.asarray(program(x, scale=7))
+    assert again.tobytes() == first.tobytes()
+    assert "_test_scaled_cumsum" not in lowered and "flat" not in lowered
+
+
+def test_an_executable_from_jaxs_compilation_cache_is_not_stored(cache_on, tmp_path):
+    """An executable JAX loaded from its own cache does not serialise whole (XLA:CPU: its reloaded copy
+    fails to run), so the program cache stores only what it compiled; such a call still runs."""
+    use_jax_cache(tmp_path / "xla")
+    x = jnp.arange(24.0)
+    program(x, scale=6)  # compiled here: JAX's cache and the executable are written
+    (stored,) = executables(cache_on)
+    stored.unlink()
+    fresh_process(cache_on)
+    jax.clear_caches()
+    hits = []
+    jax.monitoring.register_event_listener(lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+    np.testing.assert_array_equal(program(x, scale=6), np.cumsum(np.arange(24.0)) * 6)
+    assert hits and executables(cache_on) == []
+
+
+def test_a_damaged_executable_is_compiled_again_and_replaced(cache_on):
+    x = jnp.arange(20.0)
+    program(x, scale=2)
+    (stored,) = executables(cache_on)
+    stored.write_bytes(b"not an executable")
+    fresh_process(cache_on)
+    np.testing.assert_array_equal(program(x, scale=2), np.cumsum(np.arange(20.0)) * 2)
+    assert stored.read_bytes() != b"not an executable"
+
+
 def test_damaged_file_is_exported_again_and_replaced(cache_on):
     x = jnp.arange(16.0)
     program(x, scale=2)
@@ -159,6 +223,10 @@ def test_donated_arguments_are_donated_by_the_stored_program(cache_on):
     np.testing.assert_array_equal(out, np.cumsum(np.arange(32.0)) * 2)
     assert donating.compiled(jnp.arange(32.0), scale=2).donated == (0,)
     assert x.is_deleted()
+    fresh_process(cache_on)  # ... and so does its executable, loaded
+    x = jnp.arange(32.0)
+    np.testing.assert_array_equal(donating(x, scale=2), np.cumsum(np.arange(32.0)) * 2)
+    assert x.is_deleted()
 
 
 def test_static_argument_by_position_is_not_keyed_and_still_runs(cache_on):
@@ -170,8 +238,10 @@ def test_static_argument_by_position_is_not_keyed_and_still_runs(cache_on):
 
 
 def test_a_new_process_loads_what_the_first_stored(tmp_path):
-    """Two real processes: the first traces the program to export it (`flat`, the flattened call),
-    the second only traces the one-call wrapper around what it loaded, and prints the same numbers."""
+    """Two real processes with two CPU devices, the arguments on the second (as the command line
+    places the sweep): the first traces the program to export it (`flat`, the flattened call) and
+    its one-call wrapper (`ceil_sum`) to compile it, the second traces neither (it loads the
+    executable, on the device it was compiled for) and prints the same numbers."""
     script = textwrap.dedent(
         f"""
         import jax, jax.numpy as jnp
@@ -183,14 +253,16 @@ def test_a_new_process_loads_what_the_first_stored(tmp_path):
         program_cache.enable({str(tmp_path)!r})
         program = program_cache.jit(ops.ceil_sum, static_argnames=("bs", "max_k"))
         k, c, g = (jnp.arange(50, dtype=jnp.int32) % 9, jnp.arange(50, dtype=jnp.int32) * 37, jnp.arange(50, dtype=jnp.int32) % 21)
+        k, c, g = jax.device_put((k, c, g), jax.devices()[1])
         out = program(k, c, g, bs=16, max_k=8)
-        print("flat" in traced, out.sum().item())
+        print("flat" in traced, "ceil_sum" in traced, out.sum().item(), list(out.devices())[0].id)
         """
     )
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"}
     first, second = (subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300) for _ in range(2))
     assert first.returncode == 0 and second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
-    traced_first, total_first = first.stdout.split()
-    traced_second, total_second = second.stdout.split()
-    assert (traced_first, traced_second) == ("True", "False")
-    assert total_first == total_second
+    assert first.stdout.split()[:2] == ["True", "True"]
+    assert second.stdout.split()[:2] == ["False", "False"]
+    assert first.stdout.split()[2:] == second.stdout.split()[2:]
+    assert second.stdout.split()[3] == "1"
+    assert len(list((tmp_path / program_cache.EXECUTABLES).iterdir())) == 1

@@ -319,6 +319,16 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
     return with_notes(rows, results, notes)
 
 
+def finite_run_throughput(steady_tokens_per_s: float, num_prompts: float, rate_per_s: float, drain_s: float) -> float:
+    """Output tokens/s of a finite open-loop run (`vllm bench serve --num-prompts N --request-rate R`)
+    that keeps up: its N prompts arrive over about N / R seconds, and its last requests then take
+    `drain_s` to finish (`Estimate.drain_s`); the benchmark divides the run's output by all of that
+    time, so a short run reports less than the steady state's `steady_tokens_per_s`, and a layout
+    that decodes more slowly, whose drain is longer, less again."""
+    arrivals_s = num_prompts / rate_per_s
+    return steady_tokens_per_s * arrivals_s / (arrivals_s + drain_s)
+
+
 def overloaded_status(rate: float, capacity: float, num_prompts: float, slots: float, given: bool) -> str:
     """The status of an open-loop row whose arrivals (`rate`, requests/s) outpace the `capacity` it
     serves at full load. No steady state exists, so no steady-state TTFT: a run of `num_prompts` that
@@ -351,10 +361,14 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
             if est.max_concurrency_per_replica[k] < 1.0:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]), status=DOES_NOT_FIT)
                 continue
-            overloaded = batch.workload.arrival_code[k] == 0 and est.utilization[k] >= 1.0
+            open_loop = batch.workload.arrival_code[k] == 0
+            overloaded = open_loop and est.utilization[k] >= 1.0
+            given = rows[i].get("num_prompts") not in (None, "")
             status = "ok"
+            throughput = float(est.output_tokens_per_s[k])
+            if open_loop and given and not overloaded:
+                throughput = finite_run_throughput(throughput, float(batch.workload.num_requests[k]), float(batch.workload.request_rate_per_s[k]), float(est.drain_s[k]))
             if overloaded:
-                given = rows[i].get("num_prompts") not in (None, "")
                 slots = float(est.max_concurrency_per_replica[k]) * float(batch.layout.data_parallel_size[k])
                 num_prompts = float(batch.workload.num_requests[k])
                 status = overloaded_status(float(batch.workload.request_rate_per_s[k]), float(est.requests_per_s[k]), num_prompts, slots, given)
@@ -365,8 +379,8 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
                 ttft_ms_p99=None if overloaded else float(est.ttft_p99_s[k]) * 1e3,
                 tpot_ms_mean=float(est.tpot_mean_s[k]) * 1e3 if one_token[k] == 0 else None,  # no TPOT with one output token
                 tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3 if one_token[k] == 0 else None,
-                output_tok_s=float(est.output_tokens_per_s[k]),
-                request_s=float(est.requests_per_s[k]),
+                output_tok_s=throughput,
+                request_s=float(est.requests_per_s[k]) * throughput / float(est.output_tokens_per_s[k]),
                 kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]),
                 status=status + _row_note(batch, k, rows[i]),
             )

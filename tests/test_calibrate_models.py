@@ -146,8 +146,8 @@ def report():
 
 
 def test_shipped_report_leave_one_model_out_per_row_group():
-    """The issue's bar (TTFT <= 15%, TPOT <= 8%, Spearman >= 0.98) is not met: docs/accuracy.md gives the
-    gap; these pin what is reached so that a change is seen."""
+    """The issue's bar (TTFT <= 15%, TPOT <= 8%, Spearman >= 0.98) is not met in TTFT and TPOT:
+    docs/accuracy.md gives the gap; these pin what is reached so that a change is seen."""
     held = report()["held_out_models"]
     assert held["llama-3.1-70b"]["fitted_on"] == [] and held["llama-3.1-8b"]["fitted_on"] == ["llama-3.1-70b"]
     for model, by_gpu in LEAVE_ONE_MODEL_OUT.items():
@@ -157,7 +157,7 @@ def test_shipped_report_leave_one_model_out_per_row_group():
             scores = held[model]["by_gpu"][gpu]
             assert scores["rows"] == rows and "not_predicted" not in scores, (model, gpu)
             assert scores["ttft_mape"] == pytest.approx(ttft, abs=0.005) and scores["tpot_mape"] == pytest.approx(tpot, abs=0.005), (model, gpu)
-    assert held["llama-3.1-70b"]["throughput_spearman"] == pytest.approx(0.970, abs=0.005)
+    assert held["llama-3.1-70b"]["throughput_spearman"] == pytest.approx(0.984, abs=0.005)
 
 
 def test_shipped_report_table_covers_every_dense_vllm_row_under_both_protocols():

@@ -147,24 +147,45 @@ def _ranks_tp8_first(rows, values, throughput, tpot):
 
 
 def test_a100_stage4_orders_every_group_and_prices_the_burst():
-    """Stage 4, with the explicit A100 fit: every rate ranks TP8 first, as measured (at QPS 1-16 both
-    serve the offered rate in steady state, a tie broken by TPOT; measured TPOT 1.8-2.2x lower on TP8),
-    and the burst's throughput ratio is within 20% of the measured 1.92x."""
+    """Stage 4, with the explicit A100 fit: every rate ranks TP8 first by throughput alone, as measured,
+    with the measured throughput ratio within 20% (QPS 1, 4, 16: each run's 200 prompts arrive over
+    200 / QPS seconds and its last requests then drain, TP4 x PP2's for twice as long, which is most of
+    the gap; the burst: its makespan), and the TPOT ratio (measured 1.8-2.2x lower on TP8) too."""
     real_data()
     from jaxplan.prediction import predict_rows
 
     for rate, rows in _a100_groups().items():
         predicted = predict_rows(rows, source="measurements", efficiency=a100_params())
-        assert _ranks_tp8_first(rows, predicted, "output_tok_s", "tpot_ms_mean"), rate
+        assert _ratio(rows, predicted, "output_tok_s") > 1.0 + TIE, rate
+        want = _ratio(rows, rows, "measured_output_tok_s")
+        assert _ratio(rows, predicted, "output_tok_s") == pytest.approx(want, rel=ORDER_TOLERANCE), rate
         measured = _ratio(rows, rows, "measured_tpot_ms_mean")
         # At QPS 16 stage 4 holds TP4 x PP2 at the whole run in flight (Little's law wants more than the 200
         # requests), where the run itself spends half its time draining: its TPOT ratio is 22% off.
         tolerance = 0.25 if rate == "16.0" else ORDER_TOLERANCE
         assert _ratio(rows, predicted, "tpot_ms_mean") == pytest.approx(measured, rel=tolerance), rate
         if rate == "inf":
-            want = _ratio(rows, rows, "measured_output_tok_s")
             assert want == pytest.approx(1.92, abs=0.02)
-            assert _ratio(rows, predicted, "output_tok_s") == pytest.approx(want, rel=ORDER_TOLERANCE)
+
+
+def test_a100_open_loop_runs_report_their_drain():
+    """`vllm bench serve` divides a run's output by its whole duration: the prompts' arrivals and then
+    the drain of the last requests. Stage 4 prices both for an open-loop row that gives num_prompts
+    (`prediction.finite_run_throughput`): the 12 A100 runs at QPS 1, 4 and 16 within 10% of their
+    measured output tok/s (the steady state's offered rate is 1.03-4.3x), and a row without
+    num_prompts keeps the steady state."""
+    real_data()
+    from jaxplan.prediction import finite_run_throughput, predict_rows
+
+    assert finite_run_throughput(1000.0, num_prompts=200, rate_per_s=4.0, drain_s=50.0) == pytest.approx(500.0)
+    rows = [row for rate, group in _a100_groups().items() if rate != "inf" for row in group]
+    predicted = predict_rows(rows, source="measurements", efficiency=a100_params())
+    for row, p in zip(rows, predicted):
+        assert p["output_tok_s"] == pytest.approx(row["measured_output_tok_s"], rel=0.10), row["source_id"]
+        assert p["request_s"] == pytest.approx(p["output_tok_s"] / row["osl"], rel=1e-5)
+    steady = predict_rows([{k: v for k, v in row.items() if k != "num_prompts"} for row in rows], source="measurements", efficiency=a100_params())
+    for row, p in zip(rows, steady):
+        assert p["output_tok_s"] == pytest.approx(float(row["request_rate"]) * row["osl"], rel=1e-4)
 
 
 def test_a100_replay_orders_every_group_and_stage4_burst_within_its_band():

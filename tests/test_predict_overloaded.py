@@ -23,7 +23,8 @@ def predicted():
 
 def test_an_overloaded_long_run_reports_the_capacity_and_no_ttft(predicted):
     stable, over, far_over = predicted[(20, 1000)], predicted[(60, 1000)], predicted[(1000, 5000)]
-    assert stable["status"] == "ok" and stable["request_s"] == pytest.approx(20.0, rel=1e-5)
+    # 1,000 prompts arrive over 50 s and the last then drain (seconds, not tens): a little under 20/s
+    assert stable["status"] == "ok" and 20.0 * 50 / (50 + 10) < stable["request_s"] < 20.0
     capacity = over["request_s"]
     assert capacity > 20.0  # the stable row is below it ...
     assert far_over["request_s"] == pytest.approx(capacity, rel=1e-5)  # ... and past it, the arrival rate no longer matters

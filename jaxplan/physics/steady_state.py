@@ -64,6 +64,7 @@ class Estimate(NamedTuple):
     max_concurrency_per_replica: jnp.ndarray  # b_max (slots the replica can run)
     utilization: jnp.ndarray  # Poisson: demand / capacity (>= 1: cannot keep up); else b / b_max
     bound: jnp.ndarray  # int32 BOUND_* code: what limits b
+    drain_s: jnp.ndarray  # once arrivals stop, until the b requests in flight are done (`wave_makespan_s`)
 
 
 def ste_ceil(x):
@@ -479,6 +480,7 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     makespan_s = wave_makespan_s(model, hw, layout, w, steps, b, per_replica)
     served = jnp.where(one_wave, dp * w.osl_tokens * per_replica / makespan_s, served)
     throughput = jnp.where(poisson & (utilization < 1.0), w.request_rate_per_s * w.osl_tokens, served)
+    drain_s = jnp.where(one_wave, makespan_s, wave_makespan_s(model, hw, layout, w, steps, b, b))
     return Estimate(
         output_tokens_per_s=throughput,
         requests_per_s=throughput / w.osl_tokens,
@@ -490,4 +492,5 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
         max_concurrency_per_replica=b_max,
         utilization=utilization,
         bound=bound,
+        drain_s=drain_s,
     )

@@ -140,7 +140,6 @@ def test_an_executable_from_jaxs_compilation_cache_is_not_stored(cache_on, tmp_p
     (stored,) = executables(cache_on)
     stored.unlink()
     fresh_process(cache_on)
-    jax.clear_caches()
     hits = []
     jax.monitoring.register_event_listener(lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
     np.testing.assert_array_equal(program(x, scale=6), np.cumsum(np.arange(24.0)) * 6)

@@ -24,7 +24,7 @@ from jaxplan.errors import bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
 from jaxplan.physics.params import efficiency_for, load_efficiency
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
-from jaxplan.physics.steady_state import estimate
+from jaxplan.physics.steady_state import estimate, run_drain_s
 from jaxplan.physics.traffic import WorkloadParams, length_shape, longest_output_factor
 from jaxplan.row_gpu import given as _given
 from jaxplan.row_gpu import gpu_key, row_gpu
@@ -233,7 +233,8 @@ def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:
 
 @jax.jit
 def _estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
-    return estimate(model, hw, layout, w, gpu_memory_utilization)
+    est = estimate(model, hw, layout, w, gpu_memory_utilization)
+    return est, run_drain_s(model, hw, layout, w, est.concurrency_per_replica)
 
 
 # Rows per stage-4 program at least: every CSV, campaign or fold up to this many rows shares one
@@ -242,14 +243,14 @@ PREDICT_MIN_ROWS = 256
 
 
 def estimate_rows(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, gpu_memory_utilization):
-    """Stage-4 estimate for [N] rows (hw already gathered per row). The model shape is traced
-    (float32) and the rows padded to `buckets.bucket_size(N, PREDICT_MIN_ROWS)`: one compilation
-    per bucket serves every model and every N in it."""
+    """(Stage-4 Estimate, `steady_state.run_drain_s` [N] s) for [N] rows (hw already gathered per row).
+    The model shape is traced (float32) and the rows padded to `buckets.bucket_size(N,
+    PREDICT_MIN_ROWS)`: one compilation per bucket serves every model and every N in it."""
     num = int(np.shape(layout.tensor_parallel_size)[0])
     size = bucket_size(num, PREDICT_MIN_ROWS)
     fraction = np.broadcast_to(np.asarray(gpu_memory_utilization, np.float32), (num,))  # a scalar or [N] per row
-    est = _estimate_rows(traced(model), *pad_rows((hw, layout, w, fraction), num, size))
-    return unpad_rows(est, num, size)
+    out = _estimate_rows(traced(model), *pad_rows((hw, layout, w, fraction), num, size))
+    return unpad_rows(out, num, size)
 
 
 def weight_only_note(gpu, weight_dtype: str) -> str:
@@ -322,7 +323,7 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
 def finite_run_throughput(steady_tokens_per_s: float, num_prompts: float, rate_per_s: float, drain_s: float) -> float:
     """Output tokens/s of a finite open-loop run (`vllm bench serve --num-prompts N --request-rate R`)
     that keeps up: its N prompts arrive over about N / R seconds, and its last requests then take
-    `drain_s` to finish (`Estimate.drain_s`); the benchmark divides the run's output by all of that
+    `drain_s` to finish (`steady_state.run_drain_s`); the benchmark divides the run's output by all of that
     time, so a short run reports less than the steady state's `steady_tokens_per_s`, and a layout
     that decodes more slowly, whose drain is longer, less again."""
     arrivals_s = num_prompts / rate_per_s
@@ -350,7 +351,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
     invalid = invalid_rows(rows, source)
     for batch in row_batches(rows, source):
         hw = row_hardware(batch, params_path, efficiency)
-        est = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization))
+        est, drain = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization))
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
         blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
         one_token = np.asarray(batch.workload.osl_tokens) <= 1.0
@@ -367,7 +368,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
             status = "ok"
             throughput = float(est.output_tokens_per_s[k])
             if open_loop and given and not overloaded:
-                throughput = finite_run_throughput(throughput, float(batch.workload.num_requests[k]), float(batch.workload.request_rate_per_s[k]), float(est.drain_s[k]))
+                throughput = finite_run_throughput(throughput, float(batch.workload.num_requests[k]), float(batch.workload.request_rate_per_s[k]), float(drain[k]))
             if overloaded:
                 slots = float(est.max_concurrency_per_replica[k]) * float(batch.layout.data_parallel_size[k])
                 num_prompts = float(batch.workload.num_requests[k])

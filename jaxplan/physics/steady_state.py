@@ -64,7 +64,6 @@ class Estimate(NamedTuple):
     max_concurrency_per_replica: jnp.ndarray  # b_max (slots the replica can run)
     utilization: jnp.ndarray  # Poisson: demand / capacity (>= 1: cannot keep up); else b / b_max
     bound: jnp.ndarray  # int32 BOUND_* code: what limits b
-    drain_s: jnp.ndarray  # once arrivals stop, until the b requests in flight are done (`wave_makespan_s`)
 
 
 def ste_ceil(x):
@@ -356,6 +355,12 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
     return line_s + drain_s
 
 
+def run_drain_s(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, b):
+    """Seconds until the b requests a replica holds (`Estimate.concurrency_per_replica`) are done once
+    no more arrive: the end of a finite open-loop run, timed as `wave_makespan_s` times b requests."""
+    return wave_makespan_s(model, hw, layout, w, _steps(model, hw, layout, w, b), b, b)
+
+
 def _p99_share(wave):
     """How far into its wait the p99 request of a run is when `wave` of its requests (a fraction) arrive
     together and wait for one another: the slowest 1% / wave of them wait longest, so 0 while the wave
@@ -480,7 +485,6 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     makespan_s = wave_makespan_s(model, hw, layout, w, steps, b, per_replica)
     served = jnp.where(one_wave, dp * w.osl_tokens * per_replica / makespan_s, served)
     throughput = jnp.where(poisson & (utilization < 1.0), w.request_rate_per_s * w.osl_tokens, served)
-    drain_s = jnp.where(one_wave, makespan_s, wave_makespan_s(model, hw, layout, w, steps, b, b))
     return Estimate(
         output_tokens_per_s=throughput,
         requests_per_s=throughput / w.osl_tokens,
@@ -492,5 +496,4 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
         max_concurrency_per_replica=b_max,
         utilization=utilization,
         bound=bound,
-        drain_s=drain_s,
     )

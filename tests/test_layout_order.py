@@ -140,12 +140,6 @@ def _ratio(rows, values, key):
     return _mean(tp8) / _mean(pp2)
 
 
-def _ranks_tp8_first(rows, values, throughput, tpot):
-    """TP8 first by the planner's rule: more output tok/s, within TIE lower TPOT."""
-    tput, lat = _ratio(rows, values, throughput), _ratio(rows, values, tpot)
-    return tput > 1.0 + TIE or (abs(tput - 1.0) <= TIE and lat < 1.0)
-
-
 def test_a100_stage4_orders_every_group_and_prices_the_burst():
     """Stage 4, with the explicit A100 fit: every rate ranks TP8 first by throughput alone, as measured,
     with the measured throughput ratio within 20% (QPS 1, 4, 16: each run's 200 prompts arrive over

@@ -320,14 +320,14 @@ def predict_rows(rows: list[dict], params_path: str | None = None, source: str =
     return with_notes(rows, results, notes)
 
 
-def finite_run_throughput(steady_tokens_per_s: float, num_prompts: float, rate_per_s: float, drain_s: float) -> float:
-    """Output tokens/s of a finite open-loop run (`vllm bench serve --num-prompts N --request-rate R`)
-    that keeps up: its N prompts arrive over about N / R seconds, and its last requests then take
-    `drain_s` to finish (`steady_state.run_drain_s`); the benchmark divides the run's output by all of that
-    time, so a short run reports less than the steady state's `steady_tokens_per_s`, and a layout
-    that decodes more slowly, whose drain is longer, less again."""
+def finite_run_share(num_prompts: float, rate_per_s: float, drain_s: float) -> float:
+    """The share of a finite open-loop run (`vllm bench serve --num-prompts N --request-rate R`) that
+    keeps up spent while its prompts arrive: they arrive over about N / R seconds, and its last
+    requests then take `drain_s` to finish (`steady_state.run_drain_s`). The benchmark divides the
+    run's output by all of that time, so it reports this share of the steady state's throughput: less
+    for a short run, and less again for a layout that decodes more slowly, whose drain is longer."""
     arrivals_s = num_prompts / rate_per_s
-    return steady_tokens_per_s * arrivals_s / (arrivals_s + drain_s)
+    return arrivals_s / (arrivals_s + drain_s)
 
 
 def overloaded_status(rate: float, capacity: float, num_prompts: float, slots: float, given: bool) -> str:
@@ -366,9 +366,9 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
             overloaded = open_loop and est.utilization[k] >= 1.0
             given = rows[i].get("num_prompts") not in (None, "")
             status = "ok"
-            throughput = float(est.output_tokens_per_s[k])
+            share = 1.0
             if open_loop and given and not overloaded:
-                throughput = finite_run_throughput(throughput, float(batch.workload.num_requests[k]), float(batch.workload.request_rate_per_s[k]), float(drain[k]))
+                share = finite_run_share(float(batch.workload.num_requests[k]), float(batch.workload.request_rate_per_s[k]), float(drain[k]))
             if overloaded:
                 slots = float(est.max_concurrency_per_replica[k]) * float(batch.layout.data_parallel_size[k])
                 num_prompts = float(batch.workload.num_requests[k])
@@ -380,8 +380,8 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
                 ttft_ms_p99=None if overloaded else float(est.ttft_p99_s[k]) * 1e3,
                 tpot_ms_mean=float(est.tpot_mean_s[k]) * 1e3 if one_token[k] == 0 else None,  # no TPOT with one output token
                 tpot_ms_p99=float(est.tpot_p99_s[k]) * 1e3 if one_token[k] == 0 else None,
-                output_tok_s=throughput,
-                request_s=float(est.requests_per_s[k]) * throughput / float(est.output_tokens_per_s[k]),
+                output_tok_s=float(est.output_tokens_per_s[k]) * share,
+                request_s=float(est.requests_per_s[k]) * share,
                 kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]),
                 status=status + _row_note(batch, k, rows[i]),
             )

@@ -165,13 +165,13 @@ def test_a100_stage4_orders_every_group_and_prices_the_burst():
 def test_a100_open_loop_runs_report_their_drain():
     """`vllm bench serve` divides a run's output by its whole duration: the prompts' arrivals and then
     the drain of the last requests. Stage 4 prices both for an open-loop row that gives num_prompts
-    (`prediction.finite_run_throughput`): the 12 A100 runs at QPS 1, 4 and 16 within 10% of their
+    (`prediction.finite_run_share`): the 12 A100 runs at QPS 1, 4 and 16 within 10% of their
     measured output tok/s (the steady state's offered rate is 1.03-4.3x), and a row without
     num_prompts keeps the steady state."""
     real_data()
-    from jaxplan.prediction import finite_run_throughput, predict_rows
+    from jaxplan.prediction import finite_run_share, predict_rows
 
-    assert finite_run_throughput(1000.0, num_prompts=200, rate_per_s=4.0, drain_s=50.0) == pytest.approx(500.0)
+    assert finite_run_share(num_prompts=200, rate_per_s=4.0, drain_s=50.0) == pytest.approx(0.5)  # 50 s of arrivals, 50 s of drain
     rows = [row for rate, group in _a100_groups().items() if rate != "inf" for row in group]
     predicted = predict_rows(rows, source="measurements", efficiency=a100_params())
     for row, p in zip(rows, predicted):

@@ -64,7 +64,7 @@ def test_a_rate_capped_by_clients_is_predicted_as_the_regime_that_binds():
     fast = dict(slow, request_rate=1000.0)
     for method in (predict_rows, replay_predict_rows):
         at_rate, clients = method([slow, fast])
-        # stage 4: the 64 prompts' 64 s of arrivals and then their last requests' drain (finite_run_throughput)
+        # stage 4: the 64 prompts' 64 s of arrivals and then their last requests' drain (finite_run_share)
         assert at_rate["request_s"] == pytest.approx(1.0, rel=0.3 if method is replay_predict_rows else 0.01), method.__name__
         assert "request_rate 1/s binds" in at_rate["status"] and at_rate["concurrency"] == 16 and at_rate["request_rate"] == 1.0
         closed = method([dict(fast, request_rate=None)])[0]

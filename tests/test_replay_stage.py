@@ -74,7 +74,7 @@ def test_pipeline_stages_carry_a_budget_each_in_replay_and_stage_four():
            "isl": 8000, "osl": 300, "request_rate": 2.2, "num_prompts": 400, "max_num_seqs": 32, "max_num_batched_tokens": 256}  # fmt: skip
     analytical, replayed = predict_rows([row])[0], replay_predict_rows([row])[0]
     assert analytical["status"] == replayed["status"] == "ok"
-    # stage 4 keeps up: the 400 prompts arrive over 182 s and then drain (`finite_run_throughput`)
+    # stage 4 keeps up: the 400 prompts arrive over 182 s and then drain (`finite_run_share`)
     assert 0.9 * 2.2 * 300 < analytical["output_tok_s"] < 2.2 * 300
     assert replayed["output_tok_s"] > 0.8 * analytical["output_tok_s"]  # 400 requests: ramp-up and drain included
     assert replayed["ttft_ms_mean"] < 3000  # no runaway queue

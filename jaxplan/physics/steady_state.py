@@ -357,7 +357,7 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
 
 def run_drain_s(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, b):
     """Seconds until the b requests a replica holds (`Estimate.concurrency_per_replica`) are done once
-    no more arrive: the end of a finite open-loop run, timed as `wave_makespan_s` times b requests."""
+    no more arrive: the end of a finite open-loop run, timed as `wave_makespan_s` of b requests."""
     return wave_makespan_s(model, hw, layout, w, _steps(model, hw, layout, w, b), b, b)
 
 

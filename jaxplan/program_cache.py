@@ -13,18 +13,18 @@ them), this cache keys a call on what decides its program, without tracing it:
 - the arguments' tree structure, shapes, dtypes, weak types and placement (values are traced, so
   they do not matter), and the static arguments' values written out in full;
 
-and stores the call's lowered program (`jax.export`, StableHLO) and,
-once compiled, its executable (`jax.experimental.serialize_executable`). A later run loads the
-executable and calls it: no tracing, no lowering, no compilation-cache lookup. Where no executable
-loads (none stored, or one XLA cannot read), it runs the lowered program under a jit of one call
-(tracing that costs milliseconds), whose compiled code comes from JAX's compilation cache, which
-checks the program it is handed. A static argument that cannot be written out exactly (a closure, a
-function outside jaxplan, an object this module does not know) makes that call an ordinary jit
-call, as does a program `jax.export` refuses (remembered as an empty entry) or a file that cannot be
-read: the cache only saves time, never changes a result. Off unless `enable`d: the CLI does, beside
-the compilation cache, in <cache dir>/programs and <cache dir>/executables (each pruned to
-MAX_BYTES, least recently used first; JAXPLAN_PROGRAM_CACHE=off turns it off alone); tests that
-patch jaxplan's internals in process never see it.
+and stores the call's lowered program (`jax.export`, StableHLO) and, once compiled, its executable
+(`jax.experimental.serialize_executable`). A later run loads the executable and calls it: no
+tracing, no lowering, no compilation-cache lookup. Where no executable loads (none stored, or one XLA
+cannot read), it runs the lowered program under a jit of one call (tracing that costs milliseconds),
+whose compiled code comes from JAX's compilation cache, which checks the program it is handed. A
+static argument that cannot be written out exactly (a closure, a function outside jaxplan, an object
+this module does not know) makes that call an ordinary jit call, as does a program `jax.export`
+refuses (remembered as an empty entry) or a file that cannot be read: the cache only saves time,
+never changes a result. Off unless `enable`d: the CLI does, beside the compilation cache, in
+<cache dir>/programs and <cache dir>/executables (each pruned to MAX_BYTES, least recently used
+first; JAXPLAN_PROGRAM_CACHE=off turns it off alone); tests that patch jaxplan's internals in
+process never see it.
 """
 
 from __future__ import annotations
@@ -59,15 +59,16 @@ _key_locks: dict[str, threading.Lock] = {}
 
 
 def enable(compile_cache_dir: Path | None) -> Path | None:
-    """Keep programs in `compile_cache_dir`/programs (None: off). The directory used, or None."""
+    """Keep programs in `compile_cache_dir`/programs and their executables in
+    `compile_cache_dir`/executables (None: off). The programs' directory used, or None."""
     global _dir, _exe_dir
     _dir = _exe_dir = None
-    _listen_for_cache_hits()
     if compile_cache_dir is None or os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
         return None
     _dir = _writable(Path(compile_cache_dir) / SUBDIR)
     if _dir is not None:
         _exe_dir = _writable(Path(compile_cache_dir) / EXECUTABLES)
+        _listen_for_cache_hits()
     return _dir
 
 

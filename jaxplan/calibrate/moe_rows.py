@@ -105,12 +105,14 @@ def relabelled_expert_parallel(raw: dict) -> bool:
 
 
 @functools.cache
-def moe_silicon_rows(root: Path) -> tuple[tuple[dict, ...], tuple]:
-    """(rows, sorted (reason, count) pairs of the source rows left out) of the vLLM MoE silicon rows."""
+def moe_silicon_rows(root: Path, backend: str = "vllm") -> tuple[tuple[dict, ...], tuple]:
+    """(rows, sorted (reason, count) pairs of the source rows left out) of the MoE silicon rows of one
+    serving engine: vLLM's are the ones scored; another engine's rows of the same campaign tell a
+    campaign's behaviour from the physics' (docs/accuracy.md)."""
     dropped, rows, seen = Counter(), [], set()
     for raw in silicon_source(root):
         model = MOE_MODELS.get(raw["model_path"].strip().lower())
-        if raw["backend"] != "vllm" or model is None:
+        if raw["backend"] != backend or model is None:
             continue
         if reason := silicon_run_left_out(raw):
             dropped[reason] += 1
@@ -139,7 +141,7 @@ def moe_silicon_rows(root: Path) -> tuple[tuple[dict, ...], tuple]:
         isl, osl = float(raw["isl"]), float(raw["osl"])
         ttft, tpot = float(raw["silicon_ttft_ms"]), float(raw["silicon_tpot_ms"])
         kv = moe_kv_cache_dtype(dtype)
-        notes = [f"vllm {raw['backend_version'] or '(version not given)'}", f"gemm/moe quant {raw['gemm_quant_mode']}/{raw['moe_quant_mode']}",
+        notes = [f"{backend} {raw['backend_version'] or '(version not given)'}", f"gemm/moe quant {raw['gemm_quant_mode']}/{raw['moe_quant_mode']}",
                  f"AIC layout tp{tp} attention_dp{raw['attention_dp_size'] or '-'} moe_tp{raw['moe_tp_size']} moe_ep{raw['moe_ep_size']}",
                  f"kv dtype not stated ({kv} assumed)", f"request count not stated: {REQUESTS_PER_CLIENT} x concurrency assumed"]
         rows.append(make_row(
@@ -147,7 +149,7 @@ def moe_silicon_rows(root: Path) -> tuple[tuple[dict, ...], tuple]:
             weight_dtype=dtype, kv_cache_dtype=kv, isl=isl, osl=osl, concurrency=concurrency, num_prompts=REQUESTS_PER_CLIENT * concurrency,
             measured_ttft_ms_mean=ttft, measured_tpot_ms_mean=tpot,
             measured_output_tok_s=concurrency * osl / ((ttft + (osl - 1.0) * tpot) * 1e-3), measured_output_tok_s_derived=True,
-            dataset=MOE_SILICON, backend="vllm", source_id=raw["id"], notes="; ".join(notes),
+            dataset=MOE_SILICON, backend=backend, source_id=raw["id"], notes="; ".join(notes),
         ))
     return tuple(rows), tuple(sorted(dropped.items()))
 

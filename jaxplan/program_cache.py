@@ -14,7 +14,8 @@ them), this cache keys a call on what decides its program, without tracing it:
   they do not matter), and the static arguments' values written out in full;
 
 and stores the call's lowered program (`jax.export`, StableHLO) and, once compiled, its executable
-(`jax.experimental.serialize_executable`). A later run loads the executable and calls it: no
+(`jax.experimental.serialize_executable`), keyed by that program without its source locations and by
+the environment less jaxplan's files (`executable_key`). A later run loads the executable and calls it: no
 tracing, no lowering, no compilation-cache lookup. Where no executable loads (none stored, or one XLA
 cannot read), it runs the lowered program under a jit of one call (tracing that costs milliseconds),
 whose compiled code comes from JAX's compilation cache, which checks the program it is handed. A
@@ -37,6 +38,7 @@ import inspect
 import logging
 import os
 import pickle
+import re
 import threading
 import time
 import types
@@ -126,15 +128,44 @@ def package_fingerprint() -> str:
 _ENV_NOT_KEYED = frozenset({"JAXPLAN_CACHE_DIR", ENV, "JAXPLAN_DEBUG", "JAXPLAN_COMPILE_AHEAD", "JAXPLAN_TEST_XLA_CACHE"})
 
 
-def _environment() -> str:
-    """What every key shares: versions, configuration, environment, devices, jaxplan's files."""
+def _environment(with_package: bool = True) -> str:
+    """What every key shares: versions, configuration, environment, devices, and (programs' keys, not
+    executables') jaxplan's files."""
     import jax
     import jaxlib
 
     config = {k: v for k, v in jax.config.values.items() if not any(s in k for s in ("cache", "log", "explain", "traceback"))}
     env = {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAXPLAN_", "TF_CPP")) and k not in _ENV_NOT_KEYED}
     devices = [(d.platform, d.device_kind, d.id) for d in jax.devices()]
-    return repr((jax.__version__, jaxlib.__version__, sorted(config.items(), key=lambda kv: kv[0]), sorted(env.items()), devices, host_cpu(), package_fingerprint()))
+    package = package_fingerprint() if with_package else ""
+    return repr((jax.__version__, jaxlib.__version__, sorted(config.items(), key=lambda kv: kv[0]), sorted(env.items()), devices, host_cpu(), package))
+
+
+# Source locations in a lowered module's text (`Exported.mlir_module()`): the `#loc..` definitions
+# (whole lines) and the inline forms the printer leaves (an alias, unknown, a name with or without an
+# alias, a call site of two aliases). A form not listed stays, and then none is taken out.
+_LOCATION_LINE = re.compile(r"^#loc\d*\s*=.*\n?", re.MULTILINE)
+_INLINE_LOCATION = re.compile(r'\s*loc\((?:#loc\d*|unknown|"(?:[^"\\]|\\.)*"(?:\(#loc\d*\))?|callsite\(#loc\d* at #loc\d*\))\)')
+
+
+def without_locations(text: str) -> str:
+    """A module's text without its source locations (what the program computes, not where in
+    jaxplan's files it was written), or the text as it is where it holds a location form that
+    `_INLINE_LOCATION` does not know."""
+    stripped = _INLINE_LOCATION.sub("", _LOCATION_LINE.sub("", text))
+    return text if "loc(" in stripped else stripped
+
+
+def executable_key(exported, compiler_options: dict | None, donated: tuple[int, ...]) -> str:
+    """sha256 of what decides a stored program's executable: its module without source locations
+    (JAX's compilation cache ignores them too), compiler options, donated arguments, and the
+    environment less jaxplan's own files. A program's key changes with any file of jaxplan, and a
+    program JAX's cache then still holds could not be stored as an executable again (an executable
+    loaded from that cache does not serialise whole); keyed by its module, an edit or upgrade of
+    jaxplan that leaves a kernel as it was finds the executable compiled before."""
+    text = without_locations(exported.mlir_module())
+    parts = (text, static_value(compiler_options), tuple(donated), str(exported.in_shardings_hlo), str(exported.out_shardings_hlo), _environment(with_package=False))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 @functools.cache
@@ -298,11 +329,10 @@ class CachedProgram:
                 hit = _memo.get(key)
             if hit is not None:
                 return hit or None
-            executable = None if _exe_dir is None else _exe_dir / key
-            hit = _load(where / key, _mesh_of({k: v for k, v in kwargs.items() if k in self._static}), self.__name__, executable)
+            hit = _load(where / key, _mesh_of({k: v for k, v in kwargs.items() if k in self._static}), self.__name__, _exe_dir)
             if hit is None:  # not stored, or unreadable: export (again) and store
                 _log.debug("program cache: exporting %s (%s)", self.__name__, key[:12])
-                hit = self._export_and_store(where / key, args, kwargs, executable)
+                hit = self._export_and_store(where / key, args, kwargs, _exe_dir)
             with _lock:
                 _memo[key] = hit or _NOT_STORED
         return hit or None
@@ -330,7 +360,7 @@ class CachedProgram:
             at += n
         return tuple(out)
 
-    def _export_and_store(self, path: Path, args, kwargs, executable: Path | None = None) -> StoredProgram | None:
+    def _export_and_store(self, path: Path, args, kwargs, executables: Path | None = None) -> StoredProgram | None:
         """Trace and lower the jitted function once (as jit would) and store the lowered program."""
         import jax
         from jax import export
@@ -350,13 +380,15 @@ class CachedProgram:
         try:
             with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():  # constraints name its axes
                 exported = export.export(jax.jit(flat))(*leaves)
-            program = StoredProgram(exported, in_tree, out_trees[0], self._donated_leaves(args, dynamic), self._compiler_options(), mesh, self.__name__, executable)
+            donated, options = self._donated_leaves(args, dynamic), self._compiler_options()
+            compiled_as = executable_key(exported, options, donated)
+            program = StoredProgram(exported, in_tree, out_trees[0], donated, options, mesh, self.__name__, executables and executables / compiled_as)
         except Exception as why:  # noqa: BLE001 - what export cannot take: the caller uses jit
             _log.debug("program cache: %s not exported (%s)", self.__name__, why)
             _write(path, b"")  # an empty entry: later runs go straight to jit instead of exporting again
             return None
         try:
-            _write(path, pickle.dumps((exported.serialize(), in_tree, program.out_tree, program.donated, program.compiler_options)))
+            _write(path, pickle.dumps((exported.serialize(), in_tree, program.out_tree, program.donated, program.compiler_options, compiled_as)))
         except Exception as why:  # noqa: BLE001 - a tree pickle cannot write: the program still runs
             _log.debug("program cache: %s not stored (%s)", self.__name__, why)
         return program
@@ -502,8 +534,9 @@ def _mesh_of(static: dict):
     return meshes[0] if len(meshes) == 1 else None
 
 
-def _load(path: Path, mesh, name: str, executable: Path | None = None) -> StoredProgram | _NotStored | None:
-    """The stored program (None: nothing stored or unreadable; _NOT_STORED: an earlier run could not export it)."""
+def _load(path: Path, mesh, name: str, executables: Path | None = None) -> StoredProgram | _NotStored | None:
+    """The stored program, its executable looked for in `executables` (None: nothing stored or
+    unreadable; _NOT_STORED: an earlier run could not export it)."""
     try:
         blob = path.read_bytes()
     except OSError:
@@ -513,8 +546,8 @@ def _load(path: Path, mesh, name: str, executable: Path | None = None) -> Stored
     try:
         from jax import export
 
-        serialized, in_tree, out_tree, donated, compiler_options = pickle.loads(blob)
-        return StoredProgram(export.deserialize(serialized), in_tree, out_tree, donated, compiler_options, mesh, name, executable)
+        serialized, in_tree, out_tree, donated, compiler_options, compiled_as = pickle.loads(blob)
+        return StoredProgram(export.deserialize(serialized), in_tree, out_tree, donated, compiler_options, mesh, name, executables and executables / compiled_as)
     except Exception as why:  # noqa: BLE001 - a damaged or foreign file: export again and overwrite it
         _log.debug("program cache: %s unreadable (%s)", path.name, why)
         return None

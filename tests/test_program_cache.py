@@ -265,3 +265,45 @@ def test_a_new_process_loads_what_the_first_stored(tmp_path):
     assert first.stdout.split()[2:] == second.stdout.split()[2:]
     assert second.stdout.split()[3] == "1"
     assert len(list((tmp_path / program_cache.EXECUTABLES).iterdir())) == 1
+
+
+def test_an_edit_of_jaxplan_that_leaves_a_program_as_it_was_keeps_its_executable(cache_on, monkeypatch):
+    """Programs are keyed by jaxplan's files, their executables by the lowered module without source
+    locations: after an upgrade or an edit of jaxplan (another package fingerprint) the program is
+    traced and exported again, but its executable, compiled before, is loaded rather than compiled
+    (JAX's cache would answer that compilation, and an executable from it cannot be stored, so under
+    the program's key it would never be stored again)."""
+    x = jnp.arange(40.0)
+    want = np.asarray(program(x, scale=9))
+    (stored,) = executables(cache_on)
+    monkeypatch.setattr(program_cache, "package_fingerprint", lambda: "another jaxplan")
+    fresh_process(cache_on)
+    compiled = []
+    jax.monitoring.register_event_duration_secs_listener(lambda name, secs, fun_name=None, **_: compiled.append(fun_name) if name == "/jax/core/compile/backend_compile_duration" else None)
+    loaded = []
+    jax.monitoring.register_event_duration_secs_listener(lambda name, secs, **_: loaded.append(name) if name == program_cache.EXECUTABLE_LOAD_EVENT else None)
+    assert np.asarray(program(x, scale=9)).tobytes() == want.tobytes()
+    assert len(list(cache_on.iterdir())) == 2  # the program under its new key beside the old one
+    assert executables(cache_on) == [stored] and loaded == [program_cache.EXECUTABLE_LOAD_EVENT]
+    assert "_test_scaled_cumsum" not in compiled and "flat" not in compiled
+
+
+def test_the_executable_key_ignores_source_locations_only():
+    """Two functions alike but for the lines they sit on lower to one executable key; a changed
+    constant, donation or compiler option gives another; an unknown location form is kept whole."""
+    from jax import export
+
+    def lowered(source_pad: int, constant: float = 2.0):
+        namespace = {"jnp": jnp}
+        exec(compile("\n" * source_pad + f"def f(x):\n    return jnp.sin(x) * {constant} + 1\n", "/jaxplan/f.py", "exec"), namespace)
+        return export.export(jax.jit(namespace["f"]))(jnp.ones(3))
+
+    a, b = lowered(0), lowered(9)
+    assert a.mlir_module() != b.mlir_module() and "loc(" not in program_cache.without_locations(a.mlir_module())
+    key = program_cache.executable_key(a, None, ())
+    assert key == program_cache.executable_key(b, None, ())
+    assert key != program_cache.executable_key(lowered(0, 3.0), None, ())
+    assert key != program_cache.executable_key(a, None, (0,)) != program_cache.executable_key(a, {"xla_cpu_use_fusion_emitters": False}, ())
+    odd = 'func.func @main() loc(fused["a", "b"])'
+    assert program_cache.without_locations(odd) == odd
+    assert program_cache.without_locations('%0 = add loc(#loc3)\n#loc3 = loc("x")\n%1 = mul loc("y"(#loc3))') == "%0 = add\n%1 = mul"

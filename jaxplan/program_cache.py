@@ -156,15 +156,16 @@ def without_locations(text: str) -> str:
     return text if "loc(" in stripped else stripped
 
 
-def executable_key(exported, compiler_options: dict | None, donated: tuple[int, ...]) -> str:
+def executable_key(exported, compiler_options: dict | None, donated: tuple[int, ...], placement: tuple[str, ...] = ()) -> str:
     """sha256 of what decides a stored program's executable: its module without source locations
-    (JAX's compilation cache ignores them too), compiler options, donated arguments, and the
-    environment less jaxplan's own files. A program's key changes with any file of jaxplan, and a
+    (JAX's compilation cache ignores them too), compiler options, donated arguments, the devices its
+    arguments live on (`placement`: their `traced_value`s; a one-device module does not name its
+    device), and the environment less jaxplan's own files. A program's key changes with any file of jaxplan, and a
     program JAX's cache then still holds could not be stored as an executable again (an executable
     loaded from that cache does not serialise whole); keyed by its module, an edit or upgrade of
     jaxplan that leaves a kernel as it was finds the executable compiled before."""
     text = without_locations(exported.mlir_module())
-    parts = (text, static_value(compiler_options), tuple(donated), str(exported.in_shardings_hlo), str(exported.out_shardings_hlo), _environment(with_package=False))
+    parts = (text, static_value(compiler_options), tuple(donated), tuple(placement), str(exported.in_shardings_hlo), str(exported.out_shardings_hlo), _environment(with_package=False))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -381,7 +382,7 @@ class CachedProgram:
             with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():  # constraints name its axes
                 exported = export.export(jax.jit(flat))(*leaves)
             donated, options = self._donated_leaves(args, dynamic), self._compiler_options()
-            compiled_as = executable_key(exported, options, donated)
+            compiled_as = executable_key(exported, options, donated, tuple(traced_value(leaf) for leaf in leaves))
             program = StoredProgram(exported, in_tree, out_trees[0], donated, options, mesh, self.__name__, executables and executables / compiled_as)
         except Exception as why:  # noqa: BLE001 - what export cannot take: the caller uses jit
             _log.debug("program cache: %s not exported (%s)", self.__name__, why)

@@ -304,6 +304,8 @@ def test_the_executable_key_ignores_source_locations_only():
     assert key == program_cache.executable_key(b, None, ())
     assert key != program_cache.executable_key(lowered(0, 3.0), None, ())
     assert key != program_cache.executable_key(a, None, (0,)) != program_cache.executable_key(a, {"xla_cpu_use_fusion_emitters": False}, ())
+    on_device = [program_cache.executable_key(a, None, (), (f"(3,):float32:False:[{i}]:{{replicated}}",)) for i in (0, 1)]
+    assert on_device[0] != on_device[1]  # a one-device module does not name its device: its arguments do
     odd = 'func.func @main() loc(fused["a", "b"])'
     assert program_cache.without_locations(odd) == odd
     assert program_cache.without_locations('%0 = add loc(#loc3)\n#loc3 = loc("x")\n%1 = mul loc("y"(#loc3))') == "%0 = add\n%1 = mul"

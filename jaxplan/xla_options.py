@@ -5,10 +5,12 @@ around many small fused operations, in about twice the time the older emitters t
 program they make streams about 8% faster. `LEAN_COMPILE` selects the older emitters: the chunk
 kernel uses it for grids small enough that compilation dominates (`funnel.chunk.chunk_kernel`),
 and so do the replay's one-shot programs (start, merge, summary), with results the same to the
-bit, and the sensitivities' Jacobian, whose elasticities agree to 2e-4 (tests/test_xla_options.py).
-The report rows' kernel keeps the default: there the two emitters round a few float32 results
-differently, and its numbers are the ones printed; so does the replay's loop, which runs faster
-with it.
+bit, the sensitivities' Jacobian, whose elasticities agree to 2e-4 (tests/test_xla_options.py),
+and the report rows' kernel (`funnel.chunk.evaluate_digits`), which runs once a sweep on a few
+thousand rows but compiles beside the chunk kernel on a first run: with it a few of the printed
+float32 numbers differ from the default emitters' in their last bit (the README's sweep: 127 of
+its `--json` values, by up to 2e-6 relative; the same rows in the same order). The replay's loop
+keeps the default: it runs faster with it.
 
 Compiler options are fields of XLA's DebugOptions, and an XLA that lacks a field refuses the whole
 program ("No such compile option"): JAX 0.11.2 on an H200 machine refused `xla_cpu_use_fusion_emitters`.

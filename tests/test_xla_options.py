@@ -65,6 +65,22 @@ def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
     np.testing.assert_allclose(lean.elasticity, default.elasticity, atol=1e-3)
 
 
+def test_the_lean_report_rows_give_the_default_emitters_numbers(monkeypatch):
+    """The report rows' kernel compiles with the older emitters too (it compiles beside the chunk
+    kernel on a first run): every field of every row agrees with the default emitters' to 1e-5
+    relative (the README's sweep: its `--json` differs in the last float32 bit of a few values)."""
+    import jax.numpy as jnp
+
+    result = _sweep()
+    digits = jnp.asarray([r["digits"] for r in result.shortlist + result.frontier], jnp.int32)
+    lean = jax.device_get(chunk.evaluate_digits(result.context, digits))
+    monkeypatch.setattr(chunk, "_evaluate_digits", jax.jit(chunk._evaluate_digits.__wrapped__, compiler_options=accepted(SHIPPED_EMITTERS) or None))
+    default = jax.device_get(chunk.evaluate_digits(result.context, digits))
+    assert len(digits) >= 4 and bool(np.any(np.asarray(default.estimate.output_tokens_per_s) > 0))
+    for a, b in zip(jax.tree.leaves(lean), jax.tree.leaves(default), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
 def test_options_this_xla_lacks_are_left_out_not_fatal():
     """An XLA without a debug option refuses any program compiled with it ("No such compile option",
     as JAX 0.11's XLA does for `xla_cpu_use_fusion_emitters`): such options are dropped, known ones kept."""

@@ -306,7 +306,7 @@ def rows_context(ctx: SweepContext) -> SweepContext:
     return ctx._replace(axis_values=axis_values, model=traced(ctx.model))
 
 
-@program_cache.jit
+@program_cache.jit(options=LEAN_COMPILE)  # compiled beside the chunk kernel, run once: see xla_options
 def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     return evaluate(ctx, c)

@@ -160,11 +160,14 @@ def executable_key(exported, compiler_options: dict | None, donated: tuple[int, 
     """sha256 of what decides a stored program's executable: its module without source locations
     (JAX's compilation cache ignores them too), compiler options, donated arguments, the devices its
     arguments live on (`placement`: their `traced_value`s; a one-device module does not name its
-    device), and the environment less jaxplan's own files. A program's key changes with any file of jaxplan, and a
-    program JAX's cache then still holds could not be stored as an executable again (an executable
-    loaded from that cache does not serialise whole); keyed by its module, an edit or upgrade of
-    jaxplan that leaves a kernel as it was finds the executable compiled before."""
-    text = without_locations(exported.mlir_module())
+    device), and the environment less jaxplan's own files. A program's key changes with any file of
+    jaxplan, and a program JAX's cache then still holds could not be stored as an executable again
+    (an executable loaded from that cache does not serialise whole); keyed by its module, an edit or
+    upgrade of jaxplan that leaves a kernel as it was finds the executable compiled before."""
+    try:
+        text = without_locations(exported.mlir_module())
+    except Exception:  # noqa: BLE001 - no text of the module: its bytes, locations and all (a miss after an edit, never a wrong hit)
+        text = hashlib.sha256(exported.mlir_module_serialized).hexdigest()
     parts = (text, static_value(compiler_options), tuple(donated), tuple(placement), str(exported.in_shardings_hlo), str(exported.out_shardings_hlo), _environment(with_package=False))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 SUBDIR = "programs"
-EXECUTABLES = "executables"  # beside SUBDIR: one compiled executable per stored program
+EXECUTABLES = "executables"  # beside SUBDIR: one compiled executable per distinct lowered module (`executable_key`)
 EXECUTABLE_LOAD_EVENT = "/jaxplan/program_cache/executable_load_duration"  # JAX monitoring: seconds to load one
 MAX_BYTES = 1 << 30  # each folder pruned to this at each enable, least recently used first (the README's sweep stores 0.7 MB of programs, 11 MB of executables)
 ENV = "JAXPLAN_PROGRAM_CACHE"  # "off": only the compilation cache (tracing and lowering every run)

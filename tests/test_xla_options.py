@@ -5,6 +5,7 @@ programs (start, merge, summary) with it give the same metrics as without it."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -69,8 +70,6 @@ def test_the_lean_report_rows_give_the_default_emitters_numbers(monkeypatch):
     """The report rows' kernel compiles with the older emitters too (it compiles beside the chunk
     kernel on a first run): every field of every row agrees with the default emitters' to 1e-5
     relative (the README's sweep: its `--json` differs in the last float32 bit of a few values)."""
-    import jax.numpy as jnp
-
     result = _sweep()
     digits = jnp.asarray([r["digits"] for r in result.shortlist + result.frontier], jnp.int32)
     lean = jax.device_get(chunk.evaluate_digits(result.context, digits))

@@ -79,6 +79,48 @@ def test_sharded_lanes_give_the_same_trace():
     assert three["1-0-round_robin"]["meshes"] == [3]
 
 
+STORED = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import jax, numpy as np
+from jaxplan import program_cache
+lowered = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, secs, fun_name=None, **_: lowered.append(fun_name) if name == "/jax/core/compile/jaxpr_to_mlir_module_duration" else None)
+program_cache.enable({cache!r})
+from test_replay_split import _dp_case
+from test_replay_reference import _workload
+from jaxplan.replay import driver, simulate_trace
+from jaxplan.replay.testing import affine_step_time
+meshes = []
+real = driver._advance
+driver._advance = lambda *a, **k: meshes.append(k["mesh"].devices.size) or real(*a, **k)
+requests, config, params = _dp_case(3, (1, 2))
+trace = simulate_trace(config, requests, _workload(0), affine_step_time, params, window=8)
+print(json.dumps({{"lowered": sorted(set(lowered)), "meshes": sorted(set(meshes)), "trace": [np.asarray(x).tolist() for x in trace]}}))
+"""
+
+
+def test_a_warm_process_loads_the_sharded_replays_programs(tmp_path):
+    """With the program cache on (as the CLI runs), a replay whose lanes are sharded over 2 devices
+    stores its start, loop and merge; a second process loads all three, lowering none of them, and
+    gives the same trace. The start and the merge run on one device (the start's tables are then
+    placed over the lanes), which is what lets `jax.export` store them."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAXPLAN_CACHE_DIR="off")
+    code = STORED.format(tests=str(TESTS), cache=str(tmp_path))
+    first, second = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=TESTS) for _ in range(2))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-3000:] + second.stderr[-3000:]
+    cold, warm = (json.loads(run.stdout.strip().splitlines()[-1]) for run in (first, second))
+    assert cold["meshes"] == warm["meshes"] == [2]  # the lanes really were sharded
+    replay = {"jit(_start_lanes)", "jit(_advance)", "jit(_finish)"}
+    assert replay <= set(cold["lowered"])  # exported, then compiled, by the first process
+    assert not replay & set(warm["lowered"]), warm["lowered"]
+    assert len(warm["trace"]) == len(cold["trace"])
+    for loaded, compiled in zip(warm["trace"], cold["trace"]):
+        np.testing.assert_array_equal(np.asarray(loaded, np.float64), np.asarray(compiled, np.float64))  # NaN where NaN
+
+
 def test_lane_counts_round_up_to_the_devices():
     assert driver.lane_count_bucket(5, 5) == 5
     assert driver.lane_count_bucket(5, 5, devices=2) == 6

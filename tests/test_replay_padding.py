@@ -94,7 +94,7 @@ def test_request_counts_in_one_bucket_share_the_compiled_replay():
     workload = _workload(0)
     first, config, params = _case(9, "round_robin")
     simulate(config, first, workload, affine_step_time, params, window=8, num_slots=8, max_replicas=4)
-    programs = lambda: (driver._advance._cache_size(), driver._start._cache_size(), driver._finish._cache_size(), metrics._summarize._cache_size())  # noqa: E731
+    programs = lambda: (driver._advance._cache_size(), driver._start_lanes._cache_size(), driver._finish._cache_size(), metrics._summarize._cache_size())  # noqa: E731
     before = programs()
     second, config, params = _case(200, "round_robin", seed=4)  # other values, the same shapes
     out = simulate(config, second, workload, affine_step_time, params, window=8, num_slots=8, max_replicas=4)

@@ -144,10 +144,10 @@ def test_no_recompilation_for_another_split_of_the_same_bucket():
     lanes = int(np.asarray(config.data_parallel_size).sum())
     other_dp = np.roll(np.asarray(config.data_parallel_size), 1)
     other = ReplayConfig.create(config.max_num_seqs, np.asarray(config.max_num_batched_tokens) + 3, config.num_kv_blocks, other_dp, block_size=config.block_size)
-    cached = driver._advance._cache_size(), driver._start._cache_size(), driver._finish._cache_size()
+    cached = driver._advance._cache_size(), driver._start_lanes._cache_size(), driver._finish._cache_size()
     run(other)
     assert driver.lane_count_bucket(lanes, 6) == driver.lane_count_bucket(int(other_dp.sum()), 6)
-    assert (driver._advance._cache_size(), driver._start._cache_size(), driver._finish._cache_size()) == cached
+    assert (driver._advance._cache_size(), driver._start_lanes._cache_size(), driver._finish._cache_size()) == cached
 
 
 def test_least_loaded_is_not_split():

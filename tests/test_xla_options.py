@@ -44,7 +44,7 @@ def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
     rows = result.shortlist[:4]
     lean = replay_rows(result, rows, num_requests=200)
     # the same programs compiled with XLA's default emitters (named: the suite's default is the older ones)
-    for module, name, static in ((driver, "_start", ("num_slots", "max_dp", "policy", "mesh")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))):
+    for module, name, static in ((driver, "_start_lanes", ("num_slots", "max_dp", "policy")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))):
         monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=accepted(SHIPPED_EMITTERS) or None))
     default = replay_rows(result, rows, num_requests=200)
     keys = [k for k in lean[0] if k.startswith("replay_")]

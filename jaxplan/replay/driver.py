@@ -149,10 +149,10 @@ def _on_lanes(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, lanes), tree)
 
 
-@jit_with_options(LEAN_COMPILE, static_argnames=("num_slots", "max_dp", "policy", "mesh"))  # jax.export refuses its lane placement
-def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy, mesh: Mesh | None = None):
-    """Lane inputs and states [L] (over the mesh's lanes), and each request's stream position [F, R]
-    (its finalist's stream). `requests` [R] are padded; the first `num_requests` are real."""
+@program_cache.jit(options=LEAN_COMPILE, static_argnames=("num_slots", "max_dp", "policy"))
+def _start_lanes(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy):
+    """Lane inputs and states [L], and each request's stream position [F, R] (its finalist's
+    stream), on one device. `requests` [R] are padded; the first `num_requests` are real."""
     lanes, state, position = policy.start(requests, num_requests, config, closed_concurrency, split, max_dp=max_dp, num_slots=num_slots)
     inputs = LaneInput(
         jax.vmap(lambda s: stream_rows(s, num_slots))(lanes.stream),
@@ -167,7 +167,19 @@ def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concur
         lanes.num_kv_blocks,
         lanes.num_requests,
     )
-    return *_on_lanes((inputs, state), mesh), position
+    return inputs, state, position
+
+
+def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy, mesh: Mesh | None = None):
+    """`_start_lanes`, its lane inputs and states then laid out over the mesh's lanes.
+
+    The program runs on one device so that a warm run loads it (`program_cache`: `jax.export`
+    refuses a program that places its outputs over the lanes' devices); the tables, a few MB, are
+    then placed from the host in one transfer."""
+    inputs, state, position = _start_lanes(requests, num_requests, config, closed_concurrency, split, num_slots=num_slots, max_dp=max_dp, policy=policy)
+    if mesh is None:
+        return inputs, state, position
+    return *jax.device_put(jax.device_get((inputs, state)), NamedSharding(mesh, P("lanes"))), position
 
 
 def _lanes_done(state, inputs: LaneInput, policy: RoutingPolicy):
@@ -226,11 +238,19 @@ def _grow(inputs: LaneInput, state, *, num_slots: int, policy: RoutingPolicy, me
     return _on_lanes(policy.widen(inputs, state, extra), mesh)
 
 
-@jit_with_options(LEAN_COMPILE, static_argnames=("policy",))  # jax.export refuses it over the lanes' devices
+@program_cache.jit(options=LEAN_COMPILE, static_argnames=("policy",))
 def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, policy: RoutingPolicy) -> ReplayTrace:
-    """The trace [F, ...] of lanes [L], merged back to one per finalist by the policy."""
+    """The trace [F, ...] of lanes [L], merged back to one per finalist by the policy. Called with
+    the lanes' tables fetched to the host: one program on one device, whatever the lanes ran on, that
+    a warm run loads (`program_cache`)."""
     merged = policy.merge(inputs, state, position, split, dp, _lanes_done(state, inputs, policy))
     return _trace(requests, *merged[:2], position, *merged[2:])
+
+
+def _on_host_abstract(tree):
+    """The shapes and dtypes of `tree`'s arrays as `jax.device_get` returns them (NumPy: on the
+    default device when passed to a program, never weakly typed)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
 
 
 def _trace(requests: Requests, inputs: LaneInput, state: LaneState, position, rec_i, rec_f, replica, replica_done) -> ReplayTrace:
@@ -493,7 +513,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     # While the loop compiles (its first call), the merge and then the summary compile on worker
     # threads: the loop's state keeps its shapes and its layout over the lanes, so the merge's
     # arguments are known now.
-    compile_ahead.ahead("replay_finish", _finish, reqs, inputs, compile_ahead.abstract(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
+    compile_ahead.ahead("replay_finish", _finish, reqs, _on_host_abstract(inputs), _on_host_abstract(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist
     per_call = chunk if progress is None else min(chunk, PROGRESS_FIRST_ITERATIONS)
@@ -515,7 +535,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
             slots = min(max(2 * slots, _slot_bucket(int(jnp.max(_demand(inputs, state, policy=policy))))), _slot_bucket(max_seqs))
             inputs, state = _grow(inputs, state, num_slots=slots, policy=policy, mesh=mesh)
     compile_ahead.wait("replay_finish")
-    return _real_requests(_finish(reqs, inputs, state, position, split, dp, policy=policy), num_r)
+    return _real_requests(_finish(reqs, *jax.device_get((inputs, state)), position, split, dp, policy=policy), num_r)
 
 
 def simulate(

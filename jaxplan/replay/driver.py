@@ -535,7 +535,9 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
             slots = min(max(2 * slots, _slot_bucket(int(jnp.max(_demand(inputs, state, policy=policy))))), _slot_bucket(max_seqs))
             inputs, state = _grow(inputs, state, num_slots=slots, policy=policy, mesh=mesh)
     compile_ahead.wait("replay_finish")
-    return _real_requests(_finish(reqs, *jax.device_get((inputs, state)), position, split, dp, policy=policy), num_r)
+    lanes = jax.device_get((inputs, state))
+    del inputs, state  # the lanes' tables once, on the host, while they merge
+    return _real_requests(_finish(reqs, *lanes, position, split, dp, policy=policy), num_r)
 
 
 def simulate(

@@ -173,9 +173,9 @@ def _start_lanes(requests: Requests, num_requests, config: ReplayConfig, closed_
 def _start(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """`_start_lanes`, its lane inputs and states then laid out over the mesh's lanes.
 
-    The program runs on one device so that a warm run loads it (`program_cache`: `jax.export`
-    refuses a program that places its outputs over the lanes' devices); the tables, a few MB, are
-    then placed from the host in one transfer."""
+    The program runs on one device, whatever devices the lanes use, so that it is stored and a warm
+    run loads it (`program_cache`) like the loop; the tables, a few MB, are then placed from the
+    host in one transfer."""
     inputs, state, position = _start_lanes(requests, num_requests, config, closed_concurrency, split, num_slots=num_slots, max_dp=max_dp, policy=policy)
     if mesh is None:
         return inputs, state, position

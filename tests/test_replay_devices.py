@@ -105,7 +105,7 @@ def test_a_warm_process_loads_the_sharded_replays_programs(tmp_path):
     """With the program cache on (as the CLI runs), a replay whose lanes are sharded over 2 devices
     stores its start, loop and merge; a second process loads all three, lowering none of them, and
     gives the same trace. The start and the merge run on one device (the start's tables are then
-    placed over the lanes), which is what lets `jax.export` store them."""
+    placed over the lanes, the merge's fetched from them), so they are stored like the loop."""
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
     env = dict(os.environ, XLA_FLAGS=flags, JAXPLAN_CACHE_DIR="off")
     code = STORED.format(tests=str(TESTS), cache=str(tmp_path))

@@ -511,8 +511,8 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     dp = jnp.asarray(policy.routed_replicas(configs.data_parallel_size, closed), jnp.int32)
     loop_options = dict(step_time_fn=step_time_fn, window=window, block_size=configs.block_size, policy=policy, mesh=mesh)
     # While the loop compiles (its first call), the merge and then the summary compile on worker
-    # threads: the loop's state keeps its shapes and its layout over the lanes, so the merge's
-    # arguments are known now.
+    # threads: the loop's state keeps its shapes, so the merge's arguments (the lanes' tables as
+    # fetched to the host) are known now.
     compile_ahead.ahead("replay_finish", _finish, reqs, _on_host_abstract(inputs), _on_host_abstract(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist

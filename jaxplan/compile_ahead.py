@@ -49,6 +49,12 @@ def abstract(tree):
     return jax.tree.map(one, tree)
 
 
+def on_host(tree):
+    """`tree`'s arrays as shapes and dtypes the way `jax.device_get` returns them: NumPy arrays, which a
+    program gets on the default device and never weakly typed (for a call that will be handed them)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+
+
 def ahead(name: str, jitted, *args, then=None, **static) -> Future | None:
     """Start compiling `jitted(*args, **static)` on a worker thread; the future's result is the
     `Compiled` (None when turned off). `name` groups the compilations `wait` waits for.

@@ -247,12 +247,6 @@ def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneS
     return _trace(requests, *merged[:2], position, *merged[2:])
 
 
-def _on_host_abstract(tree):
-    """The shapes and dtypes of `tree`'s arrays as `jax.device_get` returns them (NumPy: on the
-    default device when passed to a program, never weakly typed)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
-
-
 def _trace(requests: Requests, inputs: LaneInput, state: LaneState, position, rec_i, rec_f, replica, replica_done) -> ReplayTrace:
     num_r = requests.prompt_tokens.shape[0]
     num_d = state.rep_steps.shape[1]
@@ -513,7 +507,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     # While the loop compiles (its first call), the merge and then the summary compile on worker
     # threads: the loop's state keeps its shapes, so the merge's arguments (the lanes' tables as
     # fetched to the host) are known now.
-    compile_ahead.ahead("replay_finish", _finish, reqs, _on_host_abstract(inputs), _on_host_abstract(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
+    compile_ahead.ahead("replay_finish", _finish, reqs, compile_ahead.on_host(inputs), compile_ahead.on_host(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist
     per_call = chunk if progress is None else min(chunk, PROGRESS_FIRST_ITERATIONS)

@@ -187,7 +187,7 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
 def summarize_ahead(trace_info, workload, *, series_points: int = 64) -> None:
     """Start compiling `summarize`'s program in the background for traces shaped like `trace_info`
     (a ReplayTrace of ShapeDtypeStructs whose request axis is already a bucket, as the replay's are)."""
-    host = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trace_info)  # summarize gets NumPy traces
+    host = compile_ahead.on_host(trace_info)  # summarize gets NumPy traces
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
     scored = jax.ShapeDtypeStruct(host.arrival_s.shape, jnp.bool_)
     compile_ahead.ahead("replay_summary", _summarize, host, jax.ShapeDtypeStruct((), jnp.int32), scored, scalar, scalar, scalar, series_points=series_points)

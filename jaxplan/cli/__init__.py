@@ -21,9 +21,11 @@ from jaxplan.compile_cache import enable as enable_compilation_cache
 from jaxplan.cpu_devices import enable as enable_cpu_devices
 from jaxplan.program_cache import enable as enable_program_cache
 from jaxplan.errors import PlanError
+from jaxplan.python_gc import collect_less
 
 
 def main() -> None:
+    collect_less()  # a command traces large programs: far fewer garbage collections (jaxplan/python_gc.py)
     # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not), the large ones whole, so a warm
     # run skips their tracing too (jaxplan/program_cache.py)
     enable_program_cache(enable_compilation_cache())

@@ -167,6 +167,8 @@ def hf_dict(spec: ModelSpec) -> dict:
         "max_position_embeddings": spec.max_position_embeddings, "tie_word_embeddings": spec.tie_word_embeddings,
         "attn_output_gate": spec.attn_output_gate, "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
     }
+    if spec.qk_norm_across_heads:
+        cfg.update(use_qk_norm=True, qk_norm_type="per_layer")
     if spec.sliding_window_layers or spec.linear_attention_layers:
         cfg["layer_types"] = (
             ["full_attention"] * spec.full_attention_layers

@@ -80,6 +80,27 @@ def test_dispatch_and_combine_by_hand():
     assert float(dispatch_combine_time_s(hw, alone, 64.0, 4096.0, allreduce_efficiency)) == 0.0
 
 
+def test_a_norm_over_all_heads_adds_one_small_all_reduce_per_attention_layer():
+    """MiniMax-M2.5 normalises q and k over all their heads (qk_norm_type "per_layer"), so under TP
+    vLLM all-reduces the two float32 variances of every token in each of its 62 attention layers: at
+    TP4 on H200, 16 decode tokens, a third all-reduce of 16 x 8 bytes per layer (latency-bound) beside
+    the two of 16 x 3,072 x 2 bytes. At TP1, and for a model normalising per head, nothing changes."""
+    hw = hardware("h200_sxm")
+    spec = load_model("minimax-m2.5")
+    per_head = model_shape(dataclasses.replace(spec, qk_norm_across_heads=False))
+    m = model_shape(spec)
+    assert spec.qk_norm_across_heads and float(m.norm_allreduce_layers) == 62.0 and float(per_head.norm_allreduce_layers) == 0.0
+    batch = StepBatch.decode_only(jnp.float32(16.0), jnp.float32(2048.0))
+    tp4, tp1 = make_layout(tp=4, weight_bytes=1, kv_bytes=1), make_layout(tp=1, weight_bytes=1, kv_bytes=1)
+    link = float(hw.intra_node_bandwidth_bytes_per_s) * float(allreduce_efficiency(hw, 4.0))
+    norm_allreduce = float(hw.allreduce_latency_s) + 2 * 3 / 4 * (16 * 8.0) / link
+    extra = float(step_cost(m, hw, tp4, batch).communication_s) - float(step_cost(per_head, hw, tp4, batch).communication_s)
+    assert extra == pytest.approx(62 * norm_allreduce, rel=1e-4)
+    assert float(step_cost(m, hw, tp1, batch).total_s) == float(step_cost(per_head, hw, tp1, batch).total_s)
+    llama = model_shape(load_model("llama-3.1-70b"))
+    assert float(llama.norm_allreduce_layers) == 0.0
+
+
 def test_weight_shards_by_hand():
     """Qwen3-235B-A22B FP8 on 8 GPUs: TP8 slices all 128 experts 8 ways; DP8 + EP (TP1) puts 16 whole
     experts on each GPU beside a whole copy of attention; DP8 without EP slices the experts 8 ways."""

@@ -161,6 +161,19 @@ def test_llama_like_config():
     assert not m.is_moe and not m.is_mla and not m.tie_word_embeddings
 
 
+@pytest.mark.parametrize(
+    "changes, across",
+    [
+        (dict(use_qk_norm=True, qk_norm_type="per_layer"), True),  # MiniMax-M2: one norm over all q (k) heads
+        (dict(use_qk_norm=True), False),  # Llama 4: a norm per head, nothing to all-reduce
+        (dict(use_qk_norm=False, qk_norm_type="per_layer"), False),
+        (dict(), False),
+    ],
+)
+def test_a_qk_norm_over_all_heads_is_read_from_the_config(changes, across):
+    assert _parse(**changes).qk_norm_across_heads is across
+
+
 def test_explicit_head_dim_wins_over_hidden_over_heads():
     # Qwen3-32B style: 64 heads x 128 = 8192 != hidden 5120
     assert _parse(head_dim=128).head_dim == 128

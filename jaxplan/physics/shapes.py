@@ -61,6 +61,7 @@ class ModelShape(NamedTuple):
     attn_value_dim_prefill: jnp.ndarray
     attn_score_dim_decode: jnp.ndarray  # MLA decode attends in the latent space
     attn_value_dim_decode: jnp.ndarray
+    norm_allreduce_layers: jnp.ndarray  # attention layers whose q/k norm all-reduces across TP ranks
     ffn_intermediate_per_token: jnp.ndarray  # widest FFN activation per token (workspace)
 
 
@@ -119,6 +120,7 @@ def model_shape(model: ModelSpec) -> ModelShape:
         attn_value_dim_prefill=value_prefill,
         attn_score_dim_decode=score_decode,
         attn_value_dim_decode=value_decode,
+        norm_allreduce_layers=model.full_attention_layers + model.sliding_window_layers if model.qk_norm_across_heads else 0,
         ffn_intermediate_per_token=ffn,
     )
     return ModelShape(**{k: float(v) for k, v in values.items()})

@@ -8,7 +8,8 @@ at most 10% above it where both terms are equal, differentiable everywhere,
 and cheap: one square root). Added to that: a fixed latency per layer (the small kernels between
 the GEMMs and the gaps between launches: the fixed cost of a step grows with the model's depth),
 two all-reduces per layer under TP (latency + ring bandwidth term, on the
-inter-node link once the TP group spans nodes), PP point-to-point hops, and a
+inter-node link once the TP group spans nodes), a third, of two float32 variances per token, in each
+attention layer of a model whose q/k norm spans all its heads (MiniMax-M2), PP point-to-point hops, and a
 per-sequence runtime overhead (scheduling, sampling; a per-step one only where a parameter file sets
 it, `params.BOUNDS`), and under PP the per-sequence
 output processing vLLM then runs on the step's critical path (`pipeline_host_overhead_s`).
@@ -41,6 +42,7 @@ from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
 ROOFLINE_SOFTNESS = 0.1
 ACTIVATION_BYTES = 2.0
+NORM_ALLREDUCE_BYTES_PER_TOKEN = 8.0  # the q and the k variance, float32 (vLLM's MiniMaxText01RMSNormTP.forward_qk)
 
 
 def roofline(compute_s, memory_s):
@@ -262,7 +264,8 @@ def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch,
     attention = attention_time_s(model, hw, layout, micro) * uneven
     message = tokens * model.hidden_size * ACTIVATION_BYTES
     dispatch = model.moe_layers * dispatch_combine_time_s(hw, layout, group_tokens, model.hidden_size, allreduce_efficiency)
-    communication = (2.0 * model.num_layers * allreduce_time_s(hw, layout, message) + dispatch) * uneven + p2p_time_s(hw, layout, message)
+    norms = model.norm_allreduce_layers * allreduce_time_s(hw, layout, tokens * NORM_ALLREDUCE_BYTES_PER_TOKEN)
+    communication = (2.0 * model.num_layers * allreduce_time_s(hw, layout, message) + norms + dispatch) * uneven + p2p_time_s(hw, layout, message)
     seqs = batch.decode_tokens + batch.prefill_seqs
     overhead = model.num_layers * hw.layer_latency_s * uneven + hw.step_overhead_s + hw.per_seq_overhead_s * seqs + pipeline_host_overhead_s(hw, layout, seqs)
     total = gemm + attention + communication + overhead

@@ -192,6 +192,7 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
         max_position_embeddings=_int_field(cfg, where, "max_position_embeddings", "n_positions", "seq_length", default=131072),
         tie_word_embeddings=_bool_field(cfg, where, "tie_word_embeddings", _get(raw, "tie_word_embeddings", default=False)),
         attn_output_gate=_bool_field(cfg, where, "attn_output_gate", False),
+        qk_norm_across_heads=_bool_field(cfg, where, "use_qk_norm", False) and _get(cfg, "qk_norm_type") == "per_layer",
         full_attention_layers=full,
         sliding_window_layers=sliding,
         sliding_window_tokens=_int_field(cfg, where, "sliding_window", default=0) if sliding else 0,

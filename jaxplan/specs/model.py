@@ -72,6 +72,10 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     tie_word_embeddings: bool = False
     attn_output_gate: bool = False
+    # One RMSNorm over all of an attention layer's query heads and one over its key heads, rather
+    # than per head (MiniMax-M2's qk_norm_type "per_layer"): under TP, vLLM all-reduces their
+    # variances across the ranks in every attention layer (MiniMaxText01RMSNormTP.forward_qk).
+    qk_norm_across_heads: bool = False
     # Attention kinds: counts of layers of each kind; they sum to num_layers.
     full_attention_layers: int = -1  # -1: all layers not of another kind
     sliding_window_layers: int = 0

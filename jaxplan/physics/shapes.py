@@ -88,11 +88,12 @@ def model_shape(model: ModelSpec) -> ModelShape:
         model.intermediate_size if model.dense_mlp_layers else 0,
         (model.experts_per_token + model.num_shared_experts) * model.moe_intermediate_size,
     )
+    softmax_layers = model.full_attention_layers + model.sliding_window_layers
     values = dict(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
         vocab_size=model.vocab_size,
-        softmax_layers=model.full_attention_layers + model.sliding_window_layers,
+        softmax_layers=softmax_layers,
         full_layers=model.full_attention_layers,
         sliding_layers=model.sliding_window_layers,
         sliding_window_tokens=max(model.sliding_window_tokens, 1),
@@ -120,7 +121,7 @@ def model_shape(model: ModelSpec) -> ModelShape:
         attn_value_dim_prefill=value_prefill,
         attn_score_dim_decode=score_decode,
         attn_value_dim_decode=value_decode,
-        norm_allreduce_layers=model.full_attention_layers + model.sliding_window_layers if model.qk_norm_across_heads else 0,
+        norm_allreduce_layers=softmax_layers if model.qk_norm_across_heads else 0,
         ffn_intermediate_per_token=ffn,
     )
     return ModelShape(**{k: float(v) for k, v in values.items()})

@@ -10,20 +10,26 @@ chunk-count jumps).
 
 Measured on these cases: median relative error of b ~6e-8, max < 1e-3 (REL_B); throughput,
 p99 TTFT and p99 TPOT at the solver's b within REL_OUT of their values at the reference b.
+The programs that scan thousands of candidates compile at -O2 (`conftest.RUNS_LONG`), the
+gradient's at the suite's -O0.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import RUNS_LONG
 import jaxplan.physics.steady_state as steady_state
 from jaxplan.physics import hardware_table, make_layout, model_shape, take, workload_params
 from jaxplan.physics.params import efficiency_for
 from jaxplan.physics.steady_state import _steps, estimate, prepare, slot_time_s
 from jaxplan.specs import known, load_gpu, load_model, load_workload
+from jaxplan.xla_options import accepted
 
 MODELS = tuple(known("models"))
 MOE = ("deepseek-v3", "mixtral-8x7b", "qwen3-30b-a3b")
@@ -64,20 +70,22 @@ def random_inputs(hardware, model: str, seed: int, n: int = N):
     return traced(model_shape(load_model(model))), hw, layout, w
 
 
-@jax.jit  # called on its own too (outside `reference_root`): one program, not op-by-op dispatch
-def excess(m, hw, layout, w, b):
+def _excess(m, hw, layout, w, b):
     """g(b) = rate x slot_time(b) - b (DP = 1: the rate is per replica)."""
     return w.request_rate_per_s * slot_time_s(_steps(m, hw, layout, w, b), w) - b
 
 
-@jax.jit
+excess = jax.jit(_excess, compiler_options=accepted(RUNS_LONG) or None)  # called on its own too (outside `reference_root`): one program, not op-by-op dispatch
+
+
+@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
 def reference_root(m, hw, layout, w):
     """(b, usable): the smallest root of g on [low_b, b_max] by scan + bisection; usable where a root
     is inside (g(low_b) > 0 > g(b_max)) and the replica has at least one slot."""
     b_max = jnp.maximum(prepare(m, hw, layout, w, GMU).b_max, 1e-3)
     low = jnp.minimum(b_max, 1e-2)
     points = low[None] + jnp.linspace(0.0, 1.0, SCAN)[:, None] * (b_max - low)[None]  # [SCAN, C]
-    negative = jax.lax.map(lambda b: excess(m, hw, layout, w, b) < 0, points, batch_size=128)
+    negative = jax.lax.map(lambda b: _excess(m, hw, layout, w, b) < 0, points, batch_size=128)
     first = jnp.maximum(jnp.argmax(negative, axis=0), 1)
     lo = jnp.take_along_axis(points, (first - 1)[None], 0)[0]
     hi = jnp.take_along_axis(points, first[None], 0)[0]
@@ -85,20 +93,20 @@ def reference_root(m, hw, layout, w):
     def bisect(_, bracket):
         lo, hi = bracket
         mid = 0.5 * (lo + hi)
-        up = excess(m, hw, layout, w, mid) >= 0
+        up = _excess(m, hw, layout, w, mid) >= 0
         return jnp.where(up, mid, lo), jnp.where(up, hi, mid)
 
     lo, hi = jax.lax.fori_loop(0, BISECTIONS, bisect, (lo, hi))
-    usable = (excess(m, hw, layout, w, low) > 0) & (excess(m, hw, layout, w, b_max) < 0) & (b_max >= 1.0)
+    usable = (_excess(m, hw, layout, w, low) > 0) & (_excess(m, hw, layout, w, b_max) < 0) & (b_max >= 1.0)
     return 0.5 * (lo + hi), usable
 
 
-@jax.jit
+@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
 def solved(m, hw, layout, w):
     return estimate(m, hw, layout, w, GMU)
 
 
-@jax.jit
+@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
 def at_concurrency(m, hw, layout, w, b):
     """The estimate with the Poisson solve replaced by the given b [C] (patched while tracing: one
     compilation serves every call)."""
@@ -141,7 +149,7 @@ def test_solver_matches_converged_root(hardware, model):
     assert np.median(rel) < 1e-5
 
 
-@jax.jit
+@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
 def kink_rates(m, hw, layout, w):
     """[3 kinds, n] rates per replica that put the root exactly on a kink: prefill saturation, the
     chunk starting to shrink, the first chunk-count jump (b / slot_time(b) at that b)."""

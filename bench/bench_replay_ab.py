@@ -5,7 +5,8 @@ move it, so two versions timed in separate runs rarely compare. Here each versio
 (`replay.driver._advance`, the README sweep's first F finalists at S fixed slot rows, one CPU device)
 is compiled by a child process running that version's code (the revision's `jaxplan/` from
 `git archive`) and handed back as a serialised executable over flat arrays, with the arguments of its
-first call; this process loads both and calls them alternately, so a slow minute falls on both alike.
+first call; this process loads both and calls them alternately, in the order A B B A A B ..., so a
+slow minute falls on both alike and neither always runs second.
 Reported per version: the median and the least microseconds per loop iteration, and the iterations
 run (equal unless the change alters the schedule). `--against HEAD` with an unchanged tree shows the
 harness's own noise.
@@ -121,8 +122,10 @@ def main() -> None:
             loaded[label] = (executable, [jax.device_put(x) for x in saved["leaves"]])
     per_iteration = {label: [] for label in loaded}
     ran = {}
-    for _ in range(args.repeat):
-        for label, (executable, leaves) in loaded.items():
+    labels = list(loaded)
+    for repeat in range(args.repeat):
+        for label in labels if repeat % 2 == 0 else labels[::-1]:  # ABBA: neither version always runs second
+            executable, leaves = loaded[label]
             start = time.perf_counter()
             out = jax.block_until_ready(executable(*leaves))
             ran[label] = int(out[0])

@@ -79,7 +79,8 @@ def export_revision(rev: str, where: Path) -> Path:
     tar_path = where / "code.tar"
     tar_path.write_bytes(archive)
     with tarfile.open(tar_path) as tar:
-        tar.extractall(where, filter="data")
+        # the "data" filter (Python >= 3.11.4) refuses links and absolute paths; git's own archive has none
+        tar.extractall(where, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return where
 
 

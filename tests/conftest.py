@@ -41,7 +41,7 @@ FAST_COMPILE_ENV = "JAXPLAN_TEST_XLA_OPT"
 SHIPPED_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
 # jit compiler_options for a test's own programs that run long rather than compile long (reference
 # scans over thousands of candidates): code made at -O0 runs about 5x slower, more than the -O0
-# compilation saves (test_solver.py: 48 s at -O0, 23 s with its reference programs at -O2).
+# compilation saves (bench/README.md, "The test suite").
 RUNS_LONG = {"xla_backend_optimization_level": 2}
 
 

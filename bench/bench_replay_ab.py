@@ -107,6 +107,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import jax
+    import numpy as np
     from jax.experimental import serialize_executable
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +130,7 @@ def main() -> None:
             executable, leaves = loaded[label]
             start = time.perf_counter()
             out = jax.block_until_ready(executable(*leaves))
-            ran[label] = int(out[0])
+            ran[label] = int(np.max(np.asarray(out[0])))  # [devices] in revisions whose loop reports each device's count
             per_iteration[label].append((time.perf_counter() - start) / ran[label] * 1e6)
     for label, times in per_iteration.items():
         print(f"{label:>14}: {statistics.median(times):.1f} us per loop iteration (least {min(times):.1f}), {ran[label]:,} iterations a call, "

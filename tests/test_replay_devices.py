@@ -35,17 +35,20 @@ report = {{}}
 for seed, closed, routing, kw in {cases!r}:
     requests, config, params = _dp_case(seed, (1, 2))
     run = lambda **extra: simulate_trace(config, requests, _workload(closed), affine_step_time, params, window=8, routing=routing, **kw, **extra)
-    calls = []
+    calls, first = [], []
     real = driver._advance
-    driver._advance = lambda *a, **k: calls.append(k.get("mesh")) or real(*a, **k)
+    driver._advance = lambda *a, **k: calls.append(k.get("mesh")) or first.append((a, k)) or real(*a, **k)
     sharded = run()
     driver._advance = real
+    a, k = first[0]
+    hlo = real.lower(*(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)) if hasattr(x, "shape") else x for x in a), **k).compile().as_text()
+    collectives = sorted({{op for op in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute") if op + "(" in hlo or op + "-start(" in hlo}})
     devices = driver.lane_devices
     driver.lane_devices = lambda: 1
     single = run()
     driver.lane_devices = devices
     _same(sharded, single, f"seed {{seed}} closed {{closed}} {{routing}} {{kw}}")
-    report[f"{{seed}}-{{closed}}-{{routing}}"] = {{"meshes": sorted({{0 if m is None else m.devices.size for m in calls}}), "finished": int((np.asarray(sharded.finish_step) >= 0).sum())}}
+    report[f"{{seed}}-{{closed}}-{{routing}}"] = {{"meshes": sorted({{0 if m is None else m.devices.size for m in calls}}), "finished": int((np.asarray(sharded.finish_step) >= 0).sum()), "collectives": collectives}}
 print(json.dumps(report))
 """
 
@@ -75,6 +78,10 @@ def test_sharded_lanes_give_the_same_trace():
     assert two["1-0-round_robin"]["meshes"] == [2]  # the lanes really were sharded
     assert two["3-0-round_robin"]["meshes"] == [2]  # unsplit: lanes padded to a multiple of 2
     assert two["4-0-least_loaded"]["meshes"] == [2]  # 6 finalists, 3 per device
+    # Each device's loop ends on its own: no collective after it, where the device done first would
+    # wait for the others (XLA:CPU aborts a process whose collective waits 40 s; found by a MoE
+    # rl-rollout sweep whose lanes ran minutes apart).
+    assert all(r["collectives"] == [] for r in two.values()), two
     three = _run_sharded(3, cases[:1])
     assert three["1-0-round_robin"]["meshes"] == [3]
 

@@ -207,22 +207,32 @@ def _loop(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_t
 @program_cache.jit(static_argnames=("step_time_fn", "window", "block_size", "policy", "mesh"), donate_argnames=("state",))
 def _advance(inputs: LaneInput, state, step_params, max_iterations, grow, *, step_time_fn, window: int, block_size: int, policy: RoutingPolicy, mesh: Mesh | None = None):
     """`_loop` over every lane; with a mesh, each device loops over its share of the lanes on its
-    own (no synchronisation per iteration) and the iterations run are the most any device ran.
-    Returns (state, iterations run, every lane done, a lane out of slot rows): the host reads
-    scalars only."""
+    own (no synchronisation per iteration). Returns (state, iterations run, every lane done, a lane
+    out of slot rows), the last three [devices] (one value per device; [1] without a mesh), which the
+    host combines (`_host_flags`).
+
+    Nothing here makes the devices meet after their loops: a reduction across devices would make
+    the device whose lanes finish first wait for the others inside XLA, and XLA:CPU aborts the
+    process when a collective waits more than 40 s (a long replay whose lanes are uneven)."""
     loop = functools.partial(_loop, step_time_fn=step_time_fn, window=window, block_size=block_size, policy=policy)
-    if mesh is None:
-        state, ran = loop(inputs, state, step_params, max_iterations, grow)
-        return state, ran, jnp.all(_lanes_done(state, inputs, policy)), jnp.any(policy.lane_state(state).overflow)
 
     def local(inputs, state, step_params, max_iterations, grow):
         state, ran = loop(inputs, state, step_params, max_iterations, grow)
-        return state, ran[None]
+        done, overflow = jnp.all(_lanes_done(state, inputs, policy)), jnp.any(policy.lane_state(state).overflow)
+        return state, ran[None], done[None], overflow[None]
 
+    if mesh is None:
+        return local(inputs, state, step_params, max_iterations, grow)
     lanes = P("lanes")
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=(lanes, lanes, lanes, P(), P()), out_specs=(lanes, lanes), check_vma=False)
-    state, ran = sharded(inputs, state, step_params, max_iterations, grow)
-    return state, jnp.max(ran), jnp.all(_lanes_done(state, inputs, policy)), jnp.any(policy.lane_state(state).overflow)
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(lanes, lanes, lanes, P(), P()), out_specs=(lanes,) * 4, check_vma=False)
+    return sharded(inputs, state, step_params, max_iterations, grow)
+
+
+def _host_flags(ran, done, overflow) -> tuple[int, bool, bool]:
+    """`_advance`'s per-device results on the host: (the most iterations any device ran, every lane
+    done, a lane out of slot rows)."""
+    ran, done, overflow = jax.device_get((ran, done, overflow))
+    return int(np.max(ran)), bool(np.all(done)), bool(np.any(overflow))
 
 
 @functools.partial(jax.jit, static_argnames=("policy",))
@@ -515,8 +525,9 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
         grow = num_slots is None and slots < max_seqs
         budget = min(per_call, max_iterations - used)
         t0 = time.perf_counter()
-        state, ran, done, overflow = _advance(inputs, state, step_params, np.int32(budget), np.bool_(grow), **loop_options)
-        used += int(ran)
+        state, *flags = _advance(inputs, state, step_params, np.int32(budget), np.bool_(grow), **loop_options)
+        ran, done, overflow = _host_flags(*flags)
+        used += ran
         if progress is not None:
             produced = int(np.sum(np.asarray(policy.lane_state(state).rep_tokens_out, np.int64)))
             progress(total_tokens if bool(done) else min(produced, total_tokens - 1), total_tokens)
@@ -526,7 +537,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
             break
         if grow and bool(overflow):
             # more requests in flight than rows: resume where it stopped, with more rows
-            slots = min(max(2 * slots, _slot_bucket(int(jnp.max(_demand(inputs, state, policy=policy))))), _slot_bucket(max_seqs))
+            slots = min(max(2 * slots, _slot_bucket(int(np.max(jax.device_get(_demand(inputs, state, policy=policy)))))), _slot_bucket(max_seqs))
             inputs, state = _grow(inputs, state, num_slots=slots, policy=policy, mesh=mesh)
     compile_ahead.wait("replay_finish")
     lanes = jax.device_get((inputs, state))

@@ -21,6 +21,7 @@ from jaxplan.physics.memory import replay_kv_blocks
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.replay import ReplayConfig, sample_requests, simulate
+from jaxplan.replay.driver import lane_devices
 from jaxplan.specs.workload import Arrival
 
 DEFAULT_REQUESTS = 2000
@@ -88,17 +89,70 @@ def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "ro
     )
 
 
-def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin") -> list[tuple]:
+def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", steps_hint=None, devices: int = 1) -> list[tuple]:
     """Finalists [F] split into the replay calls stage 7 makes: [(indices, their physics params,
     their ReplayConfig)], the independent replicas' call (routed by `routing`) first, then the
-    lock-step ones' (routed as vLLM's DP coordinator routes, see `replay_config`); empty ones left out."""
-    lockstep = lockstep_ranks(params[1]) > 1
+    lock-step ones' (routed as vLLM's DP coordinator routes, see `replay_config`); empty ones left out.
+
+    A lock-step lane steps all its replicas every iteration, padded to its call's largest, so with
+    `steps_hint` [F] (`replica_steps_hint`) the lock-step finalists are replayed in one call per
+    range of padded replica counts (`lockstep_calls`) where the estimated replay time saved pays for
+    the extra loop programs to compile. The results do not depend on the calls."""
+    lockstep = np.flatnonzero(lockstep_ranks(params[1]) > 1)
+    groups = [np.flatnonzero(lockstep_ranks(params[1]) <= 1)]
+    if lockstep.size:
+        buckets = replica_bucket(np.asarray(configs.data_parallel_size)[lockstep])
+        steps = None if steps_hint is None else np.asarray(steps_hint, np.float64)[lockstep]
+        groups += [lockstep[g] for g in lockstep_calls(buckets, steps, devices)]
     parts = []
-    for idx in (np.flatnonzero(~lockstep), np.flatnonzero(lockstep)):
+    for idx in groups:
         if idx.size:
             sub_params = jax.tree.map(lambda x, idx=idx: np.asarray(x)[idx], params)
             parts.append((idx, sub_params, replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing)))
     return parts
+
+
+# Estimated replay seconds per lane, replica and scheduler step of a lock-step call, and the seconds to
+# compile one more lock-step loop, on the 2-core VM (bench/README.md, "Lock-step replay calls").
+LOCKSTEP_STEP_S = 25e-6
+LOCKSTEP_COMPILE_S = 4.0
+
+
+def lockstep_calls(buckets, steps, devices: int = 1) -> list[np.ndarray]:
+    """Positions (into `buckets` [N], the lock-step finalists' padded replica counts) replayed
+    together: contiguous ranges of the sorted bucket values, the ranges that minimise the estimated
+    loop time (each call: LOCKSTEP_STEP_S x its padded replicas x its lanes per device x its longest
+    `steps` [N]) plus LOCKSTEP_COMPILE_S per call beyond the first. One call where `steps` is None or
+    not finite."""
+    buckets = np.asarray(buckets, np.int64)
+    levels = np.unique(buckets)
+    if steps is None or not np.all(np.isfinite(steps)) or levels.size == 1:
+        return [np.arange(buckets.size)]
+
+    def loop_s(members):
+        lanes = int(members.sum())
+        per_device = lanes // devices if devices > 1 and lanes % devices == 0 else lanes  # the driver shards only even splits
+        return LOCKSTEP_STEP_S * int(buckets[members].max()) * per_device * float(np.max(steps[members]))
+
+    best = None
+    for cuts in range(1 << (levels.size - 1)):  # bit i: a call ends after levels[i]
+        ranges, start = [], 0
+        for i in range(levels.size):
+            if i == levels.size - 1 or cuts >> i & 1:
+                ranges.append(levels[start : i + 1])
+                start = i + 1
+        members = [np.isin(buckets, r) for r in ranges]
+        cost = sum(loop_s(m) for m in members) + LOCKSTEP_COMPILE_S * (len(members) - 1)
+        if best is None or cost < best[0]:
+            best = (cost, members)
+    return [np.flatnonzero(m) for m in best[1]]
+
+
+def replica_bucket(data_parallel_size) -> np.ndarray:
+    """[F] the replica count each finalist's lanes are padded to: the next power of two (as the
+    replay pads `max_replicas`)."""
+    dp = np.maximum(np.asarray(data_parallel_size, np.int64), 1)
+    return 1 << np.ceil(np.log2(dp)).astype(np.int64)
 
 
 def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin", progress=None) -> list[dict]:
@@ -110,13 +164,14 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     routing: "round_robin" (request i to replica i % dp) or "least_loaded" (to the replica
     with the fewest waiting + running requests when it arrives), for independent replicas; the
     ranks of a lock-step (MoE data-parallel) finalist step together and are routed as vLLM's DP
-    coordinator routes (LOCKSTEP_ROUTING), in a replay call of their own."""
+    coordinator routes (LOCKSTEP_ROUTING), in replay calls of their own (`replay_parts`)."""
     if not rows:
         return []
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    parts = replay_parts(configs, params, routing)
+    steps_hint = replica_steps_hint(rows, workload, requests, configs)
+    parts = replay_parts(configs, params, routing, steps_hint, lane_devices())
     reported = {"before": 0, "last": 0}  # output tokens of the parts replayed, of this part's total
 
     def part_progress(parts_left: int):
@@ -132,8 +187,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     metrics, routed_by = [None] * len(rows), [routing] * len(rows)
     for n, (idx, sub_params, sub_config) in enumerate(parts):
         sub_rows = [rows[i] for i in idx]
-        hint = replica_steps_hint(sub_rows, workload, requests, sub_config)
-        m = jax.device_get(simulate(sub_config, requests, workload, physics_step, sub_params, replica_steps_hint=hint, replica_concurrency_hint=concurrency_hint(sub_rows),
+        m = jax.device_get(simulate(sub_config, requests, workload, physics_step, sub_params, replica_steps_hint=steps_hint[idx], replica_concurrency_hint=concurrency_hint(sub_rows),
                                     initial_slots=initial_slots_hint(sub_rows), progress=part_progress(len(parts) - n)))  # fmt: skip
         reported["before"] += reported["last"]
         for j, i in enumerate(idx):

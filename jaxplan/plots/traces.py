@@ -7,17 +7,18 @@ from __future__ import annotations
 def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin"):
     """(ReplayTrace [F], block size) for sweep rows, replayed exactly as stage 7 replays them: the
     finalists of independent replicas with `routing`, the lock-step ones (a MoE model's vLLM data
-    parallelism) in a call of their own, routed as vLLM's DP coordinator routes (`replay_rows`)."""
+    parallelism) in calls of their own, routed as vLLM's DP coordinator routes (`replay_rows`)."""
     import jax
     import numpy as np
 
-    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step, replay_parts
+    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step, replay_parts, replica_steps_hint
     from jaxplan.replay import sample_requests, simulate_trace
+    from jaxplan.replay.driver import lane_devices
 
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    parts = replay_parts(configs, params, routing)
+    parts = replay_parts(configs, params, routing, replica_steps_hint(rows, workload, requests, configs), lane_devices())
     traces = [jax.device_get(simulate_trace(sub_config, requests, workload, physics_step, sub_params)) for _, sub_params, sub_config in parts]
     order = np.argsort(np.concatenate([idx for idx, _, _ in parts]), kind="stable")
     return merged_traces(traces, order), configs.block_size

@@ -33,6 +33,7 @@ from jaxplan.xla_options import accepted
 
 MODELS = tuple(known("models"))
 MOE = ("deepseek-v3", "mixtral-8x7b", "qwen3-30b-a3b")
+LONG_OPTIONS = accepted(RUNS_LONG) or None  # the reference scans' jit compiler_options
 GPUS = tuple(known("gpus"))
 N = 1024  # candidates per case, one vectorised call
 GMU = 0.9
@@ -75,10 +76,10 @@ def _excess(m, hw, layout, w, b):
     return w.request_rate_per_s * slot_time_s(_steps(m, hw, layout, w, b), w) - b
 
 
-excess = jax.jit(_excess, compiler_options=accepted(RUNS_LONG) or None)  # called on its own too (outside `reference_root`): one program, not op-by-op dispatch
+excess = jax.jit(_excess, compiler_options=LONG_OPTIONS)  # called on its own too (outside `reference_root`): one program, not op-by-op dispatch
 
 
-@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
+@functools.partial(jax.jit, compiler_options=LONG_OPTIONS)
 def reference_root(m, hw, layout, w):
     """(b, usable): the smallest root of g on [low_b, b_max] by scan + bisection; usable where a root
     is inside (g(low_b) > 0 > g(b_max)) and the replica has at least one slot."""
@@ -101,12 +102,12 @@ def reference_root(m, hw, layout, w):
     return 0.5 * (lo + hi), usable
 
 
-@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
+@functools.partial(jax.jit, compiler_options=LONG_OPTIONS)
 def solved(m, hw, layout, w):
     return estimate(m, hw, layout, w, GMU)
 
 
-@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
+@functools.partial(jax.jit, compiler_options=LONG_OPTIONS)
 def at_concurrency(m, hw, layout, w, b):
     """The estimate with the Poisson solve replaced by the given b [C] (patched while tracing: one
     compilation serves every call)."""
@@ -149,7 +150,7 @@ def test_solver_matches_converged_root(hardware, model):
     assert np.median(rel) < 1e-5
 
 
-@functools.partial(jax.jit, compiler_options=accepted(RUNS_LONG) or None)
+@functools.partial(jax.jit, compiler_options=LONG_OPTIONS)
 def kink_rates(m, hw, layout, w):
     """[3 kinds, n] rates per replica that put the root exactly on a kink: prefill saturation, the
     chunk starting to shrink, the first chunk-count jump (b / slot_time(b) at that b)."""

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan import program_cache
+from jaxplan.buckets import bucket_size
 from jaxplan.funnel.chunk import layout_of, rows_context
 from jaxplan.funnel.estimate import objective
 from jaxplan.grid import candidates_from_digits
@@ -98,8 +99,9 @@ def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", st
     `steps_hint` [F] (`replica_steps_hint`) the lock-step finalists are replayed in one call per
     range of padded replica counts (`lockstep_calls`) where the estimated replay time saved pays for
     the extra loop programs to compile. The results do not depend on the calls."""
-    lockstep = np.flatnonzero(lockstep_ranks(params[1]) > 1)
-    groups = [np.flatnonzero(lockstep_ranks(params[1]) <= 1)]
+    ranks = lockstep_ranks(params[1])
+    lockstep = np.flatnonzero(ranks > 1)
+    groups = [np.flatnonzero(ranks <= 1)]
     if lockstep.size:
         buckets = replica_bucket(np.asarray(configs.data_parallel_size)[lockstep])
         steps = None if steps_hint is None else np.asarray(steps_hint, np.float64)[lockstep]
@@ -149,10 +151,9 @@ def lockstep_calls(buckets, steps, devices: int = 1) -> list[np.ndarray]:
 
 
 def replica_bucket(data_parallel_size) -> np.ndarray:
-    """[F] the replica count each finalist's lanes are padded to: the next power of two (as the
-    replay pads `max_replicas`)."""
-    dp = np.maximum(np.asarray(data_parallel_size, np.int64), 1)
-    return 1 << np.ceil(np.log2(dp)).astype(np.int64)
+    """[F] the replica count each finalist's lanes are padded to: the replay's own rule for
+    `max_replicas` (`bucket_size(dp, 1)`)."""
+    return np.array([bucket_size(int(d), 1) for d in np.asarray(data_parallel_size).reshape(-1)], np.int64)
 
 
 def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin", progress=None) -> list[dict]:

@@ -31,7 +31,8 @@ README_SWEEP = ["sweep", "--model", "llama-3.1-70b", "--gpus", "h100_sxm,h200_sx
 
 # Runs inside the measured process: sum JAX's duration events, then run the CLI.
 CHILD = r"""
-import atexit, collections, json, resource, sys, time
+import atexit, collections, json, os, resource, sys, time
+sys.path.insert(0, os.environ["PYTHONPATH"])  # this tree's jaxplan, not the one in the working directory (`-c` puts it first)
 start = time.perf_counter()
 import jax
 events_path = sys.argv[1]

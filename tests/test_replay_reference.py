@@ -144,7 +144,7 @@ def test_slot_rows_past_64_grow_in_steps_of_64(monkeypatch):
     trace equals that of 256 fixed rows (the row count never changes a result)."""
     from jaxplan.replay import driver
 
-    assert [driver._slot_bucket(v) for v in (1, 3, 33, 64, 65, 128, 130, 192, 193, 300)] == [1, 4, 64, 64, 128, 128, 192, 192, 256, 320]
+    assert [driver.slot_rows(v) for v in (1, 3, 33, 64, 65, 128, 130, 192, 193, 300)] == [1, 4, 64, 64, 128, 128, 192, 192, 256, 320]
     grown = []
     real_grow = driver._grow
     monkeypatch.setattr(driver, "INITIAL_SLOTS", 64)

@@ -14,15 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxplan import program_cache
-from jaxplan.buckets import bucket_size
 from jaxplan.funnel.chunk import layout_of, rows_context
 from jaxplan.funnel.estimate import objective
+from jaxplan.funnel.replay_calls import CallEstimate, call_estimate, lockstep_calls, replica_bucket, round_robin_calls
 from jaxplan.grid import candidates_from_digits
 from jaxplan.physics.memory import replay_kv_blocks
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
+from jaxplan.physics.steady_state import BOUND_KV_CACHE
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.replay import ReplayConfig, sample_requests, simulate
-from jaxplan.replay.driver import lane_devices
+from jaxplan.replay.driver import closed_concurrency, lane_devices
 from jaxplan.specs.workload import Arrival
 
 DEFAULT_REQUESTS = 2000
@@ -90,21 +91,22 @@ def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "ro
     )
 
 
-def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", steps_hint=None, devices: int = 1) -> list[tuple]:
+def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", estimate: CallEstimate | None = None, devices: int = 1) -> list[tuple]:
     """Finalists [F] split into the replay calls stage 7 makes: [(indices, their physics params,
-    their ReplayConfig)], the independent replicas' call (routed by `routing`) first, then the
+    their ReplayConfig)], the independent replicas' calls (routed by `routing`) first, then the
     lock-step ones' (routed as vLLM's DP coordinator routes, see `replay_config`); empty ones left out.
 
-    A lock-step lane steps all its replicas every iteration, padded to its call's largest, so with
-    `steps_hint` [F] (`replica_steps_hint`) the lock-step finalists are replayed in one call per
-    range of padded replica counts (`lockstep_calls`) where the estimated replay time saved pays for
-    the extra loop programs to compile. The results do not depend on the calls."""
+    With `estimate` (`finalist_estimate`), finalists of different widths (slot rows under round
+    robin, padded replicas in lock-step) are replayed in calls of their own where the loop time saved
+    pays for the extra programs (`replay_calls`). The results do not depend on the calls."""
     ranks = lockstep_ranks(params[1])
-    lockstep = np.flatnonzero(ranks > 1)
-    groups = [np.flatnonzero(ranks <= 1)]
+    independent, lockstep = np.flatnonzero(ranks <= 1), np.flatnonzero(ranks > 1)
+    groups = [independent]
+    if estimate is not None and routing == "round_robin" and independent.size:
+        groups = [independent[g] for g in round_robin_calls(CallEstimate(*(np.asarray(x)[independent] for x in estimate)), devices)]
     if lockstep.size:
         buckets = replica_bucket(np.asarray(configs.data_parallel_size)[lockstep])
-        steps = None if steps_hint is None else np.asarray(steps_hint, np.float64)[lockstep]
+        steps = None if estimate is None else np.asarray(estimate.steps, np.float64)[lockstep]
         groups += [lockstep[g] for g in lockstep_calls(buckets, steps, devices)]
     parts = []
     for idx in groups:
@@ -114,46 +116,12 @@ def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", st
     return parts
 
 
-# Estimated replay seconds per lane, replica and scheduler step of a lock-step call, and the seconds to
-# compile one more lock-step loop, on the 2-core VM (bench/README.md, "Lock-step replay calls").
-LOCKSTEP_STEP_S = 25e-6
-LOCKSTEP_COMPILE_S = 4.0
-
-
-def lockstep_calls(buckets, steps, devices: int = 1) -> list[np.ndarray]:
-    """Positions (into `buckets` [N], the lock-step finalists' padded replica counts) replayed
-    together: contiguous ranges of the sorted bucket values, the ranges that minimise the estimated
-    loop time (each call: LOCKSTEP_STEP_S x its padded replicas x its lanes per device x its longest
-    `steps` [N]) plus LOCKSTEP_COMPILE_S per call beyond the first. One call where `steps` is None or
-    not finite."""
-    buckets = np.asarray(buckets, np.int64)
-    levels = np.unique(buckets)
-    if steps is None or not np.all(np.isfinite(steps)) or levels.size == 1:
-        return [np.arange(buckets.size)]
-
-    def loop_s(members):
-        lanes = int(members.sum())
-        per_device = lanes // devices if devices > 1 and lanes % devices == 0 else lanes  # the driver shards only even splits
-        return LOCKSTEP_STEP_S * int(buckets[members].max()) * per_device * float(np.max(steps[members]))
-
-    best = None
-    for cuts in range(1 << (levels.size - 1)):  # bit i: a call ends after levels[i]
-        ranges, start = [], 0
-        for i in range(levels.size):
-            if i == levels.size - 1 or cuts >> i & 1:
-                ranges.append(levels[start : i + 1])
-                start = i + 1
-        members = [np.isin(buckets, r) for r in ranges]
-        cost = sum(loop_s(m) for m in members) + LOCKSTEP_COMPILE_S * (len(members) - 1)
-        if best is None or cost < best[0]:
-            best = (cost, members)
-    return [np.flatnonzero(m) for m in best[1]]
-
-
-def replica_bucket(data_parallel_size) -> np.ndarray:
-    """[F] the replica count each finalist's lanes are padded to: the replay's own rule for
-    `max_replicas` (`bucket_size(dp, 1)`)."""
-    return np.array([bucket_size(int(d), 1) for d in np.asarray(data_parallel_size).reshape(-1)], np.int64)
+def finalist_estimate(rows: list[dict], workload, requests, configs: ReplayConfig) -> CallEstimate:
+    """Stage 4's view of the finalists' replay, for `replay_parts` (`replay_calls.call_estimate`)."""
+    return call_estimate(
+        replica_steps_hint(rows, workload, requests, configs), concurrency_hint(rows), np.asarray(configs.max_num_seqs), np.asarray(configs.data_parallel_size),
+        requests, closed_concurrency(workload), np.array([r.get("bound") == BOUND_KV_CACHE for r in rows]),
+    )  # fmt: skip
 
 
 def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, seed: int = 0, routing: str = "round_robin", progress=None) -> list[dict]:
@@ -171,8 +139,8 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    steps_hint = replica_steps_hint(rows, workload, requests, configs)
-    parts = replay_parts(configs, params, routing, steps_hint, lane_devices())
+    estimate = finalist_estimate(rows, workload, requests, configs)
+    parts = replay_parts(configs, params, routing, estimate, lane_devices())
     reported = {"before": 0, "last": 0}  # output tokens of the parts replayed, of this part's total
 
     def part_progress(parts_left: int):
@@ -188,7 +156,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     metrics, routed_by = [None] * len(rows), [routing] * len(rows)
     for n, (idx, sub_params, sub_config) in enumerate(parts):
         sub_rows = [rows[i] for i in idx]
-        m = jax.device_get(simulate(sub_config, requests, workload, physics_step, sub_params, replica_steps_hint=steps_hint[idx], replica_concurrency_hint=concurrency_hint(sub_rows),
+        m = jax.device_get(simulate(sub_config, requests, workload, physics_step, sub_params, replica_steps_hint=estimate.steps[idx], replica_concurrency_hint=concurrency_hint(sub_rows),
                                     initial_slots=initial_slots_hint(sub_rows), progress=part_progress(len(parts) - n)))  # fmt: skip
         reported["before"] += reported["last"]
         for j, i in enumerate(idx):

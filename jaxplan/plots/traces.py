@@ -11,14 +11,14 @@ def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, s
     import jax
     import numpy as np
 
-    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_inputs, physics_step, replay_parts, replica_steps_hint
+    from jaxplan.funnel.replay_stage import DEFAULT_REQUESTS, finalist_estimate, finalist_inputs, physics_step, replay_parts
     from jaxplan.replay import sample_requests, simulate_trace
     from jaxplan.replay.driver import lane_devices
 
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    parts = replay_parts(configs, params, routing, replica_steps_hint(rows, workload, requests, configs), lane_devices())
+    parts = replay_parts(configs, params, routing, finalist_estimate(rows, workload, requests, configs), lane_devices())
     traces = [jax.device_get(simulate_trace(sub_config, requests, workload, physics_step, sub_params)) for _, sub_params, sub_config in parts]
     order = np.argsort(np.concatenate([idx for idx, _, _ in parts]), kind="stable")
     return merged_traces(traces, order), configs.block_size

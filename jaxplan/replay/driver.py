@@ -333,12 +333,12 @@ def _bucket(value: int) -> int:
 SLOT_STEP = 64
 
 
-def _slot_bucket(value: int) -> int:
+def slot_rows(value: int) -> int:
     """Slot rows for `value` requests in flight: a power of two up to SLOT_STEP, then a multiple of it."""
     return _bucket(value) if value <= SLOT_STEP else SLOT_STEP * math.ceil(value / SLOT_STEP)
 
 
-def _closed_concurrency(workload: Workload) -> int:
+def closed_concurrency(workload: Workload) -> int:
     return int(workload.concurrency) if workload.arrival == Arrival.CLOSED else 0
 
 
@@ -415,7 +415,7 @@ def simulate_trace(
     leaves = jax.tree.leaves(step_params)
     if any(np.shape(x)[:1] != (num_f,) for x in leaves):
         raise bad_value("step_params", [np.shape(x) for x in leaves][:4], f"every leaf needs a leading finalist axis of {num_f}")
-    closed = _closed_concurrency(workload)
+    closed = closed_concurrency(workload)
     max_seqs = int(np.max(configs.max_num_seqs))
     dp_routed = policy.routed_replicas(configs.data_parallel_size, closed)
     max_dp = _bucket(int(dp_routed.max())) if max_replicas is None else max_replicas
@@ -441,7 +441,7 @@ def simulate_trace(
         lanes_per_f = policy.choose_split(dp_routed, work, max_replicas_per_lane=max_replicas_per_lane, devices=devices)
     num_lanes = policy.lane_count(int(lanes_per_f.sum()), num_f, devices)
     shape = memory.ReplayShape(
-        num_f, num_r, max_dp, num_slots if num_slots is not None else _slot_bucket(min(max_seqs, num_r)), window, policy.name, num_lanes / num_f
+        num_f, num_r, max_dp, num_slots if num_slots is not None else slot_rows(min(max_seqs, num_r)), window, policy.name, num_lanes / num_f
     )  # fmt: skip
     per_call = memory.finalists_per_call(shape, memory_limit_bytes)
     tokens_per_finalist = int(np.sum(np.asarray(reqs.output_tokens, np.int64)))  # progress is counted in output tokens
@@ -503,7 +503,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
         block_size=configs.block_size, routing=policy.name,
     )  # fmt: skip
     max_seqs = int(np.max(configs.max_num_seqs))
-    slots = num_slots if num_slots is not None else min(_slot_bucket(max_seqs), _slot_bucket(initial_slots))
+    slots = num_slots if num_slots is not None else min(slot_rows(max_seqs), slot_rows(initial_slots))
     finalist = np.asarray(split.finalist, np.int64)
     split = LaneSplit(*(np.asarray(x, np.int32) for x in split))
     closed_conc = np.int32(closed)
@@ -537,7 +537,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
             break
         if grow and bool(overflow):
             # more requests in flight than rows: resume where it stopped, with more rows
-            slots = min(max(2 * slots, _slot_bucket(int(np.max(jax.device_get(_demand(inputs, state, policy=policy)))))), _slot_bucket(max_seqs))
+            slots = min(max(2 * slots, slot_rows(int(np.max(jax.device_get(_demand(inputs, state, policy=policy)))))), slot_rows(max_seqs))
             inputs, state = _grow(inputs, state, num_slots=slots, policy=policy, mesh=mesh)
     compile_ahead.wait("replay_finish")
     lanes = jax.device_get((inputs, state))

@@ -34,6 +34,8 @@ assert jax.local_device_count() == {devices}, jax.devices()
 report = {{}}
 for seed, closed, routing, kw in {cases!r}:
     requests, config, params = _dp_case(seed, (1, 2))
+    keep = kw.pop("finalists", config.num_finalists)  # the first `keep` finalists only
+    config, params = driver._take_finalists(config, np.arange(keep)), jax.tree.map(lambda x: np.asarray(x)[:keep], params)
     run = lambda **extra: simulate_trace(config, requests, _workload(closed), affine_step_time, params, window=8, routing=routing, **kw, **extra)
     calls, first = [], []
     real = driver._advance
@@ -48,7 +50,7 @@ for seed, closed, routing, kw in {cases!r}:
     single = run()
     driver.lane_devices = devices
     _same(sharded, single, f"seed {{seed}} closed {{closed}} {{routing}} {{kw}}")
-    report[f"{{seed}}-{{closed}}-{{routing}}"] = {{"meshes": sorted({{0 if m is None else m.devices.size for m in calls}}), "finished": int((np.asarray(sharded.finish_step) >= 0).sum()), "collectives": collectives}}
+    report[f"{{seed}}-{{closed}}-{{routing}}"] = {{"meshes": sorted({{0 if m is None else m.devices.size for m in calls}}), "finished": int((np.asarray(sharded.finish_step) >= 0).sum()), "collectives": collectives, "finalists": int(np.shape(sharded.finish_step)[0])}}
 print(json.dumps(report))
 """
 
@@ -64,7 +66,8 @@ def _run_sharded(devices: int, cases) -> dict:
 
 
 def test_sharded_lanes_give_the_same_trace():
-    """Round robin (split and unsplit, open and closed loop) and least loaded, on 2 and 3 devices:
+    """Round robin (split and unsplit, open and closed loop) and least loaded (with a finalist count
+    the devices do not divide, too), on 2 and 3 devices:
     every ReplayTrace field equals the one-device replay's, bit for bit (the affine step time rounds
     the same in every program; the physics' step times may differ in their last bits)."""
     cases = [
@@ -72,12 +75,15 @@ def test_sharded_lanes_give_the_same_trace():
         (2, 3, "round_robin", {"replica_steps_hint": 1e6}),
         (3, 0, "round_robin", {}),
         (4, 0, "least_loaded", {}),
+        (5, 0, "least_loaded", {"finalists": 5}),
     ]
     two = _run_sharded(2, cases)
     assert all(r["finished"] > 0 for r in two.values())
     assert two["1-0-round_robin"]["meshes"] == [2]  # the lanes really were sharded
     assert two["3-0-round_robin"]["meshes"] == [2]  # unsplit: lanes padded to a multiple of 2
     assert two["4-0-least_loaded"]["meshes"] == [2]  # 6 finalists, 3 per device
+    # 5 finalists of one lane each: the last repeated to make 3 a device, its copy dropped after
+    assert two["5-0-least_loaded"]["meshes"] == [2] and two["5-0-least_loaded"]["finalists"] == 5
     # Each device's loop ends on its own: no collective after it, where the device done first would
     # wait for the others (XLA:CPU aborts a process whose collective waits 40 s; found by a MoE
     # rl-rollout sweep whose lanes ran minutes apart).

@@ -1,8 +1,8 @@
 """Which finalists stage 7 replays together, in how many calls.
 
 A replay call's loop steps every lane each iteration until its busiest lane is done, and every lane
-works on slot tables as wide as the call's widest finalist needs; a lock-step lane also steps as
-many replicas as the call's largest group. A finalist replayed beside wider ones pays for rows and
+works on slot tables as wide as the call's widest finalist needs (under either routing of
+independent replicas); a lock-step lane also steps as many replicas as the call's largest group. A finalist replayed beside wider ones pays for rows and
 replicas it does not use: an `rl-rollout` sweep whose finalists run 192, 384 and 1,024 requests a
 replica stepped 1,024 rows for each of them. So finalists are replayed in calls of similar width
 where the loop time that saves, estimated from stage 4's numbers, exceeds CALL_COMPILE_S for each
@@ -43,15 +43,15 @@ class CallEstimate(NamedTuple):
     steps: np.ndarray  # [F] float: scheduler steps of one replica (inf: unknown)
     work: np.ndarray  # [F] float: loop iterations of one replica (`driver.replica_work`)
     slots: np.ndarray  # [F] int: slot rows its replicas need (`slot_need`)
-    routed: np.ndarray  # [F] int: replicas its requests are routed to under round robin
+    routed: np.ndarray  # [F] int: replicas its requests are routed to
 
 
-def call_estimate(steps, inflight, max_num_seqs, data_parallel_size, requests, closed_concurrency: int = 0, kv_bound=None, window: int = DEFAULT_WINDOW) -> CallEstimate:
+def call_estimate(steps, inflight, max_num_seqs, data_parallel_size, requests, closed_concurrency: int = 0, kv_bound=None, routing: str = "round_robin", window: int = DEFAULT_WINDOW) -> CallEstimate:
     """The CallEstimate of finalists [F]: `steps` stage 4's scheduler steps of one replica
     (`replica_steps_hint`), `inflight` its requests in flight per replica (nan: unknown), `kv_bound`
-    [F] bool whether its KV cache bounds them (None: no)."""
+    [F] bool whether its KV cache bounds them (None: no), `routing` how requests reach its replicas."""
     steps = np.asarray(steps, np.float64)
-    routed = routing_policy("round_robin").routed_replicas(np.asarray(data_parallel_size), closed_concurrency)
+    routed = routing_policy(routing).routed_replicas(np.asarray(data_parallel_size), closed_concurrency)
     work = replica_work(requests, routed, window, steps, inflight)
     if kv_bound is not None:
         work = np.where(np.asarray(kv_bound, bool), KV_BOUND_WORK_FACTOR * work, work)
@@ -85,17 +85,23 @@ def contiguous_calls(levels, cost: Callable[[np.ndarray], float], compile_s: flo
     return best[-1][1]
 
 
-def round_robin_calls(estimate: CallEstimate, devices: int = 1) -> list[np.ndarray]:
-    """Positions (into `estimate`'s finalists of independent replicas) replayed together, by slot
-    width: one call where the work is not known."""
+def independent_calls(estimate: CallEstimate, routing: str = "round_robin", devices: int = 1) -> list[np.ndarray]:
+    """Positions (into `estimate`'s finalists of independent replicas, routed by `routing`) replayed
+    together, by slot width: one call where the work is not known.
+
+    A lane replays its replicas one after the other (round robin: a range of them, `choose_split`;
+    least loaded: all of them, one step of one replica an iteration), so it runs about its replicas
+    x `work` iterations, each costing ITERATION_S + lanes per device x (LANE_ITERATION_S +
+    SLOT_ITERATION_S x the call's slot rows)."""
     if not np.all(np.isfinite(estimate.steps)) or np.unique(estimate.slots).size == 1:
         return [np.arange(estimate.slots.size)]
+    policy = routing_policy(routing)
 
     def loop_s(call):
         routed, work = estimate.routed[call], estimate.work[call]
-        k = choose_split(routed, work, devices=devices)
+        k = policy.choose_split(routed, work, devices=devices)
         iterations = float(np.max(-(-routed // k) * work))
-        per_device = lane_count_bucket(int(k.sum()), call.size, devices) / devices
+        per_device = -(-policy.lane_count(int(k.sum()), call.size, devices) // devices)  # the driver pads lanes to fill the devices
         return iterations * (ITERATION_S + per_device * (LANE_ITERATION_S + SLOT_ITERATION_S * int(estimate.slots[call].max())))
 
     return contiguous_calls(estimate.slots, loop_s)
@@ -111,8 +117,7 @@ def lockstep_calls(buckets, steps, devices: int = 1) -> list[np.ndarray]:
     steps = np.asarray(steps, np.float64)
 
     def loop_s(call):
-        lanes = call.size
-        per_device = lanes // devices if devices > 1 and lanes % devices == 0 else lanes  # the driver shards only even splits
+        per_device = -(-call.size // devices)  # the driver pads lanes to fill the devices
         return LOCKSTEP_STEP_S * int(buckets[call].max()) * per_device * float(np.max(steps[call]))
 
     return contiguous_calls(buckets, loop_s)

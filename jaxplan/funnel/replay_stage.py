@@ -16,7 +16,7 @@ import numpy as np
 from jaxplan import program_cache
 from jaxplan.funnel.chunk import layout_of, rows_context
 from jaxplan.funnel.estimate import objective
-from jaxplan.funnel.replay_calls import CallEstimate, call_estimate, lockstep_calls, replica_bucket, round_robin_calls
+from jaxplan.funnel.replay_calls import CallEstimate, call_estimate, independent_calls, lockstep_calls, replica_bucket
 from jaxplan.grid import candidates_from_digits
 from jaxplan.physics.memory import replay_kv_blocks
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
@@ -96,14 +96,14 @@ def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", es
     their ReplayConfig)], the independent replicas' calls (routed by `routing`) first, then the
     lock-step ones' (routed as vLLM's DP coordinator routes, see `replay_config`); empty ones left out.
 
-    With `estimate` (`finalist_estimate`), finalists of different widths (slot rows under round
-    robin, padded replicas in lock-step) are replayed in calls of their own where the loop time saved
+    With `estimate` (`finalist_estimate`, for the same `routing`), finalists of different widths
+    (slot rows of independent replicas, padded replicas in lock-step) are replayed in calls of their own where the loop time saved
     pays for the extra programs (`replay_calls`). The results do not depend on the calls."""
     ranks = lockstep_ranks(params[1])
     independent, lockstep = np.flatnonzero(ranks <= 1), np.flatnonzero(ranks > 1)
     groups = [independent]
-    if estimate is not None and routing == "round_robin" and independent.size:
-        groups = [independent[g] for g in round_robin_calls(CallEstimate(*(np.asarray(x)[independent] for x in estimate)), devices)]
+    if estimate is not None and independent.size:
+        groups = [independent[g] for g in independent_calls(CallEstimate(*(np.asarray(x)[independent] for x in estimate)), routing, devices)]
     if lockstep.size:
         buckets = replica_bucket(np.asarray(configs.data_parallel_size)[lockstep])
         steps = None if estimate is None else np.asarray(estimate.steps, np.float64)[lockstep]
@@ -116,11 +116,12 @@ def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", es
     return parts
 
 
-def finalist_estimate(rows: list[dict], workload, requests, configs: ReplayConfig) -> CallEstimate:
-    """Stage 4's view of the finalists' replay, for `replay_parts` (`replay_calls.call_estimate`)."""
+def finalist_estimate(rows: list[dict], workload, requests, configs: ReplayConfig, routing: str = "round_robin") -> CallEstimate:
+    """Stage 4's view of the finalists' replay with independent replicas routed by `routing`, for
+    `replay_parts` (`replay_calls.call_estimate`)."""
     return call_estimate(
         replica_steps_hint(rows, workload, requests, configs), concurrency_hint(rows), np.asarray(configs.max_num_seqs), np.asarray(configs.data_parallel_size),
-        requests, closed_concurrency(workload), np.array([r.get("bound") == BOUND_KV_CACHE for r in rows]),
+        requests, closed_concurrency(workload), np.array([r.get("bound") == BOUND_KV_CACHE for r in rows]), routing,
     )  # fmt: skip
 
 
@@ -139,7 +140,7 @@ def replay_rows(result, rows: list[dict], *, num_requests: int | None = None, se
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    estimate = finalist_estimate(rows, workload, requests, configs)
+    estimate = finalist_estimate(rows, workload, requests, configs, routing)
     parts = replay_parts(configs, params, routing, estimate, lane_devices())
     reported = {"before": 0, "last": 0}  # output tokens of the parts replayed, of this part's total
 

@@ -18,7 +18,7 @@ def sweep_traces(result, rows: list[dict], *, num_requests: int | None = None, s
     workload = result.workload
     configs, params = finalist_inputs(result, rows, routing)
     requests = sample_requests(workload, num_requests or min(workload.num_requests, DEFAULT_REQUESTS), seed)
-    parts = replay_parts(configs, params, routing, finalist_estimate(rows, workload, requests, configs), lane_devices())
+    parts = replay_parts(configs, params, routing, finalist_estimate(rows, workload, requests, configs, routing), lane_devices())
     traces = [jax.device_get(simulate_trace(sub_config, requests, workload, physics_step, sub_params)) for _, sub_params, sub_config in parts]
     order = np.argsort(np.concatenate([idx for idx, _, _ in parts]), kind="stable")
     return merged_traces(traces, order), configs.block_size

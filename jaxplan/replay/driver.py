@@ -26,7 +26,8 @@ count that does not fit even for one finalist is refused (PlanError).
 With several local devices (the CLI makes one XLA CPU device per core, see
 jaxplan/cpu_devices.py), the lanes are sharded over them and each device runs
 its own loop on its share (`shard_map`; round robin pads the lane count to a
-multiple of the devices): lanes are independent, so this is the same replay,
+multiple of the devices with empty lanes, the one-lane-a-finalist policies with
+copies of the last finalist, dropped after): lanes are independent, so this is the same replay,
 except that each device's program may round the step times' last bits
 differently.
 """
@@ -457,6 +458,15 @@ def simulate_trace(
             return None
         return lambda done, _total: progress(first * tokens_per_finalist + done, parts_total)
 
+    spare = devices_padding(num_lanes, devices) if num_lanes == num_f and per_call >= num_f else 0
+    if spare and memory.finalists_per_call(shape._replace(num_finalists=num_f + spare), memory_limit_bytes) >= num_f + spare:
+        # One lane a finalist (least loaded, lock-step) in a count the devices do not divide would run
+        # on one device: the last finalist repeated to fill them, and its copies dropped after.
+        idx = np.minimum(np.arange(num_f + spare), num_f - 1)
+        padded_progress = None if progress is None else (lambda done, _total: progress(done * num_f // (num_f + spare), parts_total))
+        trace = run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params),
+                    lane_split(dp_routed[idx], lanes_per_f[idx], max_dp, num_lanes + spare), progress=padded_progress)  # fmt: skip
+        return trace._replace(**{name: getattr(trace, name)[:num_f] for name in ReplayTrace._fields if name not in SHARED_FIELDS})
     if per_call >= num_f:
         return run(configs, step_params, lane_split(dp_routed, lanes_per_f, max_dp, num_lanes), progress=part_progress(0))
     # Too many finalists at once for the memory limit: equal chunks (the last padded), one program;
@@ -475,6 +485,11 @@ def simulate_trace(
         keep = min(per_call, num_f - start)
         parts.append(part._replace(**{name: getattr(part, name)[:keep] for name in ReplayTrace._fields if name not in SHARED_FIELDS}))
     return ReplayTrace(*(p[0] if name in SHARED_FIELDS else np.concatenate(p) for name, p in zip(ReplayTrace._fields, zip(*parts))))
+
+
+def devices_padding(num_lanes: int, devices: int) -> int:
+    """Lanes to add so that `devices` divide them (0 on one device): the driver shards only even splits."""
+    return -num_lanes % devices if devices > 1 else 0
 
 
 SHARED_FIELDS = ("prompt_tokens", "output_tokens")  # ReplayTrace fields [R] of the requests alone: the same for every finalist

@@ -2,8 +2,8 @@
 
 A replay call's loop steps every lane each iteration until its busiest lane is done, and every lane
 works on slot tables as wide as the call's widest finalist needs (under either routing of
-independent replicas); a lock-step lane also steps as many replicas as the call's largest group. A finalist replayed beside wider ones pays for rows and
-replicas it does not use: an `rl-rollout` sweep whose finalists run 192, 384 and 1,024 requests a
+independent replicas); a lock-step lane also steps as many replicas as the call's largest group.
+A finalist replayed beside wider ones pays for rows and replicas it does not use: an `rl-rollout` sweep whose finalists run 192, 384 and 1,024 requests a
 replica stepped 1,024 rows for each of them. So finalists are replayed in calls of similar width
 where the loop time that saves, estimated from stage 4's numbers, exceeds CALL_COMPILE_S for each
 call's programs. The replayed numbers do not depend on the calls (bench/README.md, "Replay calls").
@@ -19,13 +19,12 @@ import numpy as np
 from jaxplan.buckets import bucket_size
 from jaxplan.replay.driver import DEFAULT_WINDOW, replica_work, slot_rows
 from jaxplan.replay.routing import routing_policy
-from jaxplan.replay.split import choose_split, lane_count_bucket
 
 # Seconds to trace and compile one more replay call's programs (loop, start, merge, summary) on the
 # 2-core VM; a warm run loads them in about 0.2 s, so a call this pays for also pays there.
 CALL_COMPILE_S = 5.0
-# A round-robin loop iteration: ITERATION_S, plus per lane on a device LANE_ITERATION_S and
-# SLOT_ITERATION_S per slot row (fitted on 4-20 finalists and 32-512 rows, bench/README.md).
+# A loop iteration over independent replicas: ITERATION_S, plus per lane on a device LANE_ITERATION_S
+# and SLOT_ITERATION_S per slot row (fitted on 4-20 finalists and 32-512 rows, bench/README.md).
 ITERATION_S = 20e-6
 LANE_ITERATION_S = 5.3e-6
 SLOT_ITERATION_S = 73e-9

@@ -1,6 +1,7 @@
 """Stage 7: replay the shortlist through the step-by-step scheduler and re-rank it.
 
-Every finalist runs in one vmapped replay; its step time is the physics'
+The finalists run in vmapped replays (one call, or a few of finalists of
+similar width: `replay_calls`); a finalist's step time is the physics'
 `step_time_s` (one source of truth with stage 4), its KV blocks come from the
 same memory model. Re-ranking uses the replayed metrics with the funnel's
 objective: candidates that miss an SLO at the workload's percentile, leave

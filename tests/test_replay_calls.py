@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxplan.funnel import replay_calls, replay_stage
-from jaxplan.funnel.replay_calls import CALL_COMPILE_S, LOCKSTEP_STEP_S, CallEstimate, contiguous_calls, independent_calls, lockstep_calls, replica_bucket, slot_need
+from jaxplan.funnel.replay_calls import CALL_COMPILE_S, LOCKSTEP_STEP_S, CallEstimate, call_estimate, contiguous_calls, independent_calls, lockstep_calls, replica_bucket, slot_need
 from jaxplan.funnel.replay_stage import replay_rows
 from jaxplan.funnel.sweep import run_sweep
+from jaxplan.replay.driver import replica_work
+from jaxplan.replay.traffic import Requests
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 
 
@@ -48,6 +50,22 @@ def test_contiguous_calls_match_every_partition(levels, compile_s):
     chosen = contiguous_calls(levels, cost, compile_s)
     assert sorted(np.concatenate(chosen).tolist()) == list(range(levels.size))
     assert sum(cost(c) for c in chosen) + compile_s * (len(chosen) - 1) == pytest.approx(best)
+
+
+def test_slot_need_by_hand():
+    """Twice the requests in flight, at most max_num_seqs (all of it where unknown), in the replay's
+    slot buckets (powers of two to 64, then multiples of 64): 20 -> 32, 48 -> 64, 128 -> 128, 300 -> 320."""
+    assert slot_need([10.0, np.nan, 100.0, 150.0], [64, 48, 128, 512]).tolist() == [32, 64, 128, 320]
+
+
+def test_kv_bound_finalists_count_more_work():
+    """A finalist whose KV cache bounds its batch preempts, which adds loop events: its work is
+    KV_BOUND_WORK_FACTOR x `replica_work`'s, the others' unchanged."""
+    requests = Requests(np.full(100, 500, np.int32), np.full(100, 200, np.int32), np.zeros(100, np.int32), np.zeros(100, np.float32))
+    steps, inflight, dp = np.array([1e6, 1e6]), np.array([20.0, 20.0]), np.array([2, 2])
+    estimate = call_estimate(steps, inflight, [64, 64], dp, requests, kv_bound=[True, False])
+    plain = replica_work(requests, dp, 128, steps, inflight)
+    assert estimate.work.tolist() == pytest.approx([replay_calls.KV_BOUND_WORK_FACTOR * plain[0], plain[1]])
 
 
 def _estimate(slots, work, routed=None):

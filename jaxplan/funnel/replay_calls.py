@@ -57,12 +57,19 @@ def call_estimate(steps, inflight, max_num_seqs, data_parallel_size, requests, c
     return CallEstimate(steps, work, slot_need(inflight, max_num_seqs), np.asarray(routed, np.int64))
 
 
-def slot_need(inflight, max_num_seqs) -> np.ndarray:
-    """[F] slot rows a finalist's replay starts with: twice stage 4's requests in flight per replica,
-    at most its max_num_seqs (all of it where unknown), rounded as the replay rounds them."""
+def slot_demand(inflight, max_num_seqs) -> np.ndarray:
+    """[F] requests a finalist's replica is expected to hold at most: twice stage 4's requests in
+    flight per replica, at most its max_num_seqs (a replica never runs more; all of it where stage 4
+    gave no estimate). Stage 7 starts each call's slot tables at its finalists' largest
+    (`replay_stage.initial_slots_hint`)."""
     inflight, seqs = np.asarray(inflight, np.float64), np.asarray(max_num_seqs, np.float64)
-    need = np.where(np.isfinite(inflight) & (inflight > 0), np.minimum(2.0 * inflight, seqs), seqs)
-    return np.array([slot_rows(max(int(np.ceil(n)), 1)) for n in need], np.int64)
+    return np.where(np.isfinite(inflight) & (inflight > 0), np.minimum(2.0 * inflight, seqs), seqs)
+
+
+def slot_need(inflight, max_num_seqs) -> np.ndarray:
+    """[F] slot rows a finalist's replay starts with: its `slot_demand`, rounded as the replay rounds
+    them (`driver.slot_rows`)."""
+    return np.array([slot_rows(max(int(np.ceil(n)), 1)) for n in slot_demand(inflight, max_num_seqs)], np.int64)
 
 
 def contiguous_calls(levels, cost: Callable[[np.ndarray], float], compile_s: float | None = None) -> list[np.ndarray]:

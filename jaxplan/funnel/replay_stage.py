@@ -17,7 +17,7 @@ import numpy as np
 from jaxplan import program_cache
 from jaxplan.funnel.chunk import layout_of, rows_context
 from jaxplan.funnel.estimate import objective
-from jaxplan.funnel.replay_calls import CallEstimate, call_estimate, independent_calls, lockstep_calls, replica_bucket
+from jaxplan.funnel.replay_calls import CallEstimate, call_estimate, independent_calls, lockstep_calls, replica_bucket, slot_demand
 from jaxplan.grid import candidates_from_digits
 from jaxplan.physics.memory import replay_kv_blocks
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
@@ -218,14 +218,14 @@ def concurrency_hint(rows: list[dict]) -> np.ndarray:
 
 
 def initial_slots_hint(rows: list[dict]) -> int | None:
-    """Slot rows for the replay to start with: twice stage 4's requests in flight per replica, at
-    most the finalist's max_num_seqs (a replica never runs more), the largest over the finalists
-    (the replay widens them if a replica needs more, and only ever to the same results); None
-    where stage 4 gave no estimate."""
+    """Slot rows for the replay to start with: the largest `slot_demand` (twice stage 4's requests in
+    flight per replica, at most the finalist's max_num_seqs) over the finalists stage 4 estimated
+    (the replay widens them if a replica needs more, and only ever to the same results); None where
+    stage 4 gave no estimate."""
     inflight = concurrency_hint(rows)
     seqs = np.array([float(r.get("max_num_seqs") or np.inf) for r in rows])
     known = np.isfinite(inflight) & (inflight > 0)
-    return int(np.ceil(np.minimum(2.0 * inflight, seqs)[known].max())) if known.any() else None
+    return int(np.ceil(slot_demand(inflight[known], seqs[known]).max())) if known.any() else None
 
 
 def rank_agreement(rows: list[dict]) -> float:

@@ -466,7 +466,7 @@ def simulate_trace(
         padded_progress = None if progress is None else (lambda done, _total: progress(done * num_f // (num_f + spare), parts_total))
         trace = run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params),
                     lane_split(dp_routed[idx], lanes_per_f[idx], max_dp, num_lanes + spare), progress=padded_progress)  # fmt: skip
-        return trace._replace(**{name: getattr(trace, name)[:num_f] for name in ReplayTrace._fields if name not in SHARED_FIELDS})
+        return _first_finalists(trace, num_f)
     if per_call >= num_f:
         return run(configs, step_params, lane_split(dp_routed, lanes_per_f, max_dp, num_lanes), progress=part_progress(0))
     # Too many finalists at once for the memory limit: equal chunks (the last padded), one program;
@@ -483,7 +483,7 @@ def simulate_trace(
         split = lane_split(sub_dp, k, max_dp, chunk_lanes)
         part = jax.device_get(run(_take_finalists(configs, idx), jax.tree.map(functools.partial(_rows, idx=idx), step_params), split, progress=part_progress(start)))
         keep = min(per_call, num_f - start)
-        parts.append(part._replace(**{name: getattr(part, name)[:keep] for name in ReplayTrace._fields if name not in SHARED_FIELDS}))
+        parts.append(_first_finalists(part, keep))
     return ReplayTrace(*(p[0] if name in SHARED_FIELDS else np.concatenate(p) for name, p in zip(ReplayTrace._fields, zip(*parts))))
 
 
@@ -493,6 +493,11 @@ def devices_padding(num_lanes: int, devices: int) -> int:
 
 
 SHARED_FIELDS = ("prompt_tokens", "output_tokens")  # ReplayTrace fields [R] of the requests alone: the same for every finalist
+
+
+def _first_finalists(trace: ReplayTrace, num: int) -> ReplayTrace:
+    """A host trace cut back to its first `num` finalists (the rest padding copies)."""
+    return trace._replace(**{name: getattr(trace, name)[:num] for name in ReplayTrace._fields if name not in SHARED_FIELDS})
 
 
 def _rows(x, *, idx):

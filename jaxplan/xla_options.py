@@ -4,13 +4,18 @@ XLA:CPU's newer fusion emitters (its default) compile the sweep's chunk kernel, 
 around many small fused operations, in about twice the time the older emitters take, while the
 program they make streams about 8% faster. `LEAN_COMPILE` selects the older emitters: the chunk
 kernel uses it for grids small enough that compilation dominates (`funnel.chunk.chunk_kernel`),
-and so do the replay's one-shot programs (start, merge, summary), with results the same to the
-bit, the sensitivities' Jacobian, whose elasticities agree to 2e-4 (tests/test_xla_options.py),
-and the report rows' kernel (`funnel.chunk.evaluate_digits`), which runs once a sweep on a few
-thousand rows but compiles beside the chunk kernel on a first run: with it a few of the printed
-float32 numbers differ from the default emitters' in their last bit (the README's sweep: 127 of
-its `--json` values, by up to 2e-6 relative; the same rows in the same order). The replay's loop
-keeps the default: it runs faster with it.
+with the same results to the bit. The replay's loop keeps the default: it runs faster with it.
+
+`ONE_SHOT_COMPILE` adds LLVM's -O0 for the programs that run once a command on small arrays: the
+report rows' kernel (`funnel.chunk.evaluate_digits`, which compiles beside the chunk kernel on a
+first run), the finalists' arrays, the replay's start, merge and summary, and the sensitivities'
+Jacobian. Their code runs slower but they run for milliseconds, and most of their compilation is
+optimising it (the report rows' kernel: about 2 s instead of 4-5 s). The sensitivities'
+elasticities agree with the default emitters' at -O2 to 2.2e-5 on 600 finalists, and the
+replay's programs give the same results to the bit (tests/test_xla_options.py); the
+report rows differ from the default emitters' at -O2 in the last float32 bits of some values (the
+README's sweep: up to 3e-6 relative, and the replayed numbers by as much, since the replay lays
+out its lanes from those rows' stage-4 numbers; the same rows in the same order).
 
 Compiler options are fields of XLA's DebugOptions, and an XLA that lacks a field refuses the whole
 program ("No such compile option"): JAX 0.11.2 on an H200 machine refused `xla_cpu_use_fusion_emitters`.
@@ -27,6 +32,7 @@ import jax
 import numpy as np
 
 LEAN_COMPILE = {"xla_cpu_use_fusion_emitters": False}
+ONE_SHOT_COMPILE = {**LEAN_COMPILE, "xla_backend_optimization_level": 0}
 
 
 @functools.cache

@@ -1,6 +1,7 @@
-"""`xla_options.LEAN_COMPILE` changes how XLA:CPU compiles a program, never what it computes:
-the chunk kernel compiled both ways gives the same tables bit for bit, and the replay's one-shot
-programs (start, merge, summary) with it give the same metrics as without it."""
+"""`xla_options.LEAN_COMPILE` and `ONE_SHOT_COMPILE` change how XLA:CPU compiles a program, never
+what it computes: the chunk kernel compiled both ways gives the same tables bit for bit, and the
+replay's one-shot programs (start, merge, summary) at -O0 with the older emitters give the same
+metrics as at -O2 with the default ones."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import SHIPPED_EMITTERS
+from conftest import RUNS_LONG, SHIPPED_EMITTERS
 from jaxplan.funnel import chunk
 from jaxplan.funnel import run_sweep
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
-from jaxplan.xla_options import accepted
+from jaxplan.xla_options import ONE_SHOT_COMPILE, accepted
+
+# What the one-shot programs would compile with but for ONE_SHOT_COMPILE: XLA's default emitters at -O2
+# (named: the suite compiles everything at -O0 with the older emitters, conftest).
+DEFAULT_COMPILE = {**SHIPPED_EMITTERS, **RUNS_LONG}
 
 
 def _sweep():
@@ -37,29 +42,34 @@ def test_the_lean_chunk_kernel_gives_the_same_tables(monkeypatch):
 
 
 def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
+    from jaxplan.funnel import replay_stage
     from jaxplan.funnel.replay_stage import replay_rows
     from jaxplan.replay import driver, metrics
 
     result = _sweep()
     rows = result.shortlist[:4]
     lean = replay_rows(result, rows, num_requests=200)
-    # the same programs compiled with XLA's default emitters (named: the suite's default is the older ones)
-    for module, name, static in ((driver, "_start_lanes", ("num_slots", "max_dp", "policy")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))):
-        monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=accepted(SHIPPED_EMITTERS) or None))
+    # the same programs compiled with XLA's default emitters at -O2
+    one_shot = (replay_stage, "_finalist_arrays", ()), (driver, "_start_lanes", ("num_slots", "max_dp", "policy")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))
+    for module, name, static in one_shot:
+        assert getattr(module, name)._options == ONE_SHOT_COMPILE, name
+        monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=accepted(DEFAULT_COMPILE) or None))
     default = replay_rows(result, rows, num_requests=200)
     keys = [k for k in lean[0] if k.startswith("replay_")]
     assert keys and [[r[k] for k in keys] for r in lean] == [[r[k] for k in keys] for r in default]
 
 
 def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
-    """The sensitivities' Jacobian compiles with the older emitters: its elasticities agree with the
-    default emitters' (to 2e-4 on 600 default-space finalists; here the small space's shortlist)."""
+    """The sensitivities' Jacobian compiles at -O0 with the older emitters: its elasticities agree with
+    the default emitters' at -O2 (to 2e-4 on 600 default-space finalists; here the small space's
+    shortlist)."""
     from jaxplan import elasticity
 
     result = _sweep()
     rows = result.shortlist
     lean = elasticity.for_rows(result, rows)
-    monkeypatch.setattr(elasticity, "_jacobian", jax.jit(elasticity._jacobian.__wrapped__, compiler_options=accepted(SHIPPED_EMITTERS) or None))
+    assert elasticity._jacobian._options == ONE_SHOT_COMPILE
+    monkeypatch.setattr(elasticity, "_jacobian", jax.jit(elasticity._jacobian.__wrapped__, compiler_options=accepted(DEFAULT_COMPILE) or None))
     default = elasticity.for_rows(result, rows)
     assert len(rows) >= 4 and np.all(np.isfinite(lean.elasticity))
     np.testing.assert_allclose(lean.values, default.values, rtol=1e-5)
@@ -67,13 +77,15 @@ def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
 
 
 def test_the_lean_report_rows_give_the_default_emitters_numbers(monkeypatch):
-    """The report rows' kernel compiles with the older emitters too (it compiles beside the chunk
-    kernel on a first run): every field of every row agrees with the default emitters' to 1e-5
-    relative (the README's sweep: its `--json` differs in the last float32 bit of a few values)."""
+    """The report rows' kernel compiles at -O0 with the older emitters (it compiles beside the chunk
+    kernel on a first run and runs once): every field of every row agrees with the default emitters'
+    at -O2 to 1e-5 relative (the README's sweep: its `--json` differs in the last float32 bit of a
+    few values)."""
     result = _sweep()
     digits = jnp.asarray([r["digits"] for r in result.shortlist + result.frontier], jnp.int32)
     lean = jax.device_get(chunk.evaluate_digits(result.context, digits))
-    monkeypatch.setattr(chunk, "_evaluate_digits", jax.jit(chunk._evaluate_digits.__wrapped__, compiler_options=accepted(SHIPPED_EMITTERS) or None))
+    assert chunk._evaluate_digits._options == ONE_SHOT_COMPILE
+    monkeypatch.setattr(chunk, "_evaluate_digits", jax.jit(chunk._evaluate_digits.__wrapped__, compiler_options=accepted(DEFAULT_COMPILE) or None))
     default = jax.device_get(chunk.evaluate_digits(result.context, digits))
     assert len(digits) >= 4 and bool(np.any(np.asarray(default.estimate.output_tokens_per_s) > 0))
     for a, b in zip(jax.tree.leaves(lean), jax.tree.leaves(default), strict=True):

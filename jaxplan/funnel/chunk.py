@@ -23,7 +23,7 @@ from jaxplan.grid import DP_AXIS, Candidates, candidates_from_digits, decode_dig
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
 from jaxplan.physics.steady_state import Prepared, prepare
 from jaxplan.physics.traffic import WorkloadParams, max_context_tokens
-from jaxplan.xla_options import LEAN_COMPILE
+from jaxplan.xla_options import LEAN_COMPILE, ONE_SHOT_COMPILE
 
 FRONTIER_GPU_BINS = 64  # quarter-octave bins of GPU count
 FRONTIER_TPOT_BINS = 64  # 1 ms .. 10 s, log-spaced
@@ -306,7 +306,7 @@ def rows_context(ctx: SweepContext) -> SweepContext:
     return ctx._replace(axis_values=axis_values, model=traced(ctx.model))
 
 
-@program_cache.jit(options=LEAN_COMPILE)  # compiled beside the chunk kernel, run once: see xla_options
+@program_cache.jit(options=ONE_SHOT_COMPILE)  # compiled beside the chunk kernel, run once: see xla_options
 def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     return evaluate(ctx, c)

@@ -20,12 +20,13 @@ from jaxplan.funnel.estimate import objective
 from jaxplan.funnel.replay_calls import CallEstimate, call_estimate, independent_calls, lockstep_calls, replica_bucket, slot_demand
 from jaxplan.grid import candidates_from_digits
 from jaxplan.physics.memory import replay_kv_blocks
-from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take, traced
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape, take
 from jaxplan.physics.steady_state import BOUND_KV_CACHE
 from jaxplan.physics.step_time import step_time_s
 from jaxplan.replay import ReplayConfig, sample_requests, simulate
 from jaxplan.replay.driver import closed_concurrency, lane_devices
 from jaxplan.specs.workload import Arrival
+from jaxplan.xla_options import ONE_SHOT_COMPILE
 
 DEFAULT_REQUESTS = 2000
 # How requests reach the ranks of a lock-step (MoE data-parallel) finalist: vLLM's DP coordinator.
@@ -56,7 +57,7 @@ def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     return replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing), physics_params(ctx.model, hw, layout)
 
 
-@program_cache.jit
+@program_cache.jit(options=ONE_SHOT_COMPILE)
 def _finalist_arrays(ctx, digits):
     """(hardware [F], layout [F], KV blocks per replica [F]) of the candidates with `digits` [F, A]
     (`ctx` as `rows_context` gives it: one program serves every model and space)."""

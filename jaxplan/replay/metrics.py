@@ -21,7 +21,7 @@ from jaxplan import compile_ahead, program_cache
 from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
 from jaxplan.replay.traffic import request_bucket
-from jaxplan.xla_options import LEAN_COMPILE
+from jaxplan.xla_options import ONE_SHOT_COMPILE
 
 PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -106,7 +106,7 @@ def _pad_trace(trace, size: int):
     return trace._replace(**{name: pad(name) for name in _NEVER_ARRIVED})
 
 
-@program_cache.jit(options=LEAN_COMPILE, static_argnames=("series_points",))
+@program_cache.jit(options=ONE_SHOT_COMPILE, static_argnames=("series_points",))
 def _summarize(trace, num_requests, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
     """Metrics of a trace whose request axis is padded (past `num_requests`: requests that never arrived);
     `scored` [F, R] bool: the requests the latency distributions count (`clients.scored_requests`)."""

@@ -293,6 +293,16 @@ class CachedProgram:
         if where is not None:
             _write(where / key, b"")
 
+    def prepare(self, *args, **kwargs) -> None:
+        """Trace and lower this call's program now (or load it), without compiling or running it.
+
+        Tracing is Python and holds the GIL, so a worker tracing beside it makes both take about as
+        long as the two together: a caller that starts a background compilation (`compile_ahead`)
+        prepares its own large program first, which then compiles in XLA (the GIL released) while the
+        worker traces. Arguments may be abstract (`compile_ahead.abstract`); nothing is donated."""
+        if self.compiled(*args, **kwargs) is None:
+            self._jitted.trace(*args, **kwargs)  # jit keeps the trace: the call does not trace again
+
     def key(self, args, kwargs) -> str:
         """sha256 of what decides the compiled program (the module docstring's list)."""
         import jax
@@ -555,6 +565,15 @@ def _load(path: Path, mesh, name: str, executables: Path | None = None) -> Store
     except Exception as why:  # noqa: BLE001 - a damaged or foreign file: export again and overwrite it
         _log.debug("program cache: %s unreadable (%s)", path.name, why)
         return None
+
+
+def prepare(jitted, *args, **kwargs) -> None:
+    """`jitted.prepare(*args, **kwargs)` for a `CachedProgram`, else (a plain jit) its `trace`, which
+    the call then reuses; a function that is neither is left to its call."""
+    if isinstance(jitted, CachedProgram):
+        jitted.prepare(*args, **kwargs)
+    elif hasattr(jitted, "trace"):
+        jitted.trace(*args, **kwargs)
 
 
 def jit(fun=None, *, options: dict | None = None, **jit_kwargs):

@@ -93,3 +93,22 @@ def test_abstract_keeps_shape_dtype_and_placement():
     assert b.sharding is None and b.dtype == jnp.float32
     assert (c.shape, c.dtype) == ((2, 3), np.bool_)
     assert d == 7  # Python scalars stay (their weak type is part of the program)
+
+
+def test_the_sweep_starts_the_report_rows_compilation_once_its_chunk_kernel_is_traced(monkeypatch):
+    """Tracing holds the GIL: the report rows' kernel is traced on its worker only after the chunk
+    kernel's own trace (`program_cache.prepare`), which then lowers and compiles beside it."""
+    from jaxplan.funnel import chunk, run_sweep, sweep
+    from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+
+    order = []
+    trace, lower = "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration"
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _, fun_name=None, **__: order.append((event, "_sweep_chunk")) if event in (trace, lower) and fun_name in ("_sweep_chunk", "jit(_sweep_chunk)") else None
+    )
+    real_ahead = sweep.evaluate_digits_ahead
+    monkeypatch.setattr(sweep, "evaluate_digits_ahead", lambda *a: order.append(("ahead", None)) or real_ahead(*a))
+    chunk.sweep_chunk_lean.clear_cache()  # traced again here, whatever ran before in this process
+    run_sweep(load_model("llama-3.1-8b"), parse_gpu_list("l40s"), load_workload("chat"), load_space("small"), top_k=4)
+    assert ("ahead", None) in order and (trace, "_sweep_chunk") in order and (lower, "_sweep_chunk") in order
+    assert order.index((trace, "_sweep_chunk")) < order.index(("ahead", None)) < order.index((lower, "_sweep_chunk"))

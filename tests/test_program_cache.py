@@ -109,6 +109,39 @@ def test_off_unless_enabled_and_then_plain_jit():
     np.testing.assert_array_equal(program(jnp.arange(4.0), scale=2), [0, 2, 6, 12])
 
 
+def compilations():
+    """A list that grows by the name of each function XLA compiles from now on."""
+    return recorded("/jax/core/compile/backend_compile_duration")
+
+
+def test_prepare_exports_without_compiling_and_the_call_does_not_export_again(cache_on, monkeypatch):
+    """`prepare` traces and lowers (exports) a call's program and compiles nothing; the call then
+    compiles that program without tracing it again, with jit's results."""
+    x = jnp.asarray(np.random.default_rng(2).random(48), jnp.float32)
+    compiled = compilations()
+    program_cache.prepare(program, jax.ShapeDtypeStruct(x.shape, x.dtype), scale=5)
+    assert len(list(cache_on.iterdir())) == 1 and compiled == []
+    monkeypatch.setattr(program_cache.CachedProgram, "_export_and_store", lambda *_: pytest.fail("exported twice"))
+    np.testing.assert_array_equal(program(x, scale=5), jax.jit(_scaled_cumsum, static_argnames="scale")(x, scale=5))
+    assert len(compiled) >= 1
+
+
+def test_prepare_of_a_plain_jit_traces_once_for_its_call():
+    program_cache.disable()
+    traces = []
+
+    @jax.jit
+    def double(x):
+        traces.append(1)
+        return 2 * x
+
+    program_cache.prepare(double, jax.ShapeDtypeStruct((3,), jnp.float32))
+    program_cache.prepare(program, jax.ShapeDtypeStruct((3,), jnp.float32), scale=2)  # cache off: jit's own trace
+    np.testing.assert_array_equal(double(jnp.ones(3, jnp.float32)), [2, 2, 2])
+    assert traces == [1]
+    program_cache.prepare(lambda x: x, 1.0)  # neither: left to its call, nothing raised
+
+
 def test_stored_program_is_reloaded_and_gives_jit_results(cache_on, monkeypatch):
     x = jnp.asarray(np.random.default_rng(0).random(64), jnp.float32)
     want = jax.jit(_scaled_cumsum, static_argnames="scale")(x, scale=3)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxplan import program_cache
 from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
@@ -155,8 +156,11 @@ class StreamedPart:
     chunk_size: int
 
 
-def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int] = (0, 1), progress=None) -> StreamedPart:
-    """Stream chunks part[0], part[0] + part[1], ... of the grid through stages 1-4 on the local devices."""
+def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int] = (0, 1), progress=None, while_compiling: Callable[[], None] | None = None) -> StreamedPart:
+    """Stream chunks part[0], part[0] + part[1], ... of the grid through stages 1-4 on the local devices.
+
+    while_compiling: called once the chunk kernel is traced and lowered, before it compiles (to start
+    background compilations that should not trace beside it: `CachedProgram.prepare`)."""
     mesh = device_mesh()
     num_devices = mesh.devices.size
     # Every device's share must hold whole runs of the DP axis (the funnel factorises over DP).
@@ -180,6 +184,10 @@ def stream(grid: Grid, ctx: SweepContext, chunk_size: int, part: tuple[int, int]
     # second sweep with the same shapes reuses the compiled kernel.
     index, count = part
     starts = range(index * chunk_size, grid.size, count * chunk_size)
+    if while_compiling is not None:
+        if len(starts):
+            program_cache.prepare(kernel, state, arrays, np.asarray(grid.digits_of(starts[0]), np.int32), offsets, model=static_model, mesh=mesh, page_size=page_size, window_rows=window_rows)
+        while_compiling()
     state, histograms, compile_s, t0 = drive_chunks(run_chunk, state, starts, chunk_size, grid.size, progress)
     totals = np.zeros(NUM_REASONS, np.int64)
     for counts in jax.device_get(histograms):
@@ -359,9 +367,9 @@ def run_sweep(
     if max_seconds is not None:
         progress = Deadline(max_seconds, progress)
     ctx = build_context(grid, model, workload, params_path, vllm_version=vllm_version)
-    evaluate_digits_ahead(ctx, REPORT_ROWS, len(AXES))  # stages 5-6's rows: compiles while the chunks do
+    rows_ahead = lambda: evaluate_digits_ahead(ctx, REPORT_ROWS, len(AXES))  # noqa: E731 - stages 5-6's rows: compile while the chunks do
     try:
-        part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress)
+        part = stream(grid, ctx, chunk_size, (jax.process_index(), jax.process_count()), progress, while_compiling=rows_ahead)
     except Exception as error:
         abandon_hosts(f"{type(error).__name__}: {error}")
         raise

@@ -536,7 +536,8 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     loop_options = dict(step_time_fn=step_time_fn, window=window, block_size=configs.block_size, policy=policy, mesh=mesh)
     # While the loop compiles (its first call), the merge and then the summary compile on worker
     # threads: the loop's state keeps its shapes, so the merge's arguments (the lanes' tables as
-    # fetched to the host) are known now.
+    # fetched to the host) are known now. The loop is traced first, alone (`CachedProgram.prepare`).
+    program_cache.prepare(_advance, inputs, state, step_params, np.int32(1), np.bool_(False), **loop_options)
     compile_ahead.ahead("replay_finish", _finish, reqs, compile_ahead.on_host(inputs), compile_ahead.on_host(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist

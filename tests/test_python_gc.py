@@ -43,3 +43,21 @@ print("THRESHOLDS" + json.dumps(seen))
     assert seen["imported"] == seen["bare"]  # a library import leaves the interpreter's defaults
     assert tuple(seen["command"]) == tuple(max(bare, ours) for bare, ours in zip(seen["bare"], THRESHOLDS))
     assert tuple(seen["command"]) != tuple(seen["bare"])
+
+
+def test_the_command_line_freezes_what_it_holds_only_at_the_interpreters_exit():
+    """After a command nothing is frozen yet (an in-process caller collects as before); at the exit,
+    before the finalisation's collections, everything left is (`no_collections_at_exit`)."""
+    script = """
+import atexit, gc, sys
+atexit.register(lambda: print("AT_EXIT", gc.get_freeze_count() > 1000))  # runs after the CLI's handler
+import jaxplan.cli
+sys.argv = ["jaxplan", "list"]
+try:
+    jaxplan.cli.main()
+except SystemExit:
+    pass
+print("AFTER_COMMAND", gc.get_freeze_count())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "AFTER_COMMAND 0" in out and "AT_EXIT True" in out, out

@@ -21,11 +21,12 @@ from jaxplan.compile_cache import enable as enable_compilation_cache
 from jaxplan.cpu_devices import enable as enable_cpu_devices
 from jaxplan.program_cache import enable as enable_program_cache
 from jaxplan.errors import PlanError
-from jaxplan.python_gc import collect_less
+from jaxplan.python_gc import collect_less, no_collections_at_exit
 
 
 def main() -> None:
     collect_less()  # a command traces large programs: far fewer garbage collections (jaxplan/python_gc.py)
+    no_collections_at_exit()  # nor the full ones over everything at the interpreter's exit
     # compiled kernels persist across runs (JAXPLAN_CACHE_DIR=off: not), the large ones whole, so a warm
     # run skips their tracing too (jaxplan/program_cache.py)
     enable_program_cache(enable_compilation_cache())

@@ -47,7 +47,10 @@ from jaxplan.specs.space import SearchSpace
 from jaxplan.specs.workload import Workload
 from jaxplan.vllm_release import for_release, selected
 
-REPORT_ROWS = FRONTIER_GPU_BINS * FRONTIER_TPOT_BINS  # rows evaluated for reports, padded to one shape
+# Rows the report rows' kernel (`evaluate_digits`) prices per call: reports are priced in blocks of
+# this one shape (one program), small enough that a sweep's shortlist and frontier (tens to a few
+# hundred rows) are not padded to thousands (the kernel runs at -O0: xla_options.ONE_SHOT_COMPILE).
+REPORT_ROWS = 512
 SHARED_TABLE_ROWS = 2048  # a small grid's layout table and window: 80 KiB, folded in microseconds
 SHARED_TABLE_MAX_ROWS = 1 << 17  # 5 MiB
 PAGES_PER_CHUNK = 4  # stages 3-4 run on survivors in pages of chunk / devices / 4
@@ -400,14 +403,32 @@ def merge_devices(state: SweepState, num_devices: int) -> SweepState:
     return SweepState(layouts, frontier)
 
 
+def report_rows(num_rows: int) -> int:
+    """Rows `rows_for` prices for `num_rows` candidates: whole blocks of REPORT_ROWS (at least one)."""
+    return max(-(-num_rows // REPORT_ROWS), 1) * REPORT_ROWS
+
+
+def evaluate_blocks(ctx: SweepContext, digits: np.ndarray):
+    """`evaluate_digits` of digits [report_rows(K), A] in blocks of REPORT_ROWS, on the host. Workload
+    fields with one value per row ([report_rows(K)], `winner_map.rows_under`) are cut with the rows."""
+    total = digits.shape[0]
+
+    def block(start: int):
+        stop = start + REPORT_ROWS
+        workload = jax.tree.map(lambda f: f[start:stop] if np.ndim(f) and np.shape(f)[0] == total else f, ctx.workload)
+        return jax.device_get(evaluate_digits(ctx._replace(workload=workload), jnp.asarray(digits[start:stop])))
+
+    blocks = [block(start) for start in range(0, total, REPORT_ROWS)]
+    return jax.tree.map(lambda *parts: np.concatenate(parts), *blocks)
+
+
 def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
     """Readable rows (axis values + metrics) for candidates given by digits [K, A]."""
     if len(digits) == 0:
         return []
-    # Pad to a fixed size so the shortlist and the frontier share one compilation.
-    padded = np.zeros((max(REPORT_ROWS, len(digits)), digits.shape[1]), np.int32)
+    padded = np.zeros((report_rows(len(digits)), digits.shape[1]), np.int32)  # one program for every K
     padded[: len(digits)] = digits
-    ev = jax.device_get(evaluate_digits(ctx, jnp.asarray(padded)))
+    ev = evaluate_blocks(ctx, padded)
     rows = []
     is_moe = float(ctx.model.moe_layers) > 0
     for i, d in enumerate(digits):

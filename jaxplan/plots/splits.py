@@ -48,11 +48,8 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     """One row per split (GPU type, TP, PP, layout kind, DP) of `num_gpus` GPUs: the sweep's row of its best
     candidate (`passes` True), or, when none passes stages 1-4, `passes` False and `why` (the most
     common reason at the furthest stage its candidates reached). Best first by the sweep's score."""
-    import jax
-
-    from jaxplan.funnel.chunk import evaluate_digits
     from jaxplan.funnel.reasons import Reason
-    from jaxplan.funnel.sweep import REPORT_ROWS, rows_for
+    from jaxplan.funnel.sweep import evaluate_blocks, report_rows, rows_for
     from jaxplan.layout_kind import kind_fields
 
     splits = split_digits(result.grid, num_gpus, gpus)
@@ -61,19 +58,17 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     keys = list(splits)
     sizes = [len(splits[k]) for k in keys]
     flat = np.concatenate([splits[k] for k in keys])
-    padded = np.zeros((-(-len(flat) // REPORT_ROWS) * REPORT_ROWS, flat.shape[1]), np.int32)
+    padded = np.zeros((report_rows(len(flat)), flat.shape[1]), np.int32)  # the shape the sweep's rows_for compiled
     padded[: len(flat)] = flat
-    # blocks of REPORT_ROWS: the shape the sweep's rows_for already compiled
-    blocks = [jax.device_get(evaluate_digits(result.context, block)) for block in np.split(padded, len(padded) // REPORT_ROWS)]
-    score = np.concatenate([b.score for b in blocks])[: len(flat)]
-    reason = np.concatenate([b.reason for b in blocks])[: len(flat)]
-    rows, start = [], 0
+    evaluated = evaluate_blocks(result.context, padded)
+    score, reason = evaluated.score[: len(flat)], evaluated.reason[: len(flat)]
+    rows, best_digits, start = [], [], 0
     for key, size in zip(keys, sizes):
         part = slice(start, start + size)
         start += size
         best = int(np.argmax(score[part]))  # first of equals: the lowest grid index
         if np.isfinite(score[part][best]):
-            rows.append(dict(rows_for(result.grid, result.context, flat[part][best : best + 1])[0], passes=True, why=""))
+            best_digits.append(flat[part][best])
             continue
         codes = [Reason(int(r)) for r in reason[part] if int(r) not in (Reason.ADMITTED, Reason.PADDING)]
         furthest = max((c.stage for c in codes), default=0)
@@ -84,6 +79,8 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
         del fields["expert_weight_format"]
         rows.append({"gpu": gpu, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, **fields,
                      "num_gpus": num_gpus, "passes": False, "why": why, "score": float("-inf")})
+    if best_digits:  # the passing splits' rows in one call
+        rows += [dict(row, passes=True, why="") for row in rows_for(result.grid, result.context, np.stack(best_digits))]
     return sorted(rows, key=lambda r: -r["score"])
 
 

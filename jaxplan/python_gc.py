@@ -29,8 +29,8 @@ def no_collections_at_exit() -> None:
 
     After the `atexit` handlers, Python's finalisation runs full collections over every object left
     (JAX's, the tables', the compiled programs' wrappers) only to free memory the OS takes back
-    anyway: 0.3 s of a warm README sweep. `gc.freeze`, as the first exit handler to run (the last
-    registered), puts them out of those collections' reach; reference counting still frees what it
-    frees, and nothing changes before the exit (a test process that calls the CLI in process
-    collects as before)."""
+    anyway: about 0.2 s of a warm README sweep. `gc.freeze` as an exit handler (they all run before
+    the finalisation) puts them out of those collections' reach; reference counting still frees
+    what it frees, and nothing changes before the exit (a test process that calls the CLI in
+    process collects as before)."""
     atexit.register(gc.freeze)

@@ -61,8 +61,8 @@ def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
 
 def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
     """The sensitivities' Jacobian compiles at -O0 with the older emitters: its elasticities agree with
-    the default emitters' at -O2 (to 2e-4 on 600 default-space finalists; here the small space's
-    shortlist)."""
+    the default emitters' at -O2 (to 2.2e-5 on 600 default-space finalists; here the small space's
+    shortlist). The default emitters take most of this test's time (~25 s), at -O0 as at -O2."""
     from jaxplan import elasticity
 
     result = _sweep()
@@ -73,7 +73,7 @@ def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
     default = elasticity.for_rows(result, rows)
     assert len(rows) >= 4 and np.all(np.isfinite(lean.elasticity))
     np.testing.assert_allclose(lean.values, default.values, rtol=1e-5)
-    np.testing.assert_allclose(lean.elasticity, default.elasticity, atol=1e-3)
+    np.testing.assert_allclose(lean.elasticity, default.elasticity, atol=1e-4)
 
 
 def test_the_lean_report_rows_give_the_default_emitters_numbers(monkeypatch):

@@ -409,26 +409,30 @@ def report_rows(num_rows: int) -> int:
 
 
 def evaluate_blocks(ctx: SweepContext, digits: np.ndarray):
-    """`evaluate_digits` of digits [report_rows(K), A] in blocks of REPORT_ROWS, on the host. Workload
-    fields with one value per row ([report_rows(K)], `winner_map.rows_under`) are cut with the rows."""
-    total = digits.shape[0]
+    """`evaluate_digits` of candidates given by digits [K, A] (K >= 1), on the host: padded to
+    `report_rows(K)` and priced in blocks of REPORT_ROWS (one program for every K), cut back to K.
+    Workload fields with one value per row ([K], `winner_map.rows_under`) are padded with their first
+    value and cut with the rows."""
+    num, total = digits.shape[0], report_rows(digits.shape[0])
+    padded = np.zeros((total, digits.shape[1]), np.int32)
+    padded[:num] = digits
+    per_row = lambda f: np.ndim(f) > 0 and np.shape(f)[0] == num  # noqa: E731
+    workload = jax.tree.map(lambda f: jnp.concatenate([f, jnp.broadcast_to(f[:1], (total - num,))]) if per_row(f) else f, ctx.workload)
 
     def block(start: int):
         stop = start + REPORT_ROWS
-        workload = jax.tree.map(lambda f: f[start:stop] if np.ndim(f) and np.shape(f)[0] == total else f, ctx.workload)
-        return jax.device_get(evaluate_digits(ctx._replace(workload=workload), jnp.asarray(digits[start:stop])))
+        rows = jax.tree.map(lambda f, g: g[start:stop] if per_row(f) else g, ctx.workload, workload)
+        return jax.device_get(evaluate_digits(ctx._replace(workload=rows), jnp.asarray(padded[start:stop])))
 
     blocks = [block(start) for start in range(0, total, REPORT_ROWS)]
-    return jax.tree.map(lambda *parts: np.concatenate(parts), *blocks)
+    return jax.tree.map(lambda *parts: np.concatenate(parts)[:num], *blocks)
 
 
 def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
     """Readable rows (axis values + metrics) for candidates given by digits [K, A]."""
     if len(digits) == 0:
         return []
-    padded = np.zeros((report_rows(len(digits)), digits.shape[1]), np.int32)  # one program for every K
-    padded[: len(digits)] = digits
-    ev = evaluate_blocks(ctx, padded)
+    ev = evaluate_blocks(ctx, np.asarray(digits, np.int32))
     rows = []
     is_moe = float(ctx.model.moe_layers) > 0
     for i, d in enumerate(digits):

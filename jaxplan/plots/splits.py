@@ -49,7 +49,7 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     candidate (`passes` True), or, when none passes stages 1-4, `passes` False and `why` (the most
     common reason at the furthest stage its candidates reached). Best first by the sweep's score."""
     from jaxplan.funnel.reasons import Reason
-    from jaxplan.funnel.sweep import evaluate_blocks, report_rows, rows_for
+    from jaxplan.funnel.sweep import evaluate_blocks, rows_for
     from jaxplan.layout_kind import kind_fields
 
     splits = split_digits(result.grid, num_gpus, gpus)
@@ -58,10 +58,8 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     keys = list(splits)
     sizes = [len(splits[k]) for k in keys]
     flat = np.concatenate([splits[k] for k in keys])
-    padded = np.zeros((report_rows(len(flat)), flat.shape[1]), np.int32)  # the shape the sweep's rows_for compiled
-    padded[: len(flat)] = flat
-    evaluated = evaluate_blocks(result.context, padded)
-    score, reason = evaluated.score[: len(flat)], evaluated.reason[: len(flat)]
+    evaluated = evaluate_blocks(result.context, flat)  # the program the sweep's rows_for compiled
+    score, reason = evaluated.score, evaluated.reason
     rows, best_digits, start = [], [], 0
     for key, size in zip(keys, sizes):
         part = slice(start, start + size)

@@ -24,13 +24,11 @@ MAX_TABLE_BYTES = 1 << 30  # S x layouts x (score + packed knobs)
 
 def rows_under(grid: Grid, ctx: SweepContext, digits: np.ndarray, params: WorkloadParams) -> list[dict]:
     """Sweep-style rows for candidates [K] each evaluated under its own scenario (params fields [K])."""
-    from jaxplan.funnel.sweep import report_rows, rows_for
+    from jaxplan.funnel.sweep import rows_for
 
     if len(digits) == 0:
         return []
-    size = report_rows(len(digits))  # rows_for pads the digits to this size; pad the scenarios alike
-    w = WorkloadParams(*(jnp.concatenate([f, jnp.broadcast_to(f[:1], (size - len(digits),))]) for f in params))
-    return rows_for(grid, ctx._replace(workload=w), digits)
+    return rows_for(grid, ctx._replace(workload=params), digits)  # rows_for pads the scenarios with the rows
 
 
 def winner_map(

@@ -4,6 +4,7 @@ and the held-out accuracy the report and docs/accuracy.md claim (analytical and 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxplan.calibrate import _data, fit
@@ -92,13 +93,14 @@ def test_the_shipped_unfitted_gpus_reach_of_their_gemm_tables_what_the_fitted_on
 
 def test_a_gpu_without_rows_takes_its_fitted_siblings_values_not_the_stacks_mean():
     """A GPU whose die a fitted GPU shares (H100 = H200's GH100) takes that GPU's fitted runtime fields
-    and its serving share of the GEMM tables, and keeps its own kernel tables; a GPU without a fitted
-    sibling takes the mean of its stack's fitted GPUs; a sibling without rows changes nothing."""
+    and its serving share of the GEMM tables and of the tables' HBM fraction (its memory is its own),
+    and keeps its own kernel tables; a GPU without a fitted sibling takes the mean of its stack's fitted
+    GPUs, and its HBM fraction from them; a sibling without rows changes nothing."""
     from jaxplan.calibrate.run import SAME_SILICON, priced_without_rows
 
     assert SAME_SILICON["h100_sxm"] == "h200_sxm"
-    priors = {g: dict(DEFAULTS, gemm_flops_efficiency=e, attention_flops_efficiency=a)
-              for g, e, a in (("h100_sxm", 0.76, 0.50), ("h200_sxm", 0.78, 0.49), ("b200_sxm", 0.70, 0.38), ("l40s", 0.60, 0.45))}
+    priors = {g: dict(DEFAULTS, gemm_flops_efficiency=e, attention_flops_efficiency=a, memory_bandwidth_efficiency=m)
+              for g, e, a, m in (("h100_sxm", 0.76, 0.50, 0.80), ("h200_sxm", 0.78, 0.49, 0.74), ("b200_sxm", 0.70, 0.38, 0.70), ("l40s", 0.60, 0.45, 0.75))}
     fitted = {"h200_sxm": dict(DEFAULTS, gemm_flops_efficiency=0.663, memory_bandwidth_efficiency=0.80, request_overhead_s=0.030),
               "b200_sxm": dict(DEFAULTS, gemm_flops_efficiency=0.679, memory_bandwidth_efficiency=0.74, request_overhead_s=0.060)}
     vectors = {g: fit.free_vector(v) for g, v in fitted.items()}
@@ -106,26 +108,45 @@ def test_a_gpu_without_rows_takes_its_fitted_siblings_values_not_the_stacks_mean
     h100 = priced_without_rows("h100_sxm", priors, vectors, scaled)
     h200 = fit.values_of(vectors["h200_sxm"])
     assert h100["request_overhead_s"] == pytest.approx(h200["request_overhead_s"], rel=1e-6)
-    assert h100["memory_bandwidth_efficiency"] == pytest.approx(h200["memory_bandwidth_efficiency"], rel=1e-6)
+    assert h100["memory_bandwidth_efficiency"] == pytest.approx(0.80 * h200["memory_bandwidth_efficiency"] / 0.74, rel=1e-5)  # 0.865
     assert h100["gemm_flops_efficiency"] == pytest.approx(0.76 * h200["gemm_flops_efficiency"] / 0.78, rel=1e-5)  # 0.646
     assert h100["attention_flops_efficiency"] == 0.50  # its own table, not the H200's
     l40s = priced_without_rows("l40s", priors, vectors, scaled)  # no sibling: the stack's mean (of log latencies)
     b200 = fit.values_of(vectors["b200_sxm"])
     assert l40s["request_overhead_s"] == pytest.approx((h200["request_overhead_s"] * b200["request_overhead_s"]) ** 0.5, rel=1e-5)
+    shared = fit.values_of(np.mean([vectors["h200_sxm"], vectors["b200_sxm"]], axis=0))
+    assert l40s["memory_bandwidth_efficiency"] == pytest.approx(shared["memory_bandwidth_efficiency"], rel=1e-6)  # not its table's
     without_sibling = priced_without_rows("h100_sxm", priors, {"b200_sxm": vectors["b200_sxm"]}, scaled)
     assert without_sibling["request_overhead_s"] == pytest.approx(b200["request_overhead_s"], rel=1e-6)
 
 
 def test_the_shipped_h100_is_priced_from_the_h200s_fit():
     """In the bundled parameters the H100 carries the H200's fitted runtime fields (request overhead,
-    per-layer latency, decode's HBM fraction, all-reduce latency) and its own kernel-table fields."""
+    per-layer latency, all-reduce latency), its own kernel-table fields, and its own tables' HBM
+    fraction times what the H200's serving reaches of the H200's tables."""
     from jaxplan.physics.params import load_efficiency, load_priors
 
     shipped, priors = load_efficiency(), load_priors()
+    hbm = "memory_bandwidth_efficiency"
     for f in FIT_FIELDS:
-        if f in KERNEL_FIELDS + ENGINE_FIELDS:
+        if f in KERNEL_FIELDS + ENGINE_FIELDS or f == hbm:
             continue
         assert shipped["h100_sxm"][f] == pytest.approx(shipped["h200_sxm"][f], rel=1e-5), f
+    serving_share = shipped["h200_sxm"][hbm] / priors["h200_sxm"][hbm]
+    assert shipped["h100_sxm"][hbm] == pytest.approx(priors["h100_sxm"][hbm] * serving_share, rel=1e-5)
+    assert shipped["h100_sxm"][hbm] > shipped["h200_sxm"][hbm]  # HBM3 reaches more of its peak than HBM3e in both GPUs' tables
+
+
+def test_serving_reaches_the_same_multiple_of_the_hbm_tables_on_the_fitted_hopper_and_blackwell():
+    """The premise of the H100's HBM fraction: on the two GPUs of one campaign (H200, B200) the fit's
+    HBM fraction is the same multiple of their weight-streaming tables' (1.070 and 1.069), so a
+    sibling's multiple carries its serving stack over to a GPU with other memory."""
+    from jaxplan.physics.params import load_efficiency, load_priors
+
+    shipped, priors = load_efficiency(), load_priors()
+    hbm = "memory_bandwidth_efficiency"
+    h200, b200 = (shipped[g][hbm] / priors[g][hbm] for g in ("h200_sxm", "b200_sxm"))
+    assert h200 == pytest.approx(b200, rel=0.02) and h200 > 1.0, (h200, b200)
     for f in set(KERNEL_FIELDS) - {"gemm_flops_efficiency"}:
         assert shipped["h100_sxm"][f] == pytest.approx(priors["h100_sxm"][f], rel=1e-5), f
 

@@ -69,6 +69,11 @@ KERNEL_FIELDS = (
 # both serving fits land below them (H200 0.88, B200 0.97 of the table's FP8/BF16 efficiency). Without
 # it an H100 (no serving rows, the H200's silicon) would prefill faster than the H200.
 SERVING_RATIO_FIELDS = ("gemm_flops_efficiency",)
+# A GPU priced from its SAME_SILICON sibling shares its die, not its memory: it also takes its own tables'
+# weight-streaming fraction of HBM times what the sibling's serving reaches of the sibling's tables. That
+# ratio is a property of the serving stack (fitted / table: H200 1.070, B200 1.069, the same campaign; A100
+# 0.81, vLLM 0.8.3), so it transfers to a sibling and not across stacks (docs/accuracy.md, "The H100").
+SIBLING_RATIO_FIELDS = SERVING_RATIO_FIELDS + ("memory_bandwidth_efficiency",)
 # Fitted fields that describe the engine a GPU's rows were served with, not the GPU: a GPU whose rows were
 # not fitted keeps its prior (the default: vLLM V1) rather than the fitted GPUs' mean. The A100 TP4 x PP2
 # runs are the only pipeline-parallel rows, served by vLLM 0.8.3's V0 fallback (`pipeline_seq_overhead_s`).
@@ -152,10 +157,11 @@ def scaled_field(prior: dict[str, float], field: str, ratio: float) -> float:
     return float(np.clip(prior[field] * ratio, BOUNDS[field][1], BOUNDS[field][2]))
 
 
-def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[str, float]]) -> dict[str, float]:
-    """SERVING_RATIO_FIELDS -> the mean over the fitted GPUs (`fitted`: GPU -> its serving-fit values) of
-    fitted value / kernel prior (pass only GPUs whose priors are kernel tables)."""
-    return {f: float(np.mean([values[f] / priors[g][f] for g, values in fitted.items()])) for f in SERVING_RATIO_FIELDS}
+def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[str, float]],
+                   fields: tuple[str, ...] = SERVING_RATIO_FIELDS) -> dict[str, float]:
+    """`fields` (default SERVING_RATIO_FIELDS) -> the mean over the fitted GPUs (`fitted`: GPU -> its
+    serving-fit values) of fitted value / kernel prior (pass only GPUs whose priors are kernel tables)."""
+    return {f: float(np.mean([values[f] / priors[g][f] for g, values in fitted.items()])) for f in fields}
 
 
 # A GPU without rows whose die and software image equal a fitted GPU's takes that GPU's fitted values
@@ -197,7 +203,8 @@ def priced_without_rows(gpu: str, priors: dict[str, dict[str, float]], vectors: 
     peers = [sibling] if sibling in vectors else stack_peers(gpu, sorted(vectors))
     shared = fit.values_of(np.mean([vectors[g] for g in peers], axis=0))
     with_tables = [g for g in peers if g in scaled]
-    ratios = serving_ratios({g: fit.values_of(vectors[g]) for g in with_tables}, priors) if gpu in scaled and with_tables else None
+    fields = SIBLING_RATIO_FIELDS if peers == [sibling] else SERVING_RATIO_FIELDS
+    ratios = serving_ratios({g: fit.values_of(vectors[g]) for g in with_tables}, priors, fields) if gpu in scaled and with_tables else None
     return complete_params(gpu, {**DEFAULTS, **unfitted_gpu_params(priors[gpu], shared, ratios, tables=gpu in scaled)}, priors, scaled)
 
 

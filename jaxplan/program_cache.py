@@ -418,6 +418,66 @@ class _NotStored:
 _NOT_STORED = _NotStored()
 
 
+_lapack_skipped = threading.local()  # .active: this thread lowers a stored program that calls no LAPACK kernel
+
+
+@functools.cache
+def _initialize_lapack_on_demand() -> None:
+    """Make JAX's lowering of a stored program initialise LAPACK only for a program that calls it.
+
+    JAX initialises its CPU LAPACK kernels whenever it lowers a call of an exported program, whatever
+    the program (`jax._src.export._export._ensure_backends_initialized`), and that imports
+    scipy.linalg: most of a second of a first run, on the main thread, holding the GIL
+    (bench/README.md). jaxplan's kernels
+    call no LAPACK routine, so the lowering skips it where the module names none (`uses_lapack`); one
+    that does is initialised as before. Where JAX's internals differ, nothing is changed."""
+    try:
+        from jax._src.export import _export
+    except ImportError:
+        return
+    original = getattr(_export, "_ensure_backends_initialized", None)
+    if not callable(original):
+        return
+
+    def ensure_backends_initialized(platforms):
+        if not getattr(_lapack_skipped, "active", False):
+            original(platforms)
+
+    _export._ensure_backends_initialized = ensure_backends_initialized
+
+
+@functools.cache
+def _lapack_targets():
+    """A pattern of the custom-call targets of JAX's CPU LAPACK kernels, or None where they cannot be listed."""
+    try:
+        from jax._src.lib import lapack
+
+        names = sorted(lapack._lapack.registrations())
+    except Exception:  # noqa: BLE001 - another jaxlib: every module counts as calling LAPACK
+        return None
+    return re.compile(b"|".join(re.escape(name.encode()) for name in names)) if names else None
+
+
+def uses_lapack(exported) -> bool:
+    """Whether an exported module calls one of JAX's CPU LAPACK kernels (one of their custom-call
+    targets is named in it; True where the targets cannot be listed)."""
+    pattern = _lapack_targets()
+    return pattern is None or pattern.search(exported.mlir_module_serialized) is not None
+
+
+@contextlib.contextmanager
+def _lowering(exported):
+    """Lower a call of `exported` on this thread, initialising LAPACK only if it uses it."""
+    skip = not uses_lapack(exported)
+    if skip:
+        _initialize_lapack_on_demand()
+    before, _lapack_skipped.active = getattr(_lapack_skipped, "active", False), skip
+    try:
+        yield
+    finally:
+        _lapack_skipped.active = before
+
+
 class StoredProgram:
     """A lowered program (`jax.export.Exported`) of one jitted call and its compiled executable: loaded
     from `executable` (a file) where one is stored, else compiled from the lowered program under a jit
@@ -439,7 +499,7 @@ class StoredProgram:
 
         call.__name__ = call.__qualname__ = name  # JAX's compile events and profiles name the kernel, not "call"
         self._call = jax.jit(call, donate_argnums=self.donated, compiler_options=compiler_options, **shardings)
-        self._executable_path, self._name = executable, name
+        self._executable_path, self._name, self._exported = executable, name, exported
         self._compiled = None  # the jax.stages.Compiled, once loaded or compiled; False: run self._call
         self._compiled_lock = threading.Lock()
 
@@ -450,7 +510,7 @@ class StoredProgram:
                 self._compiled = _load_executable(self._executable_path, self._name)
                 if self._compiled is None:
                     hits = getattr(_cache_hits, "count", 0)
-                    self._compiled = self._call.lower(*leaves).compile()
+                    self._compiled = self._lower(leaves).compile()
                     if getattr(_cache_hits, "count", 0) == hits:  # compiled here, not loaded from JAX's cache
                         _store_executable(self._executable_path, self._compiled, self._name)
             return self._compiled or None
@@ -471,14 +531,19 @@ class StoredProgram:
                 if self._executable_path is not None:
                     with contextlib.suppress(OSError):
                         self._executable_path.unlink()
-        return jax.tree.unflatten(self.out_tree, self._call(*leaves))
+        with _lowering(self._exported):
+            return jax.tree.unflatten(self.out_tree, self._call(*leaves))
+
+    def _lower(self, leaves):
+        with _lowering(self._exported):
+            return self._call.lower(*leaves)
 
     def compile(self, args, dynamic):
         """Compile ahead (compile_ahead's worker); `out_info` of the result is in the call's tree."""
         import jax
 
         leaves = jax.tree.leaves((args, dynamic))
-        compiled = self.executable(leaves) or self._call.lower(*leaves).compile()
+        compiled = self.executable(leaves) or self._lower(leaves).compile()
         return types.SimpleNamespace(out_info=jax.tree.unflatten(self.out_tree, jax.tree.leaves(compiled.out_info)))
 
 

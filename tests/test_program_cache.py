@@ -305,6 +305,46 @@ def test_a_new_process_loads_what_the_first_stored(tmp_path):
     assert len(list((tmp_path / program_cache.EXECUTABLES).iterdir())) == 1
 
 
+def test_lowering_a_stored_program_initialises_lapack_only_for_a_program_that_calls_it(tmp_path):
+    """JAX initialises its CPU LAPACK kernels (importing scipy.linalg: most of a second of a first run)
+    whenever it lowers a call of an exported program. In a fresh process, a stored program without a
+    LAPACK call is exported, lowered and compiled without that initialisation and without importing
+    scipy; a stored program that inverts a matrix (LAPACK kernels on the CPU), loaded from its
+    serialised form, is initialised and computes the inverse."""
+    from jax import export
+
+    inverse = export.export(jax.jit(lambda x: [jnp.linalg.inv(x)]))(jax.ShapeDtypeStruct((3, 3), jnp.float32))  # flat outputs, as stored
+    doubled = export.export(jax.jit(lambda x: 2.0 * x))(jax.ShapeDtypeStruct((3, 3), jnp.float32))
+    assert program_cache.uses_lapack(inverse) and not program_cache.uses_lapack(doubled)
+    (tmp_path / "inverse.bin").write_bytes(inverse.serialize())
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import jax, jax.numpy as jnp, numpy as np
+        from jax import export
+        from jax._src.lax import linalg
+        from jaxplan import program_cache
+        from jaxplan.replay import ops
+        initialised, initialise = [], linalg.initialize_lapack
+        linalg.initialize_lapack = lambda: (initialised.append(1), initialise())
+        program_cache.enable({str(tmp_path / "cache")!r})
+        program = program_cache.jit(ops.ceil_sum, static_argnames=("bs", "max_k"))
+        k, c, g = (jnp.arange(50, dtype=jnp.int32) % 9, jnp.arange(50, dtype=jnp.int32) * 37, jnp.arange(50, dtype=jnp.int32) % 21)
+        total = program(k, c, g, bs=16, max_k=8).sum().item()
+        print(len(initialised), "scipy" in sys.modules, total == ops.ceil_sum(k, c, g, bs=16, max_k=8).sum().item())
+        exported = export.deserialize(bytearray(open({str(tmp_path / "inverse.bin")!r}, "rb").read()))
+        m = np.array([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]], np.float32)
+        tree = jax.tree.structure(((m,), {{}}))
+        stored = program_cache.StoredProgram(exported, tree, jax.tree.structure([m]), (), None, name="inverse")
+        inverted = np.asarray(stored((m,), {{}})[0])
+        print(len(initialised) > 0, np.allclose(inverted @ m, np.eye(3), atol=1e-5))
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["0", "False", "True", "True", "True"], run.stdout
+
+
 def test_an_edit_of_jaxplan_that_leaves_a_program_as_it_was_keeps_its_executable(cache_on, monkeypatch):
     """Programs are keyed by jaxplan's files, their executables by the lowered module without source
     locations: after an upgrade or an edit of jaxplan (another package fingerprint) the program is

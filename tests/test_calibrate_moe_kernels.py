@@ -84,8 +84,12 @@ def test_every_format_has_bounded_fields():
 def test_values_read_off_nvidias_tables():
     """vLLM 0.24 on H200: FP8 experts stream near the HBM peak (0.96) and INT4 Marlin at 0.75 of it, every
     kernel has a least time of 20-60 us per layer, and grouped FP8 GEMMs reach about 0.30 of the FP8 peak;
-    B300 and GB200, without tables, take B200's (`run.MOE_KERNEL_PEERS`)."""
+    B300 and GB200, without tables, take B200's (`run.KERNEL_PEERS`), and so every other field read
+    off B200's tables that the serving fit leaves alone (its FP8 KV read, NVFP4 GEMMs, GEMM floors), but
+    not the fields the fit sets (those come from the fit, `run.priced_without_rows`)."""
+    from jaxplan.calibrate.fit import FIT_FIELDS
     from jaxplan.calibrate.run import calibration_priors
+    from jaxplan.physics.params import DEFAULTS
 
     priors, _ = calibration_priors(["h200_sxm", "b200_sxm", "b300_sxm"])
     h200 = priors["h200_sxm"]
@@ -96,6 +100,11 @@ def test_values_read_off_nvidias_tables():
         for fmt in ("fp8", "int4", "mxfp4"):
             assert 20e-6 <= priors[gpu][f"moe_{fmt}_floor_s"] <= 60e-6
     assert all(priors["b300_sxm"][f] == priors["b200_sxm"][f] for f in priors["b200_sxm"] if f.startswith("moe_"))
+    b200, b300 = priors["b200_sxm"], priors["b300_sxm"]
+    assert all(b300[f] == b200[f] for f in b200 if f not in FIT_FIELDS)
+    assert b300["fp8_kv_read_bytes_per_element"] == pytest.approx(1.17, abs=0.01) != DEFAULTS["fp8_kv_read_bytes_per_element"]
+    assert b300["fp4_weight_read_bytes_per_param"] > 0.6 > DEFAULTS["fp4_weight_read_bytes_per_param"]
+    assert b300["gemm_flops_efficiency"] == DEFAULTS["gemm_flops_efficiency"] != b200["gemm_flops_efficiency"]
 
 
 def test_the_moe_gemm_rate_takes_the_serving_share_of_the_gemm_table():

@@ -140,8 +140,8 @@ MOE_DEFAULTS_GPU = "h100_sxm"
 
 def moe_table_gpu(gpu: str, scaled: set[str]) -> str:
     """The GPU whose kernel tables `gpu`'s MoE fields were read from: its own (`scaled`: priors from
-    kernel tables), its MOE_KERNEL_PEERS peer's, else MOE_DEFAULTS_GPU's."""
-    return gpu if gpu in scaled else MOE_KERNEL_PEERS.get(gpu, MOE_DEFAULTS_GPU)
+    kernel tables), its KERNEL_PEERS peer's, else MOE_DEFAULTS_GPU's."""
+    return gpu if gpu in scaled else KERNEL_PEERS.get(gpu, MOE_DEFAULTS_GPU)
 
 
 def with_moe_serving_share(values: dict[str, float], prior: dict[str, float], table_gemm_efficiency: float) -> dict[str, float]:
@@ -545,17 +545,26 @@ def calibrate(rows: list[dict], *, data_root=None, steps: int = fit.STEPS, log=p
 PRIOR_SOURCES = ("kernel tables", "bundled parameter file", "defaults")
 
 
-# A GPU without MoE kernel tables whose MoE kernels are another's builds takes that GPU's `moe_*` fields
-# (fractions of its own peaks): B300 and GB200 run the SM100 FlashInfer / CUTLASS / Marlin MoE kernels
-# that NVIDIA's B200 tables time.
-MOE_KERNEL_PEERS = {"b300_sxm": "b200_sxm", "gb200": "b200_sxm"}
+# A GPU without kernel tables whose kernels are another's builds takes that GPU's table-read fields
+# (`peer_kernel_fields`: the `moe_*` fields and every other field the serving fit leaves alone, e.g. the
+# FP8 KV read, the NVFP4 GEMMs, the GEMM floors; fractions of its own peaks): B300 and GB200 run the
+# SM100 FlashInfer / CUTLASS / Marlin kernels that NVIDIA's B200 tables time. The fitted fields still
+# come from the fit (`priced_without_rows`). On the B300's 106 MoE rows: TTFT / TPOT 38.6% / 7.5% against
+# 41.5% / 8.0% with the defaults' values of those fields (docs/accuracy.md).
+KERNEL_PEERS = {"b300_sxm": "b200_sxm", "gb200": "b200_sxm"}
+
+
+def peer_kernel_fields(prior: dict[str, float]) -> list[str]:
+    """The fields a KERNEL_PEERS GPU takes from its peer's priors: every field but the serving fit's."""
+    return [f for f in prior if f not in fit.FIT_FIELDS]
 
 
 def calibration_priors(gpus, data_root=None) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """(priors per GPU, where each came from): `fit.kernel_priors` where NVIDIA's kernel tables for the
     GPU are on disk; else the [prior.<gpu>] table of the bundled parameter file (the kernel priors the
     shipped fit started from, so a clone without ../shared calibrates its own rows from the same
-    place); else DEFAULTS. A GPU of MOE_KERNEL_PEERS then takes its peer's `moe_*` fields."""
+    place); else DEFAULTS. A GPU of KERNEL_PEERS without tables of its own then takes its peer's
+    `peer_kernel_fields`."""
     bundled = load_priors()
 
     def prior_of(g: str) -> tuple[dict[str, float], str]:
@@ -568,9 +577,9 @@ def calibration_priors(gpus, data_root=None) -> tuple[dict[str, dict[str, float]
     priors, sources = {}, {}
     for g in gpus:
         priors[g], sources[g] = prior_of(g)
-        if g in MOE_KERNEL_PEERS and sources[g] != PRIOR_SOURCES[0]:
-            peer = priors[MOE_KERNEL_PEERS[g]] if MOE_KERNEL_PEERS[g] in priors else prior_of(MOE_KERNEL_PEERS[g])[0]
-            priors[g].update({f: peer[f] for f in moe_kernel_fields()})
+        if g in KERNEL_PEERS and sources[g] != PRIOR_SOURCES[0]:
+            peer = priors[KERNEL_PEERS[g]] if KERNEL_PEERS[g] in priors else prior_of(KERNEL_PEERS[g])[0]
+            priors[g].update({f: peer[f] for f in peer_kernel_fields(peer)})
     return priors, sources
 
 

@@ -466,12 +466,12 @@ def uses_lapack(exported) -> bool:
 
 
 @contextlib.contextmanager
-def _lowering(exported):
-    """Lower a call of `exported` on this thread, initialising LAPACK only if it uses it."""
-    skip = not uses_lapack(exported)
-    if skip:
+def _lowering(skip_lapack: bool):
+    """Lower a call of a stored program on this thread, without initialising LAPACK if `skip_lapack`
+    (its module calls none: `uses_lapack`)."""
+    if skip_lapack:
         _initialize_lapack_on_demand()
-    before, _lapack_skipped.active = getattr(_lapack_skipped, "active", False), skip
+    before, _lapack_skipped.active = getattr(_lapack_skipped, "active", False), skip_lapack
     try:
         yield
     finally:
@@ -531,11 +531,17 @@ class StoredProgram:
                 if self._executable_path is not None:
                     with contextlib.suppress(OSError):
                         self._executable_path.unlink()
-        with _lowering(self._exported):
+        with _lowering(self._skips_lapack):
             return jax.tree.unflatten(self.out_tree, self._call(*leaves))
 
+    @functools.cached_property
+    def _skips_lapack(self) -> bool:
+        """Whether lowering this program may leave LAPACK uninitialised (searched once, and only for a
+        program that is lowered: a loaded executable needs neither)."""
+        return not uses_lapack(self._exported)
+
     def _lower(self, leaves):
-        with _lowering(self._exported):
+        with _lowering(self._skips_lapack):
             return self._call.lower(*leaves)
 
     def compile(self, args, dynamic):

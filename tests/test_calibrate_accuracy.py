@@ -321,7 +321,7 @@ def test_a_users_csv_without_a_backend_is_fitted_as_vllm(tmp_path, monkeypatch):
     sglang.write_text(f"{header},measured_ttft_ms_mean,measured_tpot_ms_mean,backend\nllama-3.1-8b,h100_sxm,1,1024,256,16,80,11,sglang\n")
     result = CliRunner().invoke(app, ["calibrate", str(sglang), *args])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    assert "backend = 'sglang': no measured vllm row to fit" in " ".join(result.output.split())
+    assert "sglang.csv: backend = 'sglang': no measured vllm row to fit" in " ".join(result.output.split())  # names the file
 
 
 def test_rows_csv_holds_the_predictions_behind_the_report(tmp_path):

@@ -80,7 +80,7 @@ def calibrate(
         out.print(f"{len(capped)} run(s) with both max_concurrency and a finite request_rate: each fitted as the regime that binds (jaxplan predict says which)", highlight=False)
     if not [r for r in evaluated_rows(rows) if not fit_excluded(r)]:
         backends = sorted({str(r.get("backend")) for r in measured_rows(rows)})
-        raise bad_value("backend", ",".join(backends), f"no measured {FIT_BACKEND} row to fit: jaxplan fits vLLM's serving; give {FIT_BACKEND} rows (an empty backend counts as {FIT_BACKEND})")
+        raise bad_value("backend", ",".join(backends), f"no measured {FIT_BACKEND} row to fit: jaxplan fits vLLM's serving; give {FIT_BACKEND} rows (an empty backend counts as {FIT_BACKEND})", where=", ".join(map(str, paths)) or None)
     with progress_bar() as progress:
         steps_total = fit_step_groups(rows, replay_check)
         task = progress.add_task("calibrating (kernel priors, per-GPU fit, held-out fits)", total=steps_total)

@@ -273,7 +273,7 @@ def test_engine_settings_of_json_runs_benchmarked_without_metadata(tmp_path, mon
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and "bare.json: gpu missing" in result.output and "--gpu h100_sxm (jaxplan calibrate or predict" in " ".join(result.output.split())
     result = CliRunner().invoke(app, args + ["--gpu", "h200_sxm", "--tensor-parallel-size", "2"])
-    assert result.exit_code == 1 and "/models/served-from-disk" in result.output and "--model llama-3.1-8b (jaxplan calibrate or predict" in " ".join(result.output.split())
+    assert result.exit_code == 1 and "/models/served-from-disk" in result.output and "--model path/to/config.json (the model's Hugging Face config)" in " ".join(result.output.split())
     result = CliRunner().invoke(app, args + ["--model", "llama-3.1-8b", "--gpu", "h200_sxm", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"])
     assert result.exit_code == 0, result.output
     by_file = {r["source_id"].split("#")[0]: r for r in seen}

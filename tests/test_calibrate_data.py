@@ -459,7 +459,7 @@ def test_vllm_bench_json_open_loop_and_append_file(tmp_path):
     [
         ({}, {"tensor_parallel_size": 1}, ("gpu missing", "--metadata gpu=", "--gpu h100_sxm (jaxplan calibrate or predict")),
         ({"gpu": "h100_sxm"}, {}, ("tensor_parallel_size missing", "tensor_parallel_size=N", "--tensor-parallel-size N (jaxplan")),
-        ({"model_id": "/models/my-finetune"}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("/models/my-finetune", "model=", "--model llama-3.1-8b (jaxplan calibrate or predict")),
+        ({"model_id": "/models/my-finetune"}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("/models/my-finetune", "model=", "--model path/to/config.json (the model's Hugging Face config)")),
         ({"completed": 0}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("completed", "rerun")),
         ({"total_output_tokens": None}, {"gpu": "h100_sxm", "tensor_parallel_size": 1}, ("total_output_tokens missing",)),
         ({"gpu": "h100_sxm", "tp": "two"}, {}, ("tensor_parallel_size", "'two'")),

@@ -463,7 +463,7 @@ _JSON_KEYS = {
 }
 _FLOAT_KEYS = ("prefix_hit_rate", "isl_spread", "osl_spread", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override")
 _FIX = {
-    "model": "name it with --model llama-3.1-8b (jaxplan calibrate or predict; a bundled name, HF id or config.json; in Python read_vllm_bench_json(model=...))",
+    "model": "name it with --model path/to/config.json (the model's Hugging Face config), a bundled name (jaxplan list) or a known HF id (jaxplan calibrate or predict; in Python read_vllm_bench_json(model=...))",
     "gpu": "rerun vllm bench serve with --metadata gpu=h100_sxm, or name it with --gpu h100_sxm (jaxplan calibrate or predict; in Python read_vllm_bench_json(gpu=...))",
     "tensor_parallel_size": "rerun with --metadata tensor_parallel_size=N, or name it with --tensor-parallel-size N (jaxplan calibrate or predict; in Python read_vllm_bench_json(tensor_parallel_size=N))",
 }

@@ -11,10 +11,10 @@ cheap stage-1 rejections and expensive stage-4 survivors as the sweep sees), one
     estimate_stage`, `jaxplan.physics.steady_state.max_concurrency` and everything they call) run
     eagerly on Python scalars, with the modules' `jnp`/`jax` names temporarily pointed at a scalar
     shim for the duration of the baseline (nothing in jaxplan/ is edited; the names are restored).
-    Shim `python`: `math` and builtins on Python floats (the fastest plain-Python form); shim `numpy`:
-    the numpy module itself on numpy float64 scalars. The Poisson solve's knot tables are lists of
-    K floats priced one knot at a time (`python`) or arrays of K (`numpy`); its `fori_loop` becomes
-    a Python loop.
+    Shim `python`: `math` and builtins on Python floats; shim `numpy`: the numpy module itself on numpy
+    float64 scalars. The Poisson solve's knot tables are lists of K floats priced one knot at a time
+    (`python`) or arrays of K (`numpy`, so the faster of the two once candidates reach stage 4); its
+    `fori_loop` becomes a Python loop.
 
 Apples to apples: the same sample goes through jaxplan's jitted flat evaluate (`evaluate_digits`);
 the script asserts that every candidate gets the same reason code (stages 1-3 and stage 4) and
@@ -55,20 +55,29 @@ from jaxplan.funnel.sweep import build_context, run_sweep
 from jaxplan.grid import AXES, Grid
 from jaxplan.physics import batch as batch_mod
 from jaxplan.physics import memory as memory_mod
+from jaxplan.physics import moe as moe_mod
+from jaxplan.physics import weight_formats as weight_formats_mod
 from jaxplan.physics import steady_state as steady_mod
 from jaxplan.physics import step_time as step_time_mod
 from jaxplan.physics.shapes import Hardware, Layout
 from jaxplan.physics.traffic import WorkloadParams
-from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
+from jaxplan.specs import formats, load_model, load_space, load_workload, parse_gpu_list
 from jaxplan.specs.space import DTYPE_BYTES
 
-PATCHED = (steady_mod, step_time_mod, memory_mod, batch_mod, estimate_mod, structure_mod, rules_mod)
+PATCHED = (steady_mod, step_time_mod, memory_mod, moe_mod, weight_formats_mod, batch_mod, estimate_mod, structure_mod, rules_mod)
 
 
 # ---- scalar shims for the jnp / jax names of jaxplan's physics modules ---------------------------------
 class _Index(int):
     def astype(self, _dtype):
         return int(self)
+
+
+class _Float(float):
+    """A float with numpy's `astype`, for `jnp.asarray(x).astype(...)`."""
+
+    def astype(self, dtype):
+        return dtype(self)
 
 
 class _Knots(list):
@@ -108,6 +117,8 @@ class PyScalar:
     ceil = staticmethod(math.ceil)
     floor = staticmethod(math.floor)
     log = staticmethod(math.log)
+    log2 = staticmethod(math.log2)
+    abs = staticmethod(builtins.abs)
     isfinite = staticmethod(math.isfinite)
 
     @staticmethod
@@ -134,7 +145,9 @@ class PyScalar:
 
     @staticmethod
     def asarray(x, dtype=None):
-        return float(x) if dtype is float else x
+        if dtype is not None:
+            return dtype(x)
+        return _Float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
 
     @staticmethod
     def zeros_like(x):
@@ -204,8 +217,22 @@ class _Lax:
     stop_gradient = staticmethod(lambda x: x)
 
 
+class _CustomJvp:
+    """`jax.custom_jvp` for plain floats: the function as it is (the baseline takes no derivatives)."""
+
+    def __init__(self, fun):
+        self.fun = fun
+
+    def __call__(self, *args, **kwargs):
+        return self.fun(*args, **kwargs)
+
+    def defjvp(self, *args, **kwargs):
+        return None
+
+
 class _Jax:
     lax = _Lax
+    custom_jvp = _CustomJvp
 
 
 SHIMS = {"python": PyScalar, "numpy": np}
@@ -250,11 +277,12 @@ def evaluate_one(p: Problem, index: int):
     digits = [0] * len(p.sizes)
     for axis in range(len(p.sizes) - 1, -1, -1):
         index, digits[axis] = divmod(index, p.sizes[axis])
-    _, tp, pp, seqs, budget, wdt, kvdt, dp = (p.labels[a][d] for a, d in enumerate(digits))
+    _, tp, pp, kind, seqs, budget, wdt, kvdt, dp = (p.labels[a][d] for a, d in enumerate(digits))
     gpu = p.gpu_specs[digits[0]]
-    wb, kvb = DTYPE_BYTES[wdt], DTYPE_BYTES[kvdt]
+    expert_parallel, lockstep = ref.kind_of(kind)
+    wb, kvb = (wdt, expert_parallel, lockstep), DTYPE_BYTES[kvdt]  # the weights as the reference funnel takes them
     m, space, w = p.model_spec, p.space, p.workload
-    reason = ref.structure_reason(m, gpu, space, tp, pp, dp, seqs, budget, wb)
+    reason = ref.structure_reason(m, gpu, space, tp, pp, dp, seqs, budget, *wb)
     if reason == Reason.ADMITTED:
         reason = ref.memory_reason(m, gpu, space, w, tp, pp, seqs, budget, wb, kvb)
     if reason == Reason.ADMITTED and ref.slots(m, gpu, space, w, tp, pp, seqs, budget, wb, kvb) < 1.0:
@@ -263,7 +291,10 @@ def evaluate_one(p: Problem, index: int):
         return int(reason), math.nan, math.nan, math.nan
     f = p.to_py
     hw = p.hardware[digits[0]]
-    layout = Layout(f(tp), f(pp), f(dp), f(wb), f(kvb), f(seqs), f(budget))
+    fmt = formats.BY_NAME[wdt]
+    # as `grid.candidates_from_digits` builds it: the DP axis counts servers of `lockstep` ranks each
+    layout = Layout(f(tp), f(pp), f(dp * lockstep), f(fmt.other_bytes_per_param), f(kvb), f(seqs), f(budget),
+                    f(fmt.code), f(lockstep), f(float(expert_parallel)))
     capacity = steady_mod.max_concurrency(p.model, hw, layout, p.w, p.gmu)
     s4, est, _, _, _ = estimate_mod.estimate_stage(p.model, hw, layout, p.w, p.gmu, capacity)
     return int(s4), float(est.output_tokens_per_s), float(est.ttft_p99_s), float(est.tpot_p99_s)

@@ -277,24 +277,18 @@ def evaluate_one(p: Problem, index: int):
     digits = [0] * len(p.sizes)
     for axis in range(len(p.sizes) - 1, -1, -1):
         index, digits[axis] = divmod(index, p.sizes[axis])
-    _, tp, pp, kind, seqs, budget, wdt, kvdt, dp = (p.labels[a][d] for a, d in enumerate(digits))
-    gpu = p.gpu_specs[digits[0]]
-    expert_parallel, lockstep = ref.kind_of(kind)
-    wb, kvb = (wdt, expert_parallel, lockstep), DTYPE_BYTES[kvdt]  # the weights as the reference funnel takes them
-    m, space, w = p.model_spec, p.space, p.workload
-    reason = ref.structure_reason(m, gpu, space, tp, pp, dp, seqs, budget, *wb)
-    if reason == Reason.ADMITTED:
-        reason = ref.memory_reason(m, gpu, space, w, tp, pp, seqs, budget, wb, kvb)
-    if reason == Reason.ADMITTED and ref.slots(m, gpu, space, w, tp, pp, seqs, budget, wb, kvb) < 1.0:
-        reason = Reason.NO_CONCURRENCY
+    c = {name: p.labels[a][d] for a, (name, d) in enumerate(zip(AXES, digits))}
+    c["gpu"] = p.gpu_specs[digits[0]]
+    reason = ref.candidate_reason(p.model_spec, p.workload, p.space, c)
     if reason != Reason.ADMITTED:
         return int(reason), math.nan, math.nan, math.nan
     f = p.to_py
     hw = p.hardware[digits[0]]
-    fmt = formats.BY_NAME[wdt]
+    fmt = formats.BY_NAME[c["weight_dtype"]]
+    expert_parallel, lockstep = ref.kind_of(c["layout_kind"])
     # as `grid.candidates_from_digits` builds it: the DP axis counts servers of `lockstep` ranks each
-    layout = Layout(f(tp), f(pp), f(dp * lockstep), f(fmt.other_bytes_per_param), f(kvb), f(seqs), f(budget),
-                    f(fmt.code), f(lockstep), f(float(expert_parallel)))
+    layout = Layout(f(c["tensor_parallel_size"]), f(c["pipeline_parallel_size"]), f(c["data_parallel_size"] * lockstep), f(fmt.other_bytes_per_param),
+                    f(DTYPE_BYTES[c["kv_cache_dtype"]]), f(c["max_num_seqs"]), f(c["max_num_batched_tokens"]), f(fmt.code), f(lockstep), f(float(expert_parallel)))
     capacity = steady_mod.max_concurrency(p.model, hw, layout, p.w, p.gmu)
     s4, est, _, _, _ = estimate_mod.estimate_stage(p.model, hw, layout, p.w, p.gmu, capacity)
     return int(s4), float(est.output_tokens_per_s), float(est.ttft_p99_s), float(est.tpot_p99_s)

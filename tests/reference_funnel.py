@@ -263,20 +263,27 @@ def candidates(gpus, space):
         yield index, digits, {name: axis[d] for name, axis, d in zip(AXES, axes, digits)}
 
 
+def candidate_reason(m, w, space, c: dict) -> Reason:
+    """Stages 1-3 of one candidate `c` ({axis name: value} as `candidates` gives it, "gpu" a GpuSpec):
+    the first sieve's reason, or ADMITTED. bench/bench_baseline.py calls it too."""
+    gpu, tp, pp, dp = c["gpu"], c["tensor_parallel_size"], c["pipeline_parallel_size"], c["data_parallel_size"]
+    seqs, budget_tokens = c["max_num_seqs"], c["max_num_batched_tokens"]
+    expert_parallel, lockstep = kind_of(c["layout_kind"])
+    wb, kvb = (c["weight_dtype"], expert_parallel, lockstep), DTYPE_BYTES[c["kv_cache_dtype"]]
+    reason = structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, *wb)
+    if reason == Reason.ADMITTED:
+        reason = memory_reason(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb)
+    if reason == Reason.ADMITTED and slots(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb) < 1.0:
+        reason = Reason.NO_CONCURRENCY
+    return reason
+
+
 def stages_1_to_3(m, gpus, w, space):
     """(Counter of reasons of stages 1-3, digits of the candidates that pass stage 3)."""
     counts: Counter = Counter()
     survivors = []
     for _, digits, c in candidates(gpus, space):
-        gpu, tp, pp, dp = c["gpu"], c["tensor_parallel_size"], c["pipeline_parallel_size"], c["data_parallel_size"]
-        seqs, budget_tokens = c["max_num_seqs"], c["max_num_batched_tokens"]
-        expert_parallel, lockstep = kind_of(c["layout_kind"])
-        wb, kvb = (c["weight_dtype"], expert_parallel, lockstep), DTYPE_BYTES[c["kv_cache_dtype"]]
-        reason = structure_reason(m, gpu, space, tp, pp, dp, seqs, budget_tokens, *wb)
-        if reason == Reason.ADMITTED:
-            reason = memory_reason(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb)
-        if reason == Reason.ADMITTED and slots(m, gpu, space, w, tp, pp, seqs, budget_tokens, wb, kvb) < 1.0:
-            reason = Reason.NO_CONCURRENCY
+        reason = candidate_reason(m, w, space, c)
         if reason == Reason.ADMITTED:
             survivors.append(digits)
         else:

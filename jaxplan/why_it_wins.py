@@ -9,9 +9,12 @@ scored by stage 4) is set against the winner on two things the physics prices:
   layout's replicas), broken into `physics.step_time.StepCost`'s parts: communication (all-reduce,
   dispatch and combine), GEMMs and weight streaming, attention, overhead.
 One line per other kind, computed, never canned. Where no layout of a kind passes on the winner's
-GPU count (one GPU leaves no room for expert parallelism or lock-step ranks), the line also names
-the fewest GPUs of the winner's type on which one does (up to MAX_LARGER_COUNTS larger counts) and
-what its best layout there costs per output token against the winner.
+GPU count, the line names the split of that kind that comes closest (furthest through the funnel;
+at stage 4, the most throughput), the stage that stops it and why (the reason of any other split, e.g. one whose weights do not fit, would hide
+that the contender ran out of throughput), and, where one does on more GPUs (one GPU leaves no room
+for expert parallelism or lock-step ranks), the fewest GPUs of the winner's type on which one does (up to
+MAX_LARGER_COUNTS larger counts) and what its best layout there costs per output token against the
+winner.
 """
 
 from __future__ import annotations
@@ -36,14 +39,16 @@ def why_it_wins(result, winner: dict) -> list[str]:
     in_space = set(result.grid.space.layout_kind)
     if len(in_space) < 2:
         return []
+    from jaxplan.funnel.sweep import STAGE_NAMES
     from jaxplan.plots.splits import best_per_split
 
     rows = best_per_split(result, int(winner["num_gpus"]), (winner["gpu"],))
     mine = row_kind(winner)[0]
     best: dict[str, dict] = {}
-    for r in rows:  # best first
+    progress = lambda r: (r.get("why_stage", 0), r.get("why_tokens_per_s", float("-inf")))  # noqa: E731
+    for r in rows:  # best first; of a kind none of whose splits passes, the one that came closest
         kind = row_kind(r)[0]
-        if kind != mine and kind not in best:
+        if kind != mine and (kind not in best or not best[kind]["passes"] and progress(r) > progress(best[kind])):
             best[kind] = r
     others = [k for k in KIND_ORDER if k != mine and k in in_space]
     passing = [best[k] for k in others if k in best and best[k]["passes"]]
@@ -55,7 +60,11 @@ def why_it_wins(result, winner: dict) -> list[str]:
             lines.append(compare_line(winner, r, costs[0], costs[1 + passing.index(r)], result.grid.space.block_size_tokens))
             continue
         if r is not None:
-            line = f"{kind_name(winner)} over {kind}: no {kind} layout of {winner['num_gpus']} {winner['gpu']} passes ({r['why']})"
+            stage = r.get("why_stage")
+            where = f"the one that comes closest, {kind_label(r)}, stops at stage {stage} ({STAGE_NAMES[stage]}): " if stage in STAGE_NAMES else ""
+            closest = r.get("why_tokens_per_s", float("-inf"))
+            reached = f"; its best estimate {closest:,.0f} output tok/s" if np.isfinite(closest) else ""
+            line = f"{kind_name(winner)} over {kind}: no {kind} layout of {winner['num_gpus']} {winner['gpu']} passes ({where}{r['why']}{reached})"
         else:
             line = f"{kind_name(winner)} over {kind}: the space has no {kind} layout of {winner['num_gpus']} {winner['gpu']}"
         larger = best_on_more_gpus(result, winner, kind, searched)

@@ -278,6 +278,33 @@ def test_a_one_gpu_winner_is_set_against_the_fewest_gpus_that_run_each_other_kin
         assert theirs > cost  # two GPUs for the rate one serves: the winner is the cheaper
 
 
+def test_a_kind_that_never_passes_is_named_by_the_split_that_came_closest(monkeypatch):
+    """Where no layout of a kind passes on the winner's GPUs, the line gives the split that got
+    furthest (at stage 4, the most throughput) and its reason, not whichever split came first: a
+    DeepSeek-R1 sweep said "no tp layout of 40 b200_sxm passes (weights ... exceed ...)" while its
+    5 x TP8 servers fitted and only fell short of the arrival rate."""
+    import types
+
+    import jaxplan.plots.splits as splits
+    from jaxplan.why_it_wins import why_it_wins
+
+    def split(tp, pp, stage, why, tokens_per_s=float("-inf")):
+        return {"gpu": "b200_sxm", "tensor_parallel_size": tp, "pipeline_parallel_size": pp, **kind_fields("tp", 8 // (tp * pp), "", True),
+                "num_gpus": 8, "passes": False, "why": why, "why_stage": stage, "why_tokens_per_s": tokens_per_s, "score": float("-inf")}
+
+    rows = [split(1, 1, 2, "weights exceed the HBM"), split(2, 1, 4, "cannot keep up with the arrival rate", 900.0),
+            split(8, 1, 4, "cannot keep up with the arrival rate", 4100.0), split(4, 2, 4, "cannot keep up with the arrival rate", 2500.0)]
+    monkeypatch.setattr(splits, "best_per_split", lambda result, num_gpus, gpus: rows if num_gpus == 8 else [])
+    space = types.SimpleNamespace(layout_kind=("tp", "dp"))
+    labels = {"tensor_parallel_size": (1, 2, 4, 8), "pipeline_parallel_size": (1, 2), "data_parallel_size": (1, 2, 4, 8), "layout_kind": ("tp", "dp:8")}
+    result = types.SimpleNamespace(model=load_model("deepseek-r1"), grid=types.SimpleNamespace(space=space, labels=labels))
+    winner = {"gpu": "b200_sxm", "num_gpus": 8, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, **kind_fields("dp:8", 1, "fp8", True)}
+    [line] = why_it_wins(result, winner)
+    assert line.startswith("dp:8 over tp: no tp layout of 8 b200_sxm passes (the one that comes closest, TP8xPP1xDP1, "), line
+    assert "stops at stage 4 (estimate): cannot keep up with the arrival rate; its best estimate 4,100 output tok/s" in line, line
+    assert "weights" not in line
+
+
 def test_a_dense_plan_says_nothing_about_kinds():
     from jaxplan.why_it_wins import why_it_wins
 

@@ -46,8 +46,10 @@ def split_digits(grid, num_gpus: int, gpus: tuple[str, ...] | None = None) -> di
 
 def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -> list[dict]:
     """One row per split (GPU type, TP, PP, layout kind, DP) of `num_gpus` GPUs: the sweep's row of its best
-    candidate (`passes` True), or, when none passes stages 1-4, `passes` False and `why` (the most
-    common reason at the furthest stage its candidates reached). Best first by the sweep's score."""
+    candidate (`passes` True), or, when none passes stages 1-4, `passes` False, `why` (the most
+    common reason at the furthest stage its candidates reached), `why_stage` (that stage) and, where
+    that is stage 4, `why_tokens_per_s` (the most output tokens/s any of its candidates was estimated
+    at; -inf otherwise). Best first by the sweep's score."""
     from jaxplan.funnel.reasons import Reason
     from jaxplan.funnel.sweep import evaluate_blocks, rows_for
     from jaxplan.layout_kind import kind_fields
@@ -60,6 +62,8 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     flat = np.concatenate([splits[k] for k in keys])
     evaluated = evaluate_blocks(result.context, flat)  # the program the sweep's rows_for compiled
     score, reason = evaluated.score, evaluated.reason
+    stage = np.array([Reason(int(r)).stage for r in reason])
+    throughput = np.asarray(evaluated.estimate.output_tokens_per_s, np.float64)
     rows, best_digits, start = [], [], 0
     for key, size in zip(keys, sizes):
         part = slice(start, start + size)
@@ -73,10 +77,14 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
         common = max({c for c in codes if c.stage == furthest}, key=lambda c: (codes.count(c), -c), default=None)
         gpu, tp, pp, kind, dp = key
         why = common.description if common is not None else "no finite estimate"
+        # how close the split came: the most stage-4 throughput among its candidates that reached stage 4
+        reached = throughput[part][(stage[part] == 4) & np.isfinite(throughput[part])]
+        closest = float(reached.max()) if furthest == 4 and reached.size else float("-inf")
         fields = kind_fields(kind, dp, "", float(result.context.model.moe_layers) > 0)
         del fields["expert_weight_format"]
         rows.append({"gpu": gpu, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, **fields,
-                     "num_gpus": num_gpus, "passes": False, "why": why, "score": float("-inf")})
+                     "num_gpus": num_gpus, "passes": False, "why": why, "why_stage": furthest, "why_tokens_per_s": closest,
+                     "score": float("-inf")})
     if best_digits:  # the passing splits' rows in one call
         rows += [dict(row, passes=True, why="") for row in rows_for(result.grid, result.context, np.stack(best_digits))]
     return sorted(rows, key=lambda r: -r["score"])

@@ -32,6 +32,7 @@ from jaxplan.deadline import Deadline
 from jaxplan.funnel.budget import check_limits, default_chunk, effective_chunk
 from jaxplan.funnel.devices import local_sweep_devices
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, chunk_model, evaluate_digits, evaluate_digits_ahead
+from jaxplan.funnel import relax
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
@@ -81,22 +82,31 @@ class SweepResult:
     run_s: float
     num_devices: int
     chunk_size: int
+    budget_note: str = ""  # an empty sweep's: what it would take without the GPU budget (funnel.relax)
 
     @property
     def winner(self) -> dict | None:
         return self.shortlist[0] if self.shortlist else None
 
-    def empty_explanation(self) -> str:
-        """Which sieve removed the last candidates, and what to relax."""
+    def last_sieve(self) -> tuple[int, str, int, Reason, int] | None:
+        """(stage, its name, candidates it received, its most common reason, that reason's count) of
+        the last stage of 1-4 that rejected anything; None for an empty grid."""
         last = max((s for s in self.stages if s.stage <= 4 and s.rejected), key=lambda s: s.stage, default=None)
         if last is None:
-            return "the search space is empty"
+            return None
         reason = max((r for r in self.reason_counts if r.stage == last.stage), key=lambda r: self.reason_counts[r])
         before = self.stages[last.stage - 2].admitted if last.stage > 1 else self.grid.size
-        return (
-            f"no configuration survived: stage {last.stage} ({last.name}) removed the last {before:,} candidates, "
-            f"mostly because {reason.description} ({self.reason_counts[reason]:,}). To relax: {reason.fix}."
-        )
+        return last.stage, last.name, before, reason, self.reason_counts[reason]
+
+    def empty_explanation(self) -> str:
+        """Which sieve removed the last candidates, and what to relax (and, where the GPU budget
+        removed candidates, what lifting it would do: `budget_note`)."""
+        last = self.last_sieve()
+        if last is None:
+            return "the search space is empty"
+        stage, name, before, reason, count = last
+        text = f"no configuration survived: stage {stage} ({name}) removed the last {before:,} candidates, mostly because {reason.description} ({count:,}). To relax: {reason.fix}."
+        return f"{text} {self.budget_note}" if self.budget_note else text
 
 
 def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path: str | None = None, *, vllm_version: str | None = None,
@@ -353,6 +363,7 @@ def run_sweep(
     max_seconds: float | None = None,
     max_memory_bytes: float | None = None,
     vllm_version: str | None = None,
+    explain_budget: bool = True,
 ) -> SweepResult:
     """Stages 1-6 over the whole grid; `progress(done, total)` is called per chunk of `chunk_size`
     candidates (default: `budget.default_chunk()`, 65,536 on a CPU, about 4 million on a GPU).
@@ -361,7 +372,10 @@ def run_sweep(
     hosts' tables are then gathered and merged, so every host returns the same result. `vllm_version`:
     the release the candidates are priced for (default: $JAXPLAN_VLLM_VERSION, else the newest measured).
     A sweep whose estimated time or memory exceeds `max_seconds` / `max_memory_bytes` is refused
-    before anything is allocated (PlanError); one that runs past `max_seconds` is stopped."""
+    before anything is allocated (PlanError); one that runs past `max_seconds` is stopped.
+    `explain_budget`: where nothing survives and the GPU budget removed candidates, sweep the grid
+    again without it for the explanation's `budget_note` (`funnel.relax`)."""
+    started = time.perf_counter()
     check_inputs(model, workload)
     grid = Grid(gpus, space.for_model(model))
     grid_size_check(grid)
@@ -376,7 +390,14 @@ def run_sweep(
     except Exception as error:
         abandon_hosts(f"{type(error).__name__}: {error}")
         raise
-    return finish(grid, model, workload, ctx, gather_hosts(part), top_k)
+    result = finish(grid, model, workload, ctx, gather_hosts(part), top_k)
+    if explain_budget and relax.applies(result):
+        left = None if max_seconds is None else max_seconds - (time.perf_counter() - started)
+        if left is None or left > 0:
+            again = lambda relaxed: run_sweep(model, gpus, workload, relaxed, top_k=1, chunk_size=chunk_size, params_path=params_path, max_seconds=left,  # noqa: E731
+                                              max_memory_bytes=max_memory_bytes, vllm_version=vllm_version, explain_budget=False)
+            result.budget_note = relax.budget_note(again, space, space.gpu_budget)
+    return result
 
 
 def finish(grid: Grid, model: ModelSpec, workload: Workload, ctx: SweepContext, part: StreamedPart, top_k: int) -> SweepResult:

@@ -178,6 +178,7 @@ def sizing_table(sizing: Sizing):
     if sizing.per_gpu:
         best = sizing.smallest_overall
         notes.append(f"cheapest per hour: {best['gpu']} x {best['num_gpus']} ({split_label(best)}) at ${best['hourly_usd']:,.2f}/h")
+    notes += unmeasured_notes(sizing)
     if sizing.rollout_prompts is not None:
         at_target = sizing.rollout_s(sizing.target_output_tokens_per_s)
         half = sizing.rollout_s(0.5 * sizing.target_output_tokens_per_s)
@@ -189,3 +190,23 @@ def sizing_table(sizing: Sizing):
     from rich.text import Text
 
     return Group(table, *(Text(n) for n in notes))
+
+
+def unmeasured_notes(sizing: Sizing) -> list[str]:
+    """A line for each layout part of the picks that no measured run behind the predictions checks
+    (as `plan_bands.unmeasured_layout_notes` says of a sweep's winner), naming the picks that use it."""
+    from jaxplan.plan_bands import _uses_lockstep, _uses_pipeline
+    from jaxplan.plots.labels import split_label
+
+    picks = [(choice.gpu, r) for choice in sizing.per_gpu for r in {id(x): x for x in (choice.smallest, choice.cheapest_per_token)}.values()]
+    parts = (
+        (_uses_lockstep, "vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured vLLM run here checks (docs/moe.md)"),
+        (_uses_pipeline, "pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine (docs/accuracy.md)"),
+    )
+    notes = []
+    for uses, what in parts:
+        users = [f"{gpu} {split_label(r)}" for gpu, r in picks if uses(r)]
+        if users:
+            notes.append(f"{', '.join(users)}: {what}; measure before committing.")
+    return notes
+

@@ -82,3 +82,20 @@ def test_cli_size_and_sweep_with_target(tmp_path):
     assert "Sizing for >= 12,000 output tokens/s" in " ".join(sweep.stdout.split())
     bad = runner.invoke(app, ["size", "--workload", "coding", "--space", "small"])
     assert bad.exit_code == 1 and "no throughput target" in bad.output
+
+
+def test_picks_with_unmeasured_layout_parts_are_named():
+    """Lock-step data parallelism and pipeline parallelism, which no measured run here checks (or only
+    under vLLM 0.8.3), get a line naming the picks that use them; a plain TP pick gets none."""
+    from jaxplan.layout_kind import kind_fields
+    from jaxplan.sizing import Choice, Sizing, unmeasured_notes
+
+    def row(tp, pp, kind, dp):
+        return {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, **kind_fields(kind, dp, "fp8", True)}
+
+    lockstep, piped, plain = row(1, 1, "dp:4", 2), row(2, 2, "tp", 1), row(4, 1, "tp", 1)
+    sizing = Sizing(1000.0, 100.0, [Choice("h100_sxm", lockstep, piped, 3), Choice("b200_sxm", plain, plain, 1)], [])
+    lock_line, pipe_line = unmeasured_notes(sizing)
+    assert lock_line.startswith("h100_sxm 2x(TP1xPP1 DP4-lockstep): vLLM's lock-step data parallelism") and "docs/moe.md" in lock_line
+    assert pipe_line.startswith("h100_sxm TP2xPP2") and "vLLM 0.8.3" in pipe_line and "b200_sxm" not in lock_line + pipe_line
+    assert unmeasured_notes(Sizing(1000.0, 100.0, [Choice("b200_sxm", plain, plain, 1)], [])) == []

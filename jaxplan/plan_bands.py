@@ -144,11 +144,11 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
     return Verdict(lead, close, tuple(notes))
 
 
-def _uses_lockstep(row: dict) -> bool:
+def uses_lockstep(row: dict) -> bool:
     return row_kind(row)[1] > 1
 
 
-def _uses_pipeline(row: dict) -> bool:
+def uses_pipeline(row: dict) -> bool:
     return int(row.get("pipeline_parallel_size") or 1) > 1
 
 
@@ -158,12 +158,12 @@ def unmeasured_layout_notes(row: dict, others: list[dict] = (), workload=None) -
     others: the finalists ranked after it (with `workload`), of which each line names the best without
     that part (`best_without`), so that a cautious reader has the choice in hand."""
     notes = []
-    if _uses_lockstep(row):
+    if uses_lockstep(row):
         notes.append("The winner runs vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured "
-                     "vLLM run here checks: its band comes from TP and EP runs (docs/moe.md)." + best_without(others, _uses_lockstep, row, workload))
-    if _uses_pipeline(row):
+                     "vLLM run here checks: its band comes from TP and EP runs (docs/moe.md)." + best_without(others, uses_lockstep, row, workload))
+    if uses_pipeline(row):
         notes.append("The winner uses pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine "
-                     "(A100): measure it on your vLLM before committing (docs/accuracy.md)." + best_without(others, _uses_pipeline, row, workload))
+                     "(A100): measure it on your vLLM before committing (docs/accuracy.md)." + best_without(others, uses_pipeline, row, workload))
     return notes
 
 

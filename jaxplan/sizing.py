@@ -195,13 +195,13 @@ def sizing_table(sizing: Sizing):
 def unmeasured_notes(sizing: Sizing) -> list[str]:
     """A line for each layout part of the picks that no measured run behind the predictions checks
     (as `plan_bands.unmeasured_layout_notes` says of a sweep's winner), naming the picks that use it."""
-    from jaxplan.plan_bands import _uses_lockstep, _uses_pipeline
+    from jaxplan.plan_bands import uses_lockstep, uses_pipeline
     from jaxplan.plots.labels import split_label
 
     picks = [(choice.gpu, r) for choice in sizing.per_gpu for r in {id(x): x for x in (choice.smallest, choice.cheapest_per_token)}.values()]
     parts = (
-        (_uses_lockstep, "vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured vLLM run here checks (docs/moe.md)"),
-        (_uses_pipeline, "pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine (docs/accuracy.md)"),
+        (uses_lockstep, "vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured vLLM run here checks (docs/moe.md)"),
+        (uses_pipeline, "pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine (docs/accuracy.md)"),
     )
     notes = []
     for uses, what in parts:
@@ -209,4 +209,3 @@ def unmeasured_notes(sizing: Sizing) -> list[str]:
         if users:
             notes.append(f"{', '.join(users)}: {what}; measure before committing.")
     return notes
-

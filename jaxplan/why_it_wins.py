@@ -10,11 +10,11 @@ scored by stage 4) is set against the winner on two things the physics prices:
   dispatch and combine), GEMMs and weight streaming, attention, overhead.
 One line per other kind, computed, never canned. Where no layout of a kind passes on the winner's
 GPU count, the line names the split of that kind that comes closest (furthest through the funnel;
-at stage 4, the most throughput), the stage that stops it and why (the reason of any other split, e.g. one whose weights do not fit, would hide
-that the contender ran out of throughput), and, where one does on more GPUs (one GPU leaves no room
-for expert parallelism or lock-step ranks), the fewest GPUs of the winner's type on which one does (up to
-MAX_LARGER_COUNTS larger counts) and what its best layout there costs per output token against the
-winner.
+at stage 4, the most throughput), the stage that stops it and why: the reason of another split, e.g.
+one whose weights do not fit, would hide that the contender ran out of throughput. Where one passes
+on more GPUs (one GPU leaves no room for expert parallelism or lock-step ranks), the line also names
+the fewest GPUs of the winner's type on which one does (up to MAX_LARGER_COUNTS larger counts) and
+what its best layout there costs per output token against the winner.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ FIX_WITHOUT_BUDGET = {
     Reason.TTFT_SLO: "loosen the TTFT SLO or add larger TP",
     Reason.BELOW_TARGET: "lower --target-throughput, or widen the space's data_parallel_size range",
     Reason.WEIGHTS_DONT_FIT: "add larger TP/PP, FP8 weights or GPUs with more HBM",
-    Reason.GPU_BUDGET: "nothing: no GPU budget was applied",
 }
 
 

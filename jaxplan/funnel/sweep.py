@@ -29,10 +29,10 @@ from jaxplan import program_cache
 from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.errors import PlanError
 from jaxplan.deadline import Deadline
+from jaxplan.funnel import relax
 from jaxplan.funnel.budget import check_limits, default_chunk, effective_chunk
 from jaxplan.funnel.devices import local_sweep_devices
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, chunk_model, evaluate_digits, evaluate_digits_ahead
-from jaxplan.funnel import relax
 from jaxplan.funnel.frontier import pareto_front
 from jaxplan.funnel.reasons import NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxplan.funnel import run_sweep
-from jaxplan.funnel.reasons import Reason
+from jaxplan.funnel.reasons import FIX_WITHOUT_BUDGET, Reason
 from jaxplan.funnel.relax import NO_BUDGET
 from jaxplan.layout_kind import kind_label
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
@@ -50,7 +50,25 @@ def test_a_slo_no_budget_meets_is_said_to_be_the_limit():
     assert stage == 4 and counts[Reason.TTFT_SLO] > 0 and counts.get(Reason.TPOT_SLO, 0) == counts.get(Reason.BELOW_TARGET, 0) == 0
     assert (f"Raising --budget would not help: without it, stage 4 (estimate) still removes the last {before:,} candidates; those that get "
             f"furthest fail on {Reason.TTFT_SLO.description} ({counts[Reason.TTFT_SLO]:,}); to relax that: loosen the TTFT SLO or add larger TP.") in text, text
-    assert "raise --budget" not in text.split("would not help", 1)[1]
+    assert "raise --budget" not in text  # neither the fixes before the note nor the note send the user to the budget
+    assert empty.budget_helps is False
+
+
+def test_where_the_budget_removed_nothing_the_fixes_do_not_name_it():
+    """A budget above every layout of the space (the small space's largest is 128 GPUs): the
+    candidates that cannot keep up need the space's DP range widened, not the budget raised; the
+    line also gives what the candidates that keep up fail on."""
+    model, space = load_model("llama-3.1-70b"), load_space("small").replace(gpu_budget=1000)
+    impossible = dataclasses.replace(load_workload("coding"), name="fast-ttft", isl_mean_tokens=8000, osl_mean_tokens=500, request_rate_per_s=20.0, ttft_slo_s=0.05)
+    empty = run_sweep(model, GPUS, impossible, space)
+    counts = empty.reason_counts
+    assert empty.shortlist == [] and counts.get(Reason.GPU_BUDGET, 0) == 0 and empty.budget_note == ""
+    assert counts[Reason.OVERLOADED] > counts[Reason.TTFT_SLO] > 0
+    text = empty.empty_explanation()
+    assert (f"mostly because {Reason.OVERLOADED.description} ({counts[Reason.OVERLOADED]:,}); those that get furthest fail on "
+            f"{Reason.TTFT_SLO.description} ({counts[Reason.TTFT_SLO]:,}). To relax: {FIX_WITHOUT_BUDGET[Reason.OVERLOADED]}; "
+            f"for those: {FIX_WITHOUT_BUDGET[Reason.TTFT_SLO]}.") in text, text
+    assert "budget" not in text
 
 
 def test_no_note_where_the_budget_removed_nothing_or_when_asked_not_to():

@@ -56,3 +56,12 @@ class Reason(enum.IntEnum):
 
 
 NUM_REASONS = len(Reason)
+
+# The fixes of the reasons that name the GPU budget, as they read where the budget does not bind (it
+# removed no candidate, or it was lifted): more replicas then come from the space's DP range.
+FIX_WITHOUT_BUDGET = {
+    Reason.OVERLOADED: "lower the request rate, or widen the space's data_parallel_size range (more replicas)",
+    Reason.TTFT_SLO: "loosen the TTFT SLO or add larger TP",
+    Reason.BELOW_TARGET: "lower --target-throughput, or widen the space's data_parallel_size range",
+    Reason.WEIGHTS_DONT_FIT: "add larger TP/PP, FP8 weights or GPUs with more HBM",
+}

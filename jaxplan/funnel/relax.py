@@ -11,19 +11,11 @@ so that a user is not sent to raise the budget in vain.
 from __future__ import annotations
 
 from jaxplan.errors import PlanError
-from jaxplan.funnel.reasons import Reason
+from jaxplan.funnel.reasons import FIX_WITHOUT_BUDGET, Reason
 from jaxplan.layout_kind import kind_label
 
 NO_BUDGET = 1_000_000  # the largest gpu_budget a space admits: no layout of any grid exceeds it
 MAX_CANDIDATES = 50_000_000  # larger grids are not swept twice for the note: the second pass alone would take tens of seconds
-
-# The fixes of the reasons that name the budget, as they read once the budget is not the limit.
-FIX_WITHOUT_BUDGET = {
-    Reason.OVERLOADED: "lower the request rate, or widen the space's data_parallel_size range (more replicas)",
-    Reason.TTFT_SLO: "loosen the TTFT SLO or add larger TP",
-    Reason.BELOW_TARGET: "lower --target-throughput, or widen the space's data_parallel_size range",
-    Reason.WEIGHTS_DONT_FIT: "add larger TP/PP, FP8 weights or GPUs with more HBM",
-}
 
 
 def applies(result) -> bool:
@@ -32,26 +24,28 @@ def applies(result) -> bool:
     return not result.shortlist and result.reason_counts.get(Reason.GPU_BUDGET, 0) > 0 and result.grid.size <= MAX_CANDIDATES
 
 
-def budget_note(sweep, space, budget: int) -> str:
-    """One or two sentences on `sweep(space)` run without the GPU budget of `budget`; "" where the note
-    cannot be had (the pass refused or stopped by a time or memory limit). `sweep(space)`: the sweep
-    with the caller's other inputs and options (top 1 is enough)."""
+def budget_note(sweep, space, budget: int) -> tuple[str, bool | None]:
+    """(one or two sentences on `sweep(space)` run without the GPU budget of `budget`, whether lifting
+    it admits a configuration); ("", None) where that cannot be had (the pass refused or stopped by a
+    time or memory limit). `sweep(space)`: the sweep with the caller's other inputs and options (top
+    1 is enough)."""
     try:
         relaxed = sweep(space.replace(gpu_budget=NO_BUDGET))
     except PlanError:
-        return ""
+        return "", None
     if relaxed.shortlist:
         best = relaxed.shortlist[0]
         return (f"Without the GPU budget ({budget:,}), the best configuration that passes is {best['num_gpus']:,} x {best['gpu']} "
-                f"as {kind_label(best)}: raise --budget to {best['num_gpus']:,}.")
+                f"as {kind_label(best)}: raise --budget to {best['num_gpus']:,}."), True
     last = relaxed.last_sieve()
     if last is None:
-        return ""
+        return "", None
     stage, name, before, reason, count = last
-    if stage == 4:  # its checks run in code order, each on the candidates that passed the ones before
-        reason = max(r for r, n in relaxed.reason_counts.items() if r.stage == 4 and n)
+    furthest = relaxed.furthest_reason(stage)
+    if furthest is not None:
+        reason = furthest
         why = f"those that get furthest fail on {reason.description} ({relaxed.reason_counts[reason]:,})"
     else:
         why = f"mostly because {reason.description} ({count:,})"
     fix = FIX_WITHOUT_BUDGET.get(reason, reason.fix)
-    return f"Raising --budget would not help: without it, stage {stage} ({name}) still removes the last {before:,} candidates; {why}; to relax that: {fix}."
+    return f"Raising --budget would not help: without it, stage {stage} ({name}) still removes the last {before:,} candidates; {why}; to relax that: {fix}.", False

@@ -34,7 +34,7 @@ from jaxplan.funnel.budget import check_limits, default_chunk, effective_chunk
 from jaxplan.funnel.devices import local_sweep_devices
 from jaxplan.funnel.chunk import FRONTIER_GPU_BINS, FRONTIER_TPOT_BINS, SweepContext, SweepState, chunk_kernel, chunk_model, evaluate_digits, evaluate_digits_ahead
 from jaxplan.funnel.frontier import pareto_front
-from jaxplan.funnel.reasons import NUM_REASONS, Reason
+from jaxplan.funnel.reasons import FIX_WITHOUT_BUDGET, NUM_REASONS, Reason
 from jaxplan.funnel.shortlist import shortlist
 from jaxplan.funnel.tables import BestTable, empty_table, merge_tables
 from jaxplan.grid import AXES, Grid
@@ -83,6 +83,7 @@ class SweepResult:
     num_devices: int
     chunk_size: int
     budget_note: str = ""  # an empty sweep's: what it would take without the GPU budget (funnel.relax)
+    budget_helps: bool | None = None  # whether lifting the budget admits a configuration (None: not known)
 
     @property
     def winner(self) -> dict | None:
@@ -98,14 +99,31 @@ class SweepResult:
         before = self.stages[last.stage - 2].admitted if last.stage > 1 else self.grid.size
         return last.stage, last.name, before, reason, self.reason_counts[reason]
 
+    def furthest_reason(self, stage: int) -> Reason | None:
+        """Of stage 4's reasons (its checks run in code order, each on the candidates that passed the
+        ones before), the last that rejected anything: what the candidates that got furthest failed
+        on. None for the other stages, whose reasons are not one sequence."""
+        if stage != 4:
+            return None
+        return max((r for r, n in self.reason_counts.items() if r.stage == 4 and n), default=None)
+
     def empty_explanation(self) -> str:
-        """Which sieve removed the last candidates, and what to relax (and, where the GPU budget
-        removed candidates, what lifting it would do: `budget_note`)."""
+        """Which sieve removed the last candidates and what to relax, what the candidates that got
+        furthest failed on where that differs, and, where the GPU budget removed candidates, what
+        lifting it would do (`budget_note`). Where it removed none, or lifting it admits nothing, the
+        fixes do not send the user to raise it (`reasons.FIX_WITHOUT_BUDGET`)."""
         last = self.last_sieve()
         if last is None:
             return "the search space is empty"
         stage, name, before, reason, count = last
-        text = f"no configuration survived: stage {stage} ({name}) removed the last {before:,} candidates, mostly because {reason.description} ({count:,}). To relax: {reason.fix}."
+        budget_binds = self.reason_counts.get(Reason.GPU_BUDGET, 0) > 0 and self.budget_helps is not False
+        fix_of = (lambda r: r.fix) if budget_binds else (lambda r: FIX_WITHOUT_BUDGET.get(r, r.fix))  # noqa: E731
+        text = f"no configuration survived: stage {stage} ({name}) removed the last {before:,} candidates, mostly because {reason.description} ({count:,})"
+        furthest = self.furthest_reason(stage)
+        if furthest is not None and furthest != reason:
+            text += f"; those that get furthest fail on {furthest.description} ({self.reason_counts[furthest]:,}). To relax: {fix_of(reason)}; for those: {fix_of(furthest)}."
+        else:
+            text += f". To relax: {fix_of(reason)}."
         return f"{text} {self.budget_note}" if self.budget_note else text
 
 
@@ -396,7 +414,7 @@ def run_sweep(
         if left is None or left > 0:
             again = lambda relaxed: run_sweep(model, gpus, workload, relaxed, top_k=1, chunk_size=chunk_size, params_path=params_path, max_seconds=left,  # noqa: E731
                                               max_memory_bytes=max_memory_bytes, vllm_version=vllm_version, explain_budget=False)
-            result.budget_note = relax.budget_note(again, space, space.gpu_budget)
+            result.budget_note, result.budget_helps = relax.budget_note(again, space, space.gpu_budget)
     return result
 
 

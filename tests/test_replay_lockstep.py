@@ -234,3 +234,20 @@ def test_predict_replays_a_moe_data_parallel_row_in_lock_step_near_stage_four():
     assert r["tpot_ms_mean"] == pytest.approx(a["tpot_ms_mean"], rel=0.25)
     layout = Layout(*(np.asarray([v], np.float32) for v in (2, 1, 4, 1, 2, 64, 2048, 1, 4, 1)))
     assert replay_config(layout, np.asarray([100])).routing == LOCKSTEP_ROUTING
+
+
+def test_a_lane_of_several_servers_steps_one_servers_ranks_and_replays_the_same(monkeypatch):
+    """Four servers of 2 lock-step ranks in a lane of 8 replicas: the replay schedules and prices 2
+    rows an iteration (`routing.lockstep_policy`) instead of 8, and its trace is the same, bit for bit,
+    as when every row takes part (and as the reference's)."""
+    from jaxplan.replay import driver, routing
+
+    requests, config, params = _case(7, dp=8, ranks=2)
+    chosen = []
+    monkeypatch.setattr(driver, "lockstep_policy", lambda g: chosen.append(g) or routing.lockstep_policy(g))
+    narrow = _compare(requests, config, params, max_replicas=8)
+    assert chosen == [2]
+    monkeypatch.setattr(driver, "lockstep_policy", lambda g: routing.DP_COORDINATOR)  # every row of the lane
+    wide = simulate_trace(config, requests, _workload(0), affine_step_time, params, window=8, **{**STATIC, "max_replicas": 8})
+    for name in wide._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(narrow, name)), np.asarray(getattr(wide, name)), err_msg=name)

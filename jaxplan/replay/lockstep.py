@@ -50,11 +50,18 @@ def coordinator_score(st: LaneState, rt: Route, clock, a):
     return WAITING_WEIGHT * waiting + st.n_run + jnp.where(clock > a, rt.last_fin, 0)
 
 
-def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int):
-    """One iteration of a lock-step lane: release, route one arrival, step the earliest group."""
+def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_time_fn, window: int, block_size: int, max_group: int | None = None):
+    """One iteration of a lock-step lane: release, route one arrival, step the earliest group.
+
+    max_group: at least the lane's lock-step ranks (static; default every replica): the group is
+    scheduled, priced and advanced over that many rows of the lane's replicas, not all of them, so an
+    iteration of a finalist of several servers costs one server's work. The rows past the group's
+    ranks take no part either way."""
     st, rt, ranks = carry
     num_s, num_d = st.run_i.shape[-2], st.n_run.shape[0]
+    num_g = num_d if max_group is None else min(max_group, num_d)
     d_idx = jnp.arange(num_d, dtype=I32)
+    g_idx = jnp.arange(num_g, dtype=I32)
     pos = jnp.arange(num_s, dtype=I32)
     st, rt, clock = release_and_route(st, rt, lane, coordinator_score)
 
@@ -65,9 +72,9 @@ def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
     go = any_busy & (a_next > t_star) & ~jnp.any((rt.pend > 0) & (clock <= t_star))
     start_hi, start_lo = s_hi[x], s_lo[x]
     first = (x // ranks) * ranks
-    # [D] every replica, the group's first: a permutation, so that each replica is advanced once
-    member = (first + d_idx) % num_d
-    in_group = (d_idx < ranks) & (first + d_idx < lane.num_replicas) & ~st.rep_stalled[member]
+    # [G] the group's rows from its first (distinct replicas: G <= D), each advanced once
+    member = (first + g_idx) % num_d
+    in_group = (g_idx < ranks) & (first + g_idx < lane.num_replicas) & ~st.rep_stalled[member]
     solo = lane._replace(closed=jnp.zeros_like(lane.closed))  # submissions are released above, not by the step
     # Closed loop: a replacement is routed when released, at the clock of the rank that finished, so a
     # jump stops before the next release, and before another group's next step, which may end with one.
@@ -130,7 +137,7 @@ def lockstep_step(carry, lane: LaneInput, params, freeze_on_overflow, *, step_ti
         done = new._replace(**{f: getattr(state, f).at[d].set(getattr(new, f)) for f in BANK})
         return done, (n_fin, d)
 
-    st, (n_fin, ds) = jax.lax.scan(advance_rank, st, jnp.arange(num_d, dtype=I32))
+    st, (n_fin, ds) = jax.lax.scan(advance_rank, st, g_idx)
     ran = jnp.zeros(num_d, bool).at[ds].set(runs)
     fin = jnp.zeros(num_d, I32).at[ds].set(jnp.where(runs, n_fin, 0))
     rt = rt._replace(last_fin=jnp.where(ran, fin, rt.last_fin), pend=rt.pend + jnp.where(ran & lane.closed, fin, 0))

@@ -10,6 +10,7 @@ itself is a static argument of those programs (one program per policy).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -129,6 +130,14 @@ DP_COORDINATOR = RoutingPolicy(
 )
 
 POLICIES = {policy.name: policy for policy in (ROUND_ROBIN, LEAST_LOADED, DP_COORDINATOR)}
+
+
+@functools.cache  # one object per size: the policy is a static argument of the replay's programs
+def lockstep_policy(max_group: int) -> RoutingPolicy:
+    """DP_COORDINATOR for a call whose lanes' lock-step groups have at most `max_group` ranks: each
+    iteration schedules and prices that many replicas of a lane instead of all of them
+    (`lockstep.lockstep_step`); the same replay, bit for bit."""
+    return dataclasses.replace(DP_COORDINATOR, step=functools.partial(lockstep.lockstep_step, max_group=max_group))
 
 
 def routing_policy(name) -> RoutingPolicy:

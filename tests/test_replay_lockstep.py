@@ -244,10 +244,10 @@ def test_a_lane_of_several_servers_steps_one_servers_ranks_and_replays_the_same(
 
     requests, config, params = _case(7, dp=8, ranks=2)
     chosen = []
-    monkeypatch.setattr(driver, "lockstep_policy", lambda g: chosen.append(g) or routing.lockstep_policy(g))
+    monkeypatch.setattr(driver, "call_policy", lambda *a: chosen.append(routing.call_policy(*a)) or chosen[-1])
     narrow = _compare(requests, config, params, max_replicas=8)
-    assert chosen == [2]
-    monkeypatch.setattr(driver, "lockstep_policy", lambda g: routing.DP_COORDINATOR)  # every row of the lane
+    assert chosen == [routing.lockstep_policy(2)]
+    monkeypatch.setattr(driver, "call_policy", lambda policy, *a: policy)  # every row of the lane
     wide = simulate_trace(config, requests, _workload(0), affine_step_time, params, window=8, **{**STATIC, "max_replicas": 8})
     for name in wide._fields:
         np.testing.assert_array_equal(np.asarray(getattr(narrow, name)), np.asarray(getattr(wide, name)), err_msg=name)

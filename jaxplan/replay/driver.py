@@ -52,7 +52,7 @@ from jaxplan.errors import bad_value
 from jaxplan.replay import memory
 from jaxplan.replay.config import ReplayConfig
 from jaxplan.replay.metrics import ReplayMetrics, summarize, summarize_ahead
-from jaxplan.replay.routing import DP_COORDINATOR, RoutingPolicy, lockstep_policy, routing_policy
+from jaxplan.replay.routing import RoutingPolicy, call_policy, routing_policy
 from jaxplan.replay.scheduler import LaneInput
 from jaxplan.replay.split import LANE_OVERHEAD as LANE_OVERHEAD
 from jaxplan.replay.split import LaneSplit as LaneSplit
@@ -422,8 +422,7 @@ def simulate_trace(
     max_dp = _bucket(int(dp_routed.max())) if max_replicas is None else max_replicas
     if max_dp < int(dp_routed.max()):
         raise bad_value("max_replicas", max_replicas, f"must cover data_parallel_size {int(dp_routed.max())}")
-    if policy is DP_COORDINATOR and _bucket(int(np.max(configs.lockstep_ranks))) < max_dp:
-        policy = lockstep_policy(_bucket(int(np.max(configs.lockstep_ranks))))  # step one server's ranks, not the lane's
+    policy = call_policy(policy, configs.lockstep_ranks, max_dp)  # lock-step: step one server's ranks, not the lane's
     if num_slots is not None and (not isinstance(num_slots, int) or num_slots < 1):
         raise bad_value("num_slots", num_slots, "must be an integer >= 1")
     if initial_slots is not None and (not isinstance(initial_slots, int) or isinstance(initial_slots, bool) or initial_slots < 1):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxplan.buckets import bucket_size
 from jaxplan.errors import unknown_name
 from jaxplan.replay import balance, lockstep, roundrobin, split
 from jaxplan.replay.scheduler import lane_done
@@ -138,6 +139,16 @@ def lockstep_policy(max_group: int) -> RoutingPolicy:
     iteration schedules and prices that many replicas of a lane instead of all of them
     (`lockstep.lockstep_step`); the same replay, bit for bit."""
     return dataclasses.replace(DP_COORDINATOR, step=functools.partial(lockstep.lockstep_step, max_group=max_group))
+
+
+def call_policy(policy: RoutingPolicy, lockstep_ranks, max_dp: int) -> RoutingPolicy:
+    """The policy one replay call runs, its lanes holding `max_dp` replicas of groups of
+    `lockstep_ranks` [F]: DP_COORDINATOR stepping one group's rows (`lockstep_policy`, the largest
+    group bucketed) where that is fewer than the lane's; every other policy as it is."""
+    if policy is not DP_COORDINATOR:
+        return policy
+    group = bucket_size(int(np.max(lockstep_ranks)), 1)
+    return lockstep_policy(group) if group < max_dp else policy
 
 
 def routing_policy(name) -> RoutingPolicy:

@@ -51,6 +51,14 @@ class Choice:
     cheapest_per_token: dict  # lowest USD per million output tokens
     feasible_layouts: int
 
+    @property
+    def picks(self) -> list[tuple[str, dict]]:
+        """(label, row) of the deployments shown for this GPU type: the fewest GPUs, and the cheapest
+        per token where that is another."""
+        if self.cheapest_per_token["digits"] != self.smallest["digits"]:
+            return [("fewest GPUs", self.smallest), ("cheapest per token", self.cheapest_per_token)]
+        return [("fewest GPUs, cheapest per token", self.smallest)]
+
 
 @dataclasses.dataclass
 class Sizing:
@@ -156,12 +164,7 @@ def sizing_table(sizing: Sizing):
     for name in columns:
         table.add_column(name, justify="left" if name in ("GPU", "pick", "layout", "W/KV") else "right")
     for choice in sizing.per_gpu:
-        picks = [("fewest GPUs", choice.smallest)]
-        if choice.cheapest_per_token["digits"] != choice.smallest["digits"]:
-            picks.append(("cheapest per token", choice.cheapest_per_token))
-        else:
-            picks = [("fewest GPUs, cheapest per token", choice.smallest)]
-        for k, (pick, r) in enumerate(picks):
+        for k, (pick, r) in enumerate(choice.picks):
             cells = [
                 choice.gpu if k == 0 else "", pick, str(r["num_gpus"]), split_label(r), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
                 f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}", f"{r['hourly_usd']:,.2f}",
@@ -198,7 +201,7 @@ def unmeasured_notes(sizing: Sizing) -> list[str]:
     from jaxplan.plan_bands import uses_lockstep, uses_pipeline
     from jaxplan.plots.labels import split_label
 
-    picks = [(choice.gpu, r) for choice in sizing.per_gpu for r in {id(x): x for x in (choice.smallest, choice.cheapest_per_token)}.values()]
+    picks = [(choice.gpu, r) for choice in sizing.per_gpu for _, r in choice.picks]
     parts = (
         (uses_lockstep, "vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured vLLM run here checks (docs/moe.md)"),
         (uses_pipeline, "pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine (docs/accuracy.md)"),

@@ -91,7 +91,7 @@ def test_picks_with_unmeasured_layout_parts_are_named():
     from jaxplan.sizing import Choice, Sizing, unmeasured_notes
 
     def row(tp, pp, kind, dp):
-        return {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, **kind_fields(kind, dp, "fp8", True)}
+        return {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, **kind_fields(kind, dp, "fp8", True), "digits": [tp, pp, kind, dp]}
 
     lockstep, piped, plain = row(1, 1, "dp:4", 2), row(2, 2, "tp", 1), row(4, 1, "tp", 1)
     sizing = Sizing(1000.0, 100.0, [Choice("h100_sxm", lockstep, piped, 3), Choice("b200_sxm", plain, plain, 1)], [])

@@ -73,7 +73,7 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
             best_digits.append(flat[part][best])
             continue
         codes = [Reason(int(r)) for r in reason[part] if int(r) not in (Reason.ADMITTED, Reason.PADDING)]
-        furthest = max((c.stage for c in codes), default=0)
+        furthest = int(stage[part].max())  # ADMITTED and PADDING are stage 0
         common = max({c for c in codes if c.stage == furthest}, key=lambda c: (codes.count(c), -c), default=None)
         gpu, tp, pp, kind, dp = key
         why = common.description if common is not None else "no finite estimate"

@@ -251,18 +251,29 @@ class Problem:
         self.to_py = to_py
 
 
-def evaluate_one(p: Problem, index: int):
-    """(reason, throughput, p99 TTFT, p99 TPOT) of one candidate (NaN metrics before stage 4)."""
+def candidate(p: Problem, index: int) -> dict:
+    """The candidate at grid `index` (decoded with divmod over the mixed radix) as the reference
+    funnel takes it: every axis's value, the GPU's spec under "gpu" and its position under "gpu_index"."""
     digits = [0] * len(p.sizes)
     for axis in range(len(p.sizes) - 1, -1, -1):
         index, digits[axis] = divmod(index, p.sizes[axis])
     c = {name: p.labels[a][d] for a, (name, d) in enumerate(zip(AXES, digits))}
-    c["gpu"] = p.gpu_specs[digits[0]]
+    return {**c, "gpu": p.gpu_specs[digits[0]], "gpu_index": digits[0]}
+
+
+def reason_1_to_3(p: Problem, index: int) -> Reason:
+    """The reference funnel's stages 1-3 verdict on the candidate at grid `index`."""
+    return ref.candidate_reason(p.model_spec, p.workload, p.space, candidate(p, index))
+
+
+def evaluate_one(p: Problem, index: int):
+    """(reason, throughput, p99 TTFT, p99 TPOT) of one candidate (NaN metrics before stage 4)."""
+    c = candidate(p, index)
     reason = ref.candidate_reason(p.model_spec, p.workload, p.space, c)
     if reason != Reason.ADMITTED:
         return int(reason), math.nan, math.nan, math.nan
     f = p.to_py
-    hw = p.hardware[digits[0]]
+    hw = p.hardware[c["gpu_index"]]
     fmt = formats.BY_NAME[c["weight_dtype"]]
     expert_parallel, lockstep = ref.kind_of(c["layout_kind"])
     # as `grid.candidates_from_digits` builds it: the DP axis counts servers of `lockstep` ranks each

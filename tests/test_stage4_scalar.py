@@ -16,8 +16,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reference_funnel as ref
-from scalar_stage4 import SHIMS, Problem, check_agreement, run_baseline
+from scalar_stage4 import SHIMS, Problem, check_agreement, reason_1_to_3, run_baseline
 
 from jaxplan.funnel.chunk import evaluate_digits
 from jaxplan.funnel.reasons import Reason
@@ -30,22 +29,15 @@ ROWS = 512  # the report rows' block (funnel.sweep.REPORT_ROWS): the program oth
 STAGE4_SHARE = 0.75  # of the rows, candidates the reference funnel admits to stage 4 (where there are that many)
 
 
-def sample_indices(grid: Grid, model, workload, space, seed: int) -> np.ndarray:
+def sample_indices(p: Problem, grid_size: int, seed: int) -> np.ndarray:
     """ROWS grid indices, drawn uniformly, keeping mostly those that reach stage 4 (a uniform draw of
     a large grid is mostly stage-1 rejections) and the rest from the rejected ones."""
     rng = np.random.default_rng(seed)
-    drawn = np.unique(rng.integers(0, grid.size, 16 * ROWS))
-    reasons = np.array([int(candidate_reason(grid, model, workload, space, int(i))) for i in drawn])
+    drawn = np.unique(rng.integers(0, grid_size, 16 * ROWS))
+    reasons = np.array([int(reason_1_to_3(p, int(i))) for i in drawn])
     admitted, rejected = drawn[reasons == Reason.ADMITTED], drawn[reasons != Reason.ADMITTED]
     take = min(admitted.size, int(STAGE4_SHARE * ROWS))
     return np.sort(np.concatenate([admitted[:take], rejected[: ROWS - take]]))
-
-
-def candidate_reason(grid: Grid, model, workload, space, index: int) -> Reason:
-    digits = grid.digits_of(index)
-    c = {name: grid.labels[name][d] for name, d in zip(AXES, digits)}
-    c["gpu"] = grid.gpus[digits[0]]
-    return ref.candidate_reason(model, workload, space, c)
 
 
 CASES = [
@@ -71,12 +63,13 @@ def test_jitted_funnel_matches_scalar_evaluation(model_name, gpus, workload_name
     space = load_space(space_name).for_model(model)  # as a sweep resolves it: every layout kind and checkpoint format of a MoE model
     grid = Grid(gpu_specs, space)
     ctx = build_context(grid, model, workload)
-    sample = sample_indices(grid, model, workload, space, seed=len(model_name))
+    problem = Problem(model, gpu_specs, workload, space, ctx, grid, shim)
+    sample = sample_indices(problem, grid.size, seed=len(model_name))
     assert sample.size == ROWS
 
     digits = np.stack([grid.digits_of(int(i)) for i in sample]).astype(np.int32)
     jitted = evaluate_digits(ctx, jnp.asarray(digits))
-    _, scalar = run_baseline(Problem(model, gpu_specs, workload, space, ctx, grid, shim), sample, SHIMS[shim])
+    _, scalar = run_baseline(problem, sample, SHIMS[shim])
 
     counts, reached_stage4 = check_agreement(scalar, jitted, rtol=2e-3)
     # the sample exercises what it is for: stage 4's verdicts, not only the early sieves, and for a

@@ -317,6 +317,38 @@ def test_moe_dense_layers():
         _parse(n_routed_experts=8, moe_intermediate_size=64, first_k_dense_replace=9)
 
 
+@pytest.mark.parametrize(
+    "changes, moe_layers, shared, dense_width",
+    [
+        # Scout: every layer MoE, one shared expert as wide as a routed one (the config does not name it)
+        (dict(model_type="llama4_text", interleave_moe_layer_step=1, intermediate_size_mlp=4096), 4, 1, 4096),
+        # Maverick: layers 1 and 3 (i + 1 divisible by 2) MoE, the others dense at intermediate_size_mlp
+        (dict(model_type="llama4_text", interleave_moe_layer_step=2, intermediate_size_mlp=4096), 2, 1, 4096),
+        (dict(model_type="llama4_text", interleave_moe_layer_step=0, intermediate_size_mlp=4096), 0, 1, 4096),
+        # Qwen2-MoE: one shared MLP 4 routed experts wide; Qwen3-Coder writes 0
+        (dict(model_type="qwen2_moe", shared_expert_intermediate_size=4096), 4, 4, 1024),
+        (dict(model_type="qwen3_moe", shared_expert_intermediate_size=0), 4, 0, 1024),
+        (dict(n_shared_experts=2, shared_expert_intermediate_size=4096), 4, 2, 1024),  # a count wins
+    ],
+)
+def test_shared_experts_and_interleaved_moe_layers(changes, moe_layers, shared, dense_width):
+    m = _parse(num_local_experts=8, num_experts_per_tok=1, **changes)
+    assert (m.moe_intermediate_size, m.moe_layers, m.num_shared_experts, m.intermediate_size) == (1024, moe_layers, shared, dense_width)
+    h = 512
+    attention = 4 * (h * 8 * 64 + 2 * h * 2 * 64 + 8 * 64 * h)
+    layers = moe_layers * ((1 + shared) * 3 * h * 1024 + h * 8) + (4 - moe_layers) * 3 * h * dense_width
+    assert m.active_params == attention + layers + 2 * 1000 * h  # by hand; untied embeddings and head
+
+
+@needs_shared
+def test_llama_4_scout_counts_the_publishers_parameters():
+    """Meta's model card: 17B active and 109B total parameters (the vision tower, ~1B, included).
+    Without the shared expert the config reads as 11.1B active and 101.7B."""
+    spec = model_from_hf_file(SPECS_DATA / "raw_model_configs" / "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json")
+    assert spec.active_params == pytest.approx(17e9, rel=0.02)
+    assert spec.total_params == pytest.approx(109e9, rel=0.02)
+
+
 def test_deepseek_style_mla():
     m = _parse(kv_lora_rank=64, q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
     assert m.is_mla and m.q_lora_rank == 0

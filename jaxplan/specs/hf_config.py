@@ -6,7 +6,9 @@ Handles the fields that differ between families: `text_config` nesting
 `sliding_window_pattern`, Gemma 2's alternation, Qwen2's `use_sliding_window`, a
 bare window on every layer (Mistral-7B-v0.1, Phi-3), Qwen3.5's
 `full_attention_interval`, MoE field names (`num_experts`, `num_local_experts`,
-`n_routed_experts`), DeepSeek's MLA and `first_k_dense_replace`, and the checkpoint's native weight
+`n_routed_experts`), shared experts (`n_shared_experts`, `shared_expert_intermediate_size`, Llama 4's
+unnamed one), Llama 4's `interleave_moe_layer_step` and `intermediate_size_mlp`, DeepSeek's MLA and
+`first_k_dense_replace`, and the checkpoint's native weight
 format from `quantization_config` (gpt-oss's MXFP4, Kimi-K2.5's INT4 compressed-tensors, FP8 blocks,
 ModelOpt NVFP4), recorded in `checkpoint_weight_format`. Unknown extra fields are ignored.
 """
@@ -105,6 +107,10 @@ def _has_window_switch(cfg: dict) -> bool:
     return "use_sliding_window" in cfg or (isinstance(model_type, str) and model_type.startswith(("qwen2", "qwen3")))
 
 
+def _is_llama4(cfg: dict) -> bool:
+    return cfg.get("model_type") in ("llama4", "llama4_text") or "interleave_moe_layer_step" in cfg
+
+
 def _moe_fields(cfg: dict, num_layers: int, where: str) -> dict:
     experts = _int_field(cfg, where, "n_routed_experts", "num_local_experts", "num_experts", default=0)
     if not experts:
@@ -114,13 +120,34 @@ def _moe_fields(cfg: dict, num_layers: int, where: str) -> dict:
     step = _int_field(cfg, where, "decoder_sparse_step", default=1)
     if step > 1:
         first_dense = num_layers - num_layers // step
+    # Llama 4: layer i is MoE where (i + 1) % interleave_moe_layer_step == 0 (Maverick's 2: every
+    # second; 0: none), as vLLM's Llama4DecoderLayer builds it; the dense count is what is priced.
+    interleave = _int_field(cfg, where, "interleave_moe_layer_step", default=1)
+    if interleave != 1:
+        first_dense = num_layers - (num_layers // interleave if interleave > 0 else 0)
+    moe_width = _int_field(cfg, where, "moe_intermediate_size", "intermediate_size")
     return dict(
         num_experts=experts,
         experts_per_token=_int_field(cfg, where, "num_experts_per_tok", "num_experts_per_token", "moe_topk", default=1),
-        moe_intermediate_size=_int_field(cfg, where, "moe_intermediate_size", "intermediate_size"),
-        num_shared_experts=_int_field(cfg, where, "n_shared_experts", "num_shared_experts", default=0),
+        moe_intermediate_size=moe_width,
+        num_shared_experts=_shared_experts(cfg, where, moe_width),
         first_dense_layers=first_dense,
     )
+
+
+def _shared_experts(cfg: dict, where: str, moe_width: int) -> int:
+    """Shared experts per MoE layer, each as wide as a routed one. DeepSeek-style configs count them
+    (`n_shared_experts`); Qwen2-MoE / Qwen3-Next give one shared MLP's width
+    (`shared_expert_intermediate_size`, counted here in routed-expert widths, rounded up); every Llama 4
+    MoE layer has one shared expert as wide as a routed one, which its config does not name (vLLM's
+    Llama4MoE.shared_expert)."""
+    named = _int_field(cfg, where, "n_shared_experts", "num_shared_experts", default=-1)
+    if named >= 0:
+        return named
+    width = _int_field(cfg, where, "shared_expert_intermediate_size", default=0)
+    if width > 0:
+        return -(-width // moe_width)
+    return 1 if _is_llama4(cfg) else 0
 
 
 SIXTEEN_BIT_DTYPES = {"bfloat16", "float16", "bf16", "fp16", "half"}
@@ -188,7 +215,8 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=_int_field(cfg, where, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden),
+        # Llama 4 names its dense layers' width `intermediate_size_mlp` and its experts' `intermediate_size`
+        intermediate_size=_int_field(cfg, where, *(("intermediate_size_mlp",) if _is_llama4(cfg) else ()), "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden),
         max_position_embeddings=_int_field(cfg, where, "max_position_embeddings", "n_positions", "seq_length", default=131072),
         tie_word_embeddings=_bool_field(cfg, where, "tie_word_embeddings", _get(raw, "tie_word_embeddings", default=False)),
         attn_output_gate=_bool_field(cfg, where, "attn_output_gate", False),

@@ -20,10 +20,12 @@ what its best layout there costs per output token against the winner.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from jaxplan.layout_kind import kind_label, kind_name, row_kind
+from jaxplan.plots.figures import offered_tokens_per_s
 
 KIND_ORDER = ("tp", "ep", "dp", "dp_ep")
 MAX_ROWS = 8  # rows of one evaluation (winner + up to 3 rivals), padded: one compilation
@@ -62,14 +64,23 @@ def why_it_wins(result, winner: dict) -> list[str]:
         if r is not None:
             stage = r.get("why_stage")
             where = f"the one that comes closest, {kind_label(r)}, stops at stage {stage} ({STAGE_NAMES[stage]}): " if stage in STAGE_NAMES else ""
-            closest = r.get("why_tokens_per_s", float("-inf"))
-            reached = f"; its best estimate {closest:,.0f} output tok/s" if np.isfinite(closest) else ""
+            reached = reached_clause(r.get("why_tokens_per_s", float("-inf")), offered_tokens_per_s(result.workload))
             line = f"{kind_name(winner)} over {kind}: no {kind} layout of {winner['num_gpus']} {winner['gpu']} passes ({where}{r['why']}{reached})"
         else:
             line = f"{kind_name(winner)} over {kind}: the space has no {kind} layout of {winner['num_gpus']} {winner['gpu']}"
         larger = best_on_more_gpus(result, winner, kind, searched)
         lines.append(line if larger is None else f"{line}; {more_gpus_clause(winner, larger)}")
     return lines
+
+
+def reached_clause(tokens_per_s: float, offered: float | None) -> str:
+    """"; its best estimate N output tok/s [of the M the traffic asks for]", N rounded down: a layout
+    that cannot keep up with 5,000 tok/s of arrivals reaches 4,999.7 at most, which must not read
+    as 5,000; "" where no estimate was made."""
+    if not np.isfinite(tokens_per_s):
+        return ""
+    asked = f" of the {offered:,.0f} the traffic asks for" if offered else ""
+    return f"; its best estimate {math.floor(tokens_per_s):,} output tok/s{asked}"
 
 
 def larger_counts(result, winner: dict) -> list[int]:

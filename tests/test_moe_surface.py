@@ -13,7 +13,7 @@ import pytest
 from jaxplan.errors import PlanError
 from jaxplan.layout_kind import kind_fields, kind_label
 from jaxplan.report.vllm_command import checkpoint_and_quantization, launch_note, serve_lines
-from jaxplan.specs import load_model
+from jaxplan.specs import load_model, load_workload
 
 # ---- rows and labels ------------------------------------------------------------------------------
 
@@ -297,12 +297,24 @@ def test_a_kind_that_never_passes_is_named_by_the_split_that_came_closest(monkey
     monkeypatch.setattr(splits, "best_per_split", lambda result, num_gpus, gpus: rows if num_gpus == 8 else [])
     space = types.SimpleNamespace(layout_kind=("tp", "dp"))
     labels = {"tensor_parallel_size": (1, 2, 4, 8), "pipeline_parallel_size": (1, 2), "data_parallel_size": (1, 2, 4, 8), "layout_kind": ("tp", "dp:8")}
-    result = types.SimpleNamespace(model=load_model("deepseek-r1"), grid=types.SimpleNamespace(space=space, labels=labels))
+    workload = load_workload("chat")
+    result = types.SimpleNamespace(model=load_model("deepseek-r1"), grid=types.SimpleNamespace(space=space, labels=labels), workload=workload)
     winner = {"gpu": "b200_sxm", "num_gpus": 8, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, **kind_fields("dp:8", 1, "fp8", True)}
     [line] = why_it_wins(result, winner)
     assert line.startswith("dp:8 over tp: no tp layout of 8 b200_sxm passes (the one that comes closest, TP8xPP1xDP1, "), line
-    assert "stops at stage 4 (estimate): cannot keep up with the arrival rate; its best estimate 4,100 output tok/s" in line, line
+    asked = workload.request_rate_per_s * workload.osl_mean_tokens
+    assert f"stops at stage 4 (estimate): cannot keep up with the arrival rate; its best estimate 4,100 output tok/s of the {asked:,.0f} the traffic asks for" in line, line
     assert "weights" not in line
+
+
+def test_a_best_estimate_short_of_the_demand_never_rounds_up_to_it():
+    """A layout that cannot keep up with 5,000 tok/s of arrivals reaches at most just under it; the
+    line read "its best estimate 5,000 output tok/s" beside "cannot keep up"."""
+    from jaxplan.why_it_wins import reached_clause
+
+    assert reached_clause(4999.7, 5000.0) == "; its best estimate 4,999 output tok/s of the 5,000 the traffic asks for"
+    assert reached_clause(1234.9, None) == "; its best estimate 1,234 output tok/s"
+    assert reached_clause(float("-inf"), 5000.0) == ""
 
 
 def test_a_dense_plan_says_nothing_about_kinds():

@@ -27,7 +27,7 @@ from jaxplan.funnel.estimate import cost_per_million_tokens_usd
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, traced
 from jaxplan.physics.steady_state import estimate
 from jaxplan.physics.traffic import WorkloadParams
-from jaxplan.xla_options import ONE_SHOT_COMPILE, jit_with_options
+from jaxplan.xla_options import LEAN_ONE_SHOT_COMPILE, jit_with_options
 
 PARAMETERS = ("isl_tokens", "osl_tokens", "request_rate_per_s", "prefix_hit_rate", "concurrency")
 METRICS = ("output_tokens_per_s", "ttft_mean_s", "tpot_mean_s", "cost_per_million_usd")
@@ -56,10 +56,10 @@ def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParam
     return jnp.stack([est.output_tokens_per_s, est.ttft_mean_s, est.tpot_mean_s, cost], axis=-1)
 
 
-# It runs once for milliseconds: compiled at -O0 with XLA:CPU's older emitters (ONE_SHOT_COMPILE),
-# in about 40% of the default's time, its elasticities agree with the default's to 2.2e-5
-# (bench/README.md, "Sensitivity").
-@jit_with_options(ONE_SHOT_COMPILE)
+# It runs once for milliseconds: compiled at -O0 with XLA:CPU's older emitters (LEAN_ONE_SHOT_COMPILE),
+# in about half the time the default emitters take at -O0; its elasticities agree with the default's
+# at -O2 to 2.2e-5 (bench/README.md, "Sensitivity"; checked by tests/test_xla_options.py).
+@jit_with_options(LEAN_ONE_SHOT_COMPILE)
 def _jacobian(model, hw, layout, w, gpu_memory_utilization):
     """(metrics [F, M], d metrics / d θ [F, M, P], θ [P]) for every parameter of PARAMETERS. Traced
     in the model shape too, and `sensitivities` calls it on blocks of BLOCK_ROWS finalists: one

@@ -1,7 +1,7 @@
-"""`xla_options.LEAN_COMPILE` and `ONE_SHOT_COMPILE` change how XLA:CPU compiles a program, never
-what it computes: the chunk kernel compiled both ways gives the same tables bit for bit, and the
-replay's one-shot programs (start, merge, summary) at -O0 with the older emitters give the same
-metrics as at -O2 with the default ones."""
+"""`xla_options.LEAN_COMPILE`, `ONE_SHOT_COMPILE` and `LEAN_ONE_SHOT_COMPILE` change how XLA:CPU
+compiles a program, never what it computes: the chunk kernel compiled both ways gives the same tables
+bit for bit, the one-shot programs at -O0 (start, merge, summary; the report rows) give the same
+metrics as at -O2, and the Jacobian at -O0 with the older emitters the same elasticities."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from conftest import RUNS_LONG, SHIPPED_EMITTERS
 from jaxplan.funnel import chunk
 from jaxplan.funnel import run_sweep
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
-from jaxplan.xla_options import ONE_SHOT_COMPILE, accepted
+from jaxplan.xla_options import LEAN_ONE_SHOT_COMPILE, ONE_SHOT_COMPILE, accepted
 
 # What the one-shot programs would compile with but for ONE_SHOT_COMPILE: XLA's default emitters at -O2
 # (named: the suite compiles everything at -O0 with the older emitters, conftest).
@@ -68,7 +68,7 @@ def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
     result = _sweep()
     rows = result.shortlist
     lean = elasticity.for_rows(result, rows)
-    assert elasticity._jacobian._options == ONE_SHOT_COMPILE
+    assert elasticity._jacobian._options == LEAN_ONE_SHOT_COMPILE
     monkeypatch.setattr(elasticity, "_jacobian", jax.jit(elasticity._jacobian.__wrapped__, compiler_options=accepted(DEFAULT_COMPILE) or None))
     default = elasticity.for_rows(result, rows)
     assert len(rows) >= 4 and np.all(np.isfinite(lean.elasticity))
@@ -77,7 +77,7 @@ def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
 
 
 def test_the_lean_report_rows_give_the_default_emitters_numbers(monkeypatch):
-    """The report rows' kernel compiles at -O0 with the older emitters (it compiles beside the chunk
+    """The report rows' kernel compiles at -O0 with the default emitters (it compiles beside the chunk
     kernel on a first run and runs once): every field of every row agrees with the default emitters'
     at -O2 to 1e-5 relative (the README's sweep: its `--json` differs in the last float32 bit of a
     few values)."""

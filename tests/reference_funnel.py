@@ -53,7 +53,9 @@ def softmax_attention_params(m) -> tuple[float, float]:
         kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim)
         kv_up = m.kv_lora_rank * m.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)
         o = m.num_attention_heads * m.v_head_dim * h
-        return float(q + kv_down + kv_up + o), 0.0
+        # a sparse-attention indexer: query up-projection from the compressed query, a key and a head weight from h
+        indexer = (m.q_lora_rank or h) * m.indexer_heads * m.indexer_head_dim + h * (m.indexer_head_dim + m.indexer_heads)
+        return float(q + kv_down + kv_up + o + (indexer if m.sparse_attention_topk else 0)), 0.0
     q = h * m.num_attention_heads * m.head_dim * (2 if m.attn_output_gate else 1)  # gated: q and its gate
     k = v = h * m.num_kv_heads * m.head_dim
     o = m.num_attention_heads * m.head_dim * h
@@ -177,6 +179,8 @@ def free_kv_bytes_per_gpu(m, gpu, space, tp, pp, weight_bytes, max_num_seqs, max
 def request_kv_bytes_per_gpu(m, tp: int, pp: int, kv_bytes: float, tokens: float, block: int | None) -> float:
     """KV + state one request of `tokens` holds on one GPU; `block` rounds tokens up (None: exact)."""
     per_layer_token = kv_elements_per_token_per_layer(m) * kv_fraction_per_gpu(m, tp) * kv_bytes
+    if m.sparse_attention_topk:  # the sparse-attention indexer's FP8 key, a 4-byte scale per 128 values, on every rank
+        per_layer_token += m.indexer_head_dim + 4 * math.ceil(m.indexer_head_dim / 128)
     if block:
         tokens = math.ceil(tokens / block) * block
         window = math.ceil(m.sliding_window_tokens / block) * block

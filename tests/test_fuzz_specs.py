@@ -184,6 +184,8 @@ def hf_dict(spec: ModelSpec) -> dict:
     if spec.is_mla:
         cfg.update(kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
                    qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim)
+    if spec.sparse_attention_topk:
+        cfg.update(index_topk=spec.sparse_attention_topk, index_n_heads=spec.indexer_heads, index_head_dim=spec.indexer_head_dim)
     if spec.is_moe:
         cfg.update(n_routed_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
                    moe_intermediate_size=spec.moe_intermediate_size, n_shared_experts=spec.num_shared_experts,

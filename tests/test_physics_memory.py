@@ -164,6 +164,18 @@ def test_mla_kv_is_not_split_by_tp():
     assert f(kv_bytes_per_token_per_gpu(ds, make_layout(tp=8, kv_bytes=1))) == pytest.approx(35_136, rel=F32)
 
 
+def test_sparse_attention_keeps_its_indexer_keys_beside_the_latent():
+    """GLM-5: 78 MLA layers of 576 latent elements, plus DeepSeek sparse attention's indexer key per
+    token and layer, 128 FP8 values and one 4-byte scale (vLLM's DeepseekV32IndexerCache), whole on
+    every TP rank whatever the KV dtype: 78 x (576 x 2 + 132) = 100,152 B/token/GPU in BF16,
+    78 x (576 + 132) = 55,224 in FP8; a 1,000-token request (63 blocks of 16) holds 55,224 x 1,008."""
+    glm = model_shape(load_model("glm-5"))
+    for tp in (1, 8):
+        assert f(kv_bytes_per_token_per_gpu(glm, make_layout(tp=tp))) == pytest.approx(100_152, rel=F32)
+    assert f(kv_bytes_per_token_per_gpu(glm, make_layout(tp=8, kv_bytes=1))) == pytest.approx(55_224, rel=F32)
+    assert f(request_kv_bytes_per_gpu(glm, make_layout(tp=8, kv_bytes=1), 1000.0, 16.0)) == pytest.approx(55_224 * 1_008, rel=F32)
+
+
 def test_sliding_window_layers_cap_at_the_window():
     """Gemma-3-27B: 10 global + 52 sliding (1,024-token) layers, 16 KV heads x 128: 8,192 B/token/layer.
       512 tokens:  62 x 8,192 x 512                          = 260,046,848

@@ -157,15 +157,24 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     ops.append((1.0, 2 * logit_rows * head_w, head_w * 2 + logit_rows * (h + V / tp) * 2, hw["bf16_flops_per_s"] * hw["gemm_flops_efficiency"], hw["gemm_floor_s"]))
     # Attention cores. KV bytes of one token in one layer on one GPU:
     kv_ways_cache = np.where(m.kv_split_by_tp > 0, np.minimum(tp, m.kv_heads), 1.0)
-    kv_token = m.kv_elements_per_token_per_layer / kv_ways_cache * kvb
+    # (a sparse-attention model also stores its indexer's key, whole on every rank)
+    kv_token = m.kv_elements_per_token_per_layer / kv_ways_cache * kvb + m.indexer_bytes_per_token_per_layer
     # Decode reads an FP8 cache at the GPU's `fp8_kv_read_bytes_per_element` (its kernels dequantise).
     kv_token_read = m.kv_elements_per_token_per_layer / kv_ways_cache * np.where(kvb < 1.5, hw["fp8_kv_read_bytes_per_element"], kvb)
     heads = m.q_heads / tp
     sliding_read = np.minimum(micro["context"], micro["decode"] * m.sliding_window_tokens)
-    read = m.full_layers * micro["context"] + m.sliding_layers * sliding_read  # token-layers of KV read
+    # DeepSeek sparse attention: a decoding query reads its top-k tokens; a prompt chunk whose queries
+    # reach past k attends to k tokens each in the latent (decode) dims; the indexer scores every pair.
+    topk = m.sparse_attention_topk
+    full_read = np.where(topk > 0, np.minimum(micro["context"], micro["decode"] * topk), micro["context"])
+    read = m.full_layers * full_read + m.sliding_layers * sliding_read  # token-layers of KV read
     ops.append((1.0, 2 * heads * (m.attn_score_dim_decode + m.attn_value_dim_decode) * read, read * kv_token_read, attn_rate, None))
-    ops.append((1.0, 2 * heads * (m.attn_score_dim_prefill + m.attn_value_dim_prefill) * micro["pairs"] * m.softmax_layers,
-                m.softmax_layers * micro["prefill"] * kv_token, attn_rate, None))
+    sparse_prefill = (topk > 0) & (micro["pairs"] > micro["prefill"] * topk)
+    prefill_attention_flops = np.where(sparse_prefill, 2 * heads * (m.attn_score_dim_decode + m.attn_value_dim_decode) * micro["prefill"] * topk,
+                                       2 * heads * (m.attn_score_dim_prefill + m.attn_value_dim_prefill) * micro["pairs"])
+    ops.append((1.0, prefill_attention_flops * m.softmax_layers, m.softmax_layers * micro["prefill"] * kv_token, attn_rate, None))
+    ops.append((np.where(topk > 0, m.full_layers, 0.0), m.indexer_flops_per_pair_per_layer * (micro["pairs"] + micro["context"]),
+                m.indexer_bytes_per_token_per_layer * micro["context"], attn_rate, None))
     seqs = micro["decode"] + micro["prefill_seqs"]
     ops.append((m.linear_layers, (micro["prefill"] + micro["decode"]) * m.linear_flops_per_token_per_layer / tp,
                 2 * seqs * m.linear_state_bytes_per_layer / tp, attn_rate, None))
@@ -307,6 +316,43 @@ def test_fp8_kv_decode_reads_cost_the_gpus_bytes_per_element(shapes, hardware):
     # FP8 at 1.76 B still reads less than BF16 at 2 B; at 2 B per element it saves nothing.
     assert step(1.0, 1.76) < step(2.0, 1.0)
     assert step(1.0, 2.0) == pytest.approx(step(2.0, 1.0), rel=1e-6)
+
+
+def test_sparse_attention_reads_the_top_k_and_the_indexer_keys(shapes, hardware):
+    """GLM-5 (DeepSeek sparse attention, top 2,048) at TP8 on an H200, FP8 KV, 4 requests decoding at
+    65,536 tokens each. Each reads only its top 2,048 tokens' latents: 78 layers x 4 x 2,048 x 576 =
+    368,050,176 elements, so raising the FP8 read cost from 1 to 1.76 B an element adds 0.76 B x that
+    over the bandwidth (within the roofline's 10%; a dense read would add 32x as much). The indexer
+    scores all 65,536: doubling the context from 32,768 adds its keys, 78 x 4 x 32,768 x 132 B, and
+    2 x 32 heads x 128 FLOPs a pair, a roofline of the two. At 1,024 tokens the model costs what its
+    dense twin does plus that indexer roofline."""
+    m = shapes["glm-5"]
+    h200 = GPUS.index("h200_sxm")
+    bw = float(hardware.hbm_bandwidth_bytes_per_s[h200] * hardware.memory_bandwidth_efficiency[h200])
+    rate = float(hardware.bf16_flops_per_s[h200] * hardware.attention_flops_efficiency[h200])
+    lay = {"tp": np.array([8.0]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([1.0])}
+
+    def step(model, context, read_bytes=None):
+        table = hardware if read_bytes is None else hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element.at[h200].set(read_bytes))
+        batch = {"decode": np.array([4.0]), "context": np.array([4 * context]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
+        return float(code_step_time(model, table, h200, lay, batch)[0])
+
+    elements = 78 * 4 * 2048 * 576
+    assert elements == 368_050_176
+    extra_s = step(m, 65536.0, 1.76) - step(m, 65536.0, 1.0)
+    assert 0.76 * elements / bw <= extra_s * (1 + 1e-5) <= 1.1 * 0.76 * elements / bw
+
+    def indexer_s(tokens):  # one roofline for the 78 layers' scoring of `tokens` keys
+        return ref_roofline(78 * 2 * 32 * 128 * tokens / rate, 78 * 132 * tokens / bw)
+
+    longer = step(m, 65536.0) - step(m, 32768.0)
+    assert longer == pytest.approx(indexer_s(4 * 65536) - indexer_s(4 * 32768), rel=1e-3)
+    dense = m._replace(sparse_attention_topk=0.0, indexer_flops_per_pair_per_layer=0.0, indexer_bytes_per_token_per_layer=0.0)
+    assert step(m, 1024.0) - step(dense, 1024.0) == pytest.approx(indexer_s(4 * 1024), rel=1e-3)
+    # the dense twin reads all 65,536 latents a request: at least the skipped ones' bytes more, less the indexer
+    read_bytes = float(hardware.fp8_kv_read_bytes_per_element[h200])
+    skipped_s = 78 * 4 * (65536 - 1.1 * 2048) * 576 * read_bytes / bw
+    assert step(dense, 65536.0) - step(m, 65536.0) >= skipped_s - indexer_s(4 * 65536) > 0
 
 
 @SETTINGS

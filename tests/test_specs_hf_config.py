@@ -340,6 +340,28 @@ def test_shared_experts_and_interleaved_moe_layers(changes, moe_layers, shared, 
     assert m.active_params == attention + layers + 2 * 1000 * h  # by hand; untied embeddings and head
 
 
+def test_sparse_attention_fields_are_read():
+    m = _parse(kv_lora_rank=64, q_lora_rank=96, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, index_topk=2048, index_n_heads=4, index_head_dim=128)
+    assert (m.sparse_attention_topk, m.indexer_heads, m.indexer_head_dim) == (2048, 4, 128)
+    # the indexer: 96 -> 4 x 128 queries, 512 -> 128 key and 512 -> 4 head weights, per layer
+    assert m.indexer_params_per_layer() == 96 * 512 + 512 * 132
+    assert m.kv_bytes_per_token(1) == 4 * (80 + 132)  # layers x (latent + rope, and the indexer's 128 + 4 B)
+    assert _parse().sparse_attention_topk == 0 and _parse().indexer_params_per_layer() == 0
+    with pytest.raises(PlanError, match="index_n_heads = None: is missing"):
+        _parse(index_topk=2048)
+    with pytest.raises(PlanError, match="indexer_heads"):
+        dataclasses.replace(m, indexer_heads=0)
+
+
+@needs_shared
+def test_glm_5_counts_the_publishers_parameters():
+    """Z.ai: 744B parameters, 40B active (the multi-token-prediction layer not counted)."""
+    spec = model_from_hf_file(SPECS_DATA / "raw_model_configs" / "zai-org--GLM-5_config.json")
+    assert spec.sparse_attention_topk == 2048
+    assert spec.total_params == pytest.approx(744e9, rel=0.01)
+    assert spec.active_params == pytest.approx(40e9, rel=0.05)
+
+
 @needs_shared
 def test_llama_4_scout_counts_the_publishers_parameters():
     """Meta's model card: 17B active and 109B total parameters (the vision tower, ~1B, included).

@@ -81,9 +81,15 @@ def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
     return layers_bytes + ends
 
 
+def kv_token_bytes_per_layer(model: ModelShape, layout: Layout) -> jnp.ndarray:
+    """Cache one token holds in one softmax layer on one GPU: its K/V (or MLA latent) share, plus a
+    sparse-attention indexer's key, which every TP rank keeps whole."""
+    return model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element + model.indexer_bytes_per_token_per_layer
+
+
 def kv_bytes_per_token_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
     """KV bytes one more token costs a GPU across its stage's softmax layers (no window cap)."""
-    per_layer = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    per_layer = kv_token_bytes_per_layer(model, layout)
     return model.softmax_layers / pipeline_stages(model, layout) * per_layer
 
 
@@ -91,7 +97,7 @@ def request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens, 
     """Cache one request of `context_tokens` holds on one GPU: full layers grow, sliding layers cap at
     the window, linear-attention layers hold a constant state. Token counts round up to whole blocks."""
     blocks = jnp.ceil(context_tokens / block_size_tokens) * block_size_tokens
-    per_layer = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    per_layer = kv_token_bytes_per_layer(model, layout)
     windowed = jnp.minimum(blocks, jnp.ceil(model.sliding_window_tokens / block_size_tokens) * block_size_tokens)
     state = model.linear_state_bytes_per_layer / layout.tensor_parallel_size
     per_stage = model.full_layers * per_layer * blocks + model.sliding_layers * per_layer * windowed + model.linear_layers * state
@@ -100,7 +106,7 @@ def request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens, 
 
 def smooth_request_kv_bytes_per_gpu(model: ModelShape, layout: Layout, context_tokens) -> jnp.ndarray:
     """`request_kv_bytes_per_gpu` without block rounding: differentiable in `context_tokens`."""
-    per_layer = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element
+    per_layer = kv_token_bytes_per_layer(model, layout)
     windowed = jnp.minimum(context_tokens, model.sliding_window_tokens)
     state = model.linear_state_bytes_per_layer / layout.tensor_parallel_size
     per_stage = model.full_layers * per_layer * context_tokens + model.sliding_layers * per_layer * windowed + model.linear_layers * state

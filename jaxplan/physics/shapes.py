@@ -63,6 +63,9 @@ class ModelShape(NamedTuple):
     attn_value_dim_decode: jnp.ndarray
     norm_allreduce_layers: jnp.ndarray  # attention layers whose q/k norm all-reduces across TP ranks
     ffn_intermediate_per_token: jnp.ndarray  # widest FFN activation per token (workspace)
+    sparse_attention_topk: jnp.ndarray  # tokens a query attends to in the full layers (0: all)
+    indexer_flops_per_pair_per_layer: jnp.ndarray  # sparse attention's indexer scoring one (query, key) pair
+    indexer_bytes_per_token_per_layer: jnp.ndarray  # its stored key, on every TP rank
 
 
 def traced(model: ModelShape) -> ModelShape:
@@ -123,6 +126,9 @@ def model_shape(model: ModelSpec) -> ModelShape:
         attn_value_dim_decode=value_decode,
         norm_allreduce_layers=softmax_layers if model.qk_norm_across_heads else 0,
         ffn_intermediate_per_token=ffn,
+        sparse_attention_topk=model.sparse_attention_topk,
+        indexer_flops_per_pair_per_layer=2 * model.indexer_heads * model.indexer_head_dim,
+        indexer_bytes_per_token_per_layer=model.indexer_bytes_per_token_per_layer(),
     )
     return ModelShape(**{k: float(v) for k, v in values.items()})
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
-from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_split_factor, pipeline_stages
+from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_split_factor, kv_token_bytes_per_layer, pipeline_stages
 from jaxplan.physics.moe import dispatch_combine_time_s, moe_layer_time_s
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
@@ -195,22 +195,34 @@ def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: Ste
     bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
     flops_per_s = hw.bf16_flops_per_s * hw.attention_flops_efficiency
     kv_elements = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout)
-    kv_token_bytes = kv_elements * layout.kv_bytes_per_element
-    # Sliding-window layers read at most the window per decoding request.
+    kv_token_bytes = kv_token_bytes_per_layer(model, layout)
+    # Sliding-window layers read at most the window per decoding request, sparse layers the top-k.
     windowed_context = jnp.minimum(batch.decode_context_tokens, batch.decode_tokens * model.sliding_window_tokens)
-    context_read = model.full_layers * batch.decode_context_tokens + model.sliding_layers * windowed_context
+    sparse = model.sparse_attention_topk > 0
+    full_context = jnp.where(sparse, jnp.minimum(batch.decode_context_tokens, batch.decode_tokens * model.sparse_attention_topk), batch.decode_context_tokens)
+    context_read = model.full_layers * full_context + model.sliding_layers * windowed_context
     decode_flops = 2.0 * heads * (model.attn_score_dim_decode + model.attn_value_dim_decode) * context_read
     decode = roofline(decode_flops / flops_per_s, context_read * kv_elements * kv_read_bytes_per_element(hw, layout) / bytes_per_s)
     pairs = batch.prefill_attention_pairs
     prefill_flops = 2.0 * heads * (model.attn_score_dim_prefill + model.attn_value_dim_prefill) * pairs * model.softmax_layers
+    # Sparse prefill: where the prompts reach past the top-k, each query attends to k tokens in the
+    # latent space (vLLM's sparse MLA prefill); shorter ones run dense attention.
+    sparse_pairs = batch.prefill_tokens * model.sparse_attention_topk
+    sparse_prefill = sparse & (pairs > sparse_pairs)
+    sparse_flops = 2.0 * heads * (model.attn_score_dim_decode + model.attn_value_dim_decode) * sparse_pairs * model.softmax_layers
+    prefill_flops = jnp.where(sparse_prefill, sparse_flops, prefill_flops)
     written = model.softmax_layers * batch.prefill_tokens * kv_token_bytes
     prefill = roofline(prefill_flops / flops_per_s, written / bytes_per_s)
+    # The indexer scores every earlier token of every query (its keys read whole, on every TP rank).
+    indexer_flops = model.indexer_flops_per_pair_per_layer * (pairs + batch.decode_context_tokens)
+    indexer_bytes = model.indexer_bytes_per_token_per_layer * batch.decode_context_tokens
+    indexer = model.full_layers * jnp.where(sparse, roofline(indexer_flops / flops_per_s, indexer_bytes / bytes_per_s), 0.0)
     # Linear attention: per-token state update plus reading/writing each sequence's state once.
     seqs = batch.decode_tokens + batch.prefill_seqs
     state_bytes = 2.0 * seqs * model.linear_state_bytes_per_layer / tp
     linear_flops = (batch.prefill_tokens + batch.decode_tokens) * model.linear_flops_per_token_per_layer / tp
     linear = model.linear_layers * roofline(linear_flops / flops_per_s, state_bytes / bytes_per_s)
-    return decode + prefill + linear
+    return decode + prefill + linear + indexer
 
 
 def allreduce_efficiency(hw: Hardware, tp):

@@ -7,8 +7,8 @@ Handles the fields that differ between families: `text_config` nesting
 bare window on every layer (Mistral-7B-v0.1, Phi-3), Qwen3.5's
 `full_attention_interval`, MoE field names (`num_experts`, `num_local_experts`,
 `n_routed_experts`), shared experts (`n_shared_experts`, `shared_expert_intermediate_size`, Llama 4's
-unnamed one), Llama 4's `interleave_moe_layer_step` and `intermediate_size_mlp`, DeepSeek's MLA and
-`first_k_dense_replace`, and the checkpoint's native weight
+unnamed one), Llama 4's `interleave_moe_layer_step` and `intermediate_size_mlp`, DeepSeek's MLA,
+sparse attention (`index_topk`) and `first_k_dense_replace`, and the checkpoint's native weight
 format from `quantization_config` (gpt-oss's MXFP4, Kimi-K2.5's INT4 compressed-tensors, FP8 blocks,
 ModelOpt NVFP4), recorded in `checkpoint_weight_format`. Unknown extra fields are ignored.
 """
@@ -242,6 +242,12 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
             qk_nope_head_dim=_int_field(cfg, where, "qk_nope_head_dim", default=0),
             qk_rope_head_dim=_int_field(cfg, where, "qk_rope_head_dim", default=0),
             v_head_dim=_int_field(cfg, where, "v_head_dim", default=0),
+        )
+    if _int_field(cfg, where, "index_topk", default=0):  # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5)
+        fields.update(
+            sparse_attention_topk=_int_field(cfg, where, "index_topk"),
+            indexer_heads=_int_field(cfg, where, "index_n_heads"),
+            indexer_head_dim=_int_field(cfg, where, "index_head_dim"),
         )
     fields.update(_moe_fields(cfg, num_layers, where))
     fields["checkpoint_weight_format"] = _checkpoint_weight_format(raw, cfg)

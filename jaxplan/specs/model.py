@@ -45,6 +45,9 @@ NON_NEGATIVE_INT_FIELDS = (
     "moe_intermediate_size",
     "num_shared_experts",
     "first_dense_layers",
+    "sparse_attention_topk",
+    "indexer_heads",
+    "indexer_head_dim",
 )
 # Native weight format of the checkpoint an hf_id names ("" = not recorded). A MoE checkpoint stored as
 # mxfp4 or int4 (experts only) is planned in that format by default (`SearchSpace.for_model`).
@@ -93,6 +96,12 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5: `index_topk`, `index_n_heads`, `index_head_dim`):
+    # an indexer scores every earlier token with its own small keys, and each query attends to the
+    # `sparse_attention_topk` best (0: dense attention).
+    sparse_attention_topk: int = 0
+    indexer_heads: int = 0
+    indexer_head_dim: int = 0
     # Mixture of experts (num_experts == 0: dense).
     num_experts: int = 0
     experts_per_token: int = 0
@@ -148,6 +157,8 @@ class ModelSpec:
                 raise bad_value("first_dense_layers", self.first_dense_layers, f"must be <= num_layers = {self.num_layers}", where=where)
         if self.is_mla and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) <= 0:
             raise bad_value("qk_rope_head_dim", self.qk_rope_head_dim, "MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim > 0", where=where)
+        if self.sparse_attention_topk and min(self.indexer_heads, self.indexer_head_dim) <= 0:
+            raise bad_value("indexer_heads", self.indexer_heads, "sparse attention (sparse_attention_topk > 0) needs indexer_heads and indexer_head_dim > 0", where=where)
         if self.checkpoint_weight_format not in CHECKPOINT_WEIGHT_FORMATS:
             raise bad_value(
                 "checkpoint_weight_format", self.checkpoint_weight_format,
@@ -179,11 +190,26 @@ class ModelSpec:
             kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
             kv_b = self.kv_lora_rank * self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim)
             o = self.num_attention_heads * self.v_head_dim * h
-            return q + kv_a + kv_b + o
+            return q + kv_a + kv_b + o + self.indexer_params_per_layer()
         q = h * self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
         kv = 2 * h * self.num_kv_heads * self.head_dim
         o = self.num_attention_heads * self.head_dim * h
         return q + kv + o
+
+    def indexer_params_per_layer(self) -> int:
+        """Sparse attention's indexer: its queries from the compressed query (or the hidden state), one
+        key and one weight per head from the hidden state (vLLM's Indexer: wq_b, wk, weights_proj)."""
+        if not self.sparse_attention_topk:
+            return 0
+        width = self.indexer_heads * self.indexer_head_dim
+        return (self.q_lora_rank or self.hidden_size) * width + self.hidden_size * (self.indexer_head_dim + self.indexer_heads)
+
+    def indexer_bytes_per_token_per_layer(self) -> int:
+        """The indexer's key of one token in one layer: FP8 values and a 4-byte scale per 128 of them
+        (vLLM's DeepseekV32IndexerCache), whatever the KV cache's dtype; every TP rank holds it."""
+        if not self.sparse_attention_topk:
+            return 0
+        return self.indexer_head_dim + -(-self.indexer_head_dim // 128) * 4
 
     def kv_params_per_layer(self) -> int:
         """K and V projection weights of one GQA layer (replicated when TP > KV heads)."""
@@ -254,7 +280,7 @@ class ModelSpec:
     def kv_bytes_per_token(self, kv_bytes_per_element: int = 2) -> int:
         """KV bytes per token if every softmax layer kept every token (no window cap, no TP)."""
         layers = self.full_attention_layers + self.sliding_window_layers
-        return layers * self.kv_elements_per_token_per_layer() * kv_bytes_per_element
+        return layers * (self.kv_elements_per_token_per_layer() * kv_bytes_per_element + self.indexer_bytes_per_token_per_layer())
 
     def linear_state_bytes_per_request_per_layer(self) -> int:
         """Constant recurrent + conv state one request holds in one linear-attention layer."""
@@ -278,7 +304,8 @@ class ModelSpec:
         return [t for t, no in zip(candidates, refused) if not no]
 
     def describe(self) -> str:
-        kinds = [f"{self.full_attention_layers} {'MLA' if self.is_mla else 'full-attention'}"]
+        sparse = f", sparse top-{self.sparse_attention_topk}" if self.sparse_attention_topk else ""
+        kinds = [f"{self.full_attention_layers} {'MLA' if self.is_mla else 'full-attention'}{sparse}"]
         if self.sliding_window_layers:
             kinds.append(f"{self.sliding_window_layers} sliding-window ({self.sliding_window_tokens} tokens)")
         if self.linear_attention_layers:

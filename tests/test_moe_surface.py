@@ -8,6 +8,7 @@ import argparse
 import re
 import shlex
 
+import numpy as np
 import pytest
 
 from jaxplan.errors import PlanError
@@ -305,6 +306,23 @@ def test_a_kind_that_never_passes_is_named_by_the_split_that_came_closest(monkey
     asked = workload.request_rate_per_s * workload.osl_mean_tokens
     assert f"stops at stage 4 (estimate): cannot keep up with the arrival rate; its best estimate 4,100 output tok/s of the {asked:,.0f} the traffic asks for" in line, line
     assert "weights" not in line
+
+
+def test_a_failing_splits_reason_is_the_closest_candidates_own():
+    """GLM-5's sweep said one kind "cannot keep up with the arrival rate; its best estimate 2,400 output
+    tok/s of the 2,400 the traffic asks for": the reason was the split's most common one and the
+    throughput another candidate's, which met the demand and failed the TPOT SLO. At stage 4 both now
+    come from the candidate estimated at the most output tokens/s; before it, the most common reason."""
+    from jaxplan.funnel.reasons import Reason
+    from jaxplan.plots.splits import split_failure
+
+    reasons = np.array([Reason.OVERLOADED, Reason.OVERLOADED, Reason.TPOT_SLO, Reason.WEIGHTS_DONT_FIT, Reason.OVERLOADED])
+    stages = np.array([Reason(int(r)).stage for r in reasons])
+    throughput = np.array([1900.0, 2100.0, 2400.0, np.nan, 2000.0])
+    assert split_failure(reasons, stages, throughput) == (4, Reason.TPOT_SLO, 2400.0)
+    early = np.array([Reason.WEIGHTS_DONT_FIT, Reason.NO_CONCURRENCY, Reason.WEIGHTS_DONT_FIT])
+    assert split_failure(early, np.array([2, 3, 2]), np.full(3, np.nan)) == (3, Reason.NO_CONCURRENCY, float("-inf"))
+    assert split_failure(early, np.array([2, 2, 2]), np.full(3, np.nan))[1] == Reason.WEIGHTS_DONT_FIT
 
 
 def test_a_best_estimate_short_of_the_demand_never_rounds_up_to_it():

@@ -47,9 +47,9 @@ def split_digits(grid, num_gpus: int, gpus: tuple[str, ...] | None = None) -> di
 def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -> list[dict]:
     """One row per split (GPU type, TP, PP, layout kind, DP) of `num_gpus` GPUs: the sweep's row of its best
     candidate (`passes` True), or, when none passes stages 1-4, `passes` False, `why` (the most
-    common reason at the furthest stage its candidates reached), `why_stage` (that stage) and, where
-    that is stage 4, `why_tokens_per_s` (the most output tokens/s any of its candidates was estimated
-    at; -inf otherwise). Best first by the sweep's score."""
+    common reason at the furthest stage its candidates reached; at stage 4, the reason of the candidate
+    estimated at the most output tokens/s), `why_stage` (that stage) and, where that is stage 4,
+    `why_tokens_per_s` (that candidate's output tokens/s; -inf otherwise). Best first by the sweep's score."""
     from jaxplan.funnel.reasons import Reason
     from jaxplan.funnel.sweep import evaluate_blocks, rows_for
     from jaxplan.layout_kind import kind_fields
@@ -72,14 +72,9 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
         if np.isfinite(score[part][best]):
             best_digits.append(flat[part][best])
             continue
-        codes = [Reason(int(r)) for r in reason[part] if int(r) not in (Reason.ADMITTED, Reason.PADDING)]
-        furthest = int(stage[part].max())  # ADMITTED and PADDING are stage 0
-        common = max({c for c in codes if c.stage == furthest}, key=lambda c: (codes.count(c), -c), default=None)
+        furthest, code, closest = split_failure(reason[part], stage[part], throughput[part])
         gpu, tp, pp, kind, dp = key
-        why = common.description if common is not None else "no finite estimate"
-        # how close the split came: the most stage-4 throughput among its candidates that reached stage 4
-        reached = throughput[part][(stage[part] == 4) & np.isfinite(throughput[part])]
-        closest = float(reached.max()) if furthest == 4 and reached.size else float("-inf")
+        why = code.description if code is not None else "no finite estimate"
         fields = kind_fields(kind, dp, "", float(result.context.model.moe_layers) > 0)
         del fields["expert_weight_format"]
         rows.append({"gpu": gpu, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, **fields,
@@ -88,6 +83,23 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     if best_digits:  # the passing splits' rows in one call
         rows += [dict(row, passes=True, why="") for row in rows_for(result.grid, result.context, np.stack(best_digits))]
     return sorted(rows, key=lambda r: -r["score"])
+
+
+def split_failure(reasons: np.ndarray, stages: np.ndarray, throughput: np.ndarray):
+    """(furthest stage, reason, output tokens/s) of a split none of whose candidates [N] passes: at
+    stage 4 the candidate estimated at the most output tokens/s (the first of equals) and its own
+    reason, so that "cannot keep up" never comes with a throughput that meets the demand another
+    candidate failed an SLO at; before it the most common reason at the furthest stage (-inf)."""
+    from jaxplan.funnel.reasons import Reason
+
+    furthest = int(stages.max())  # ADMITTED and PADDING are stage 0
+    at_four = np.flatnonzero((stages == 4) & np.isfinite(throughput))
+    if furthest == 4 and at_four.size:
+        best = at_four[int(np.argmax(throughput[at_four]))]
+        return furthest, Reason(int(reasons[best])), float(throughput[best])
+    codes = [Reason(int(r)) for r in reasons if int(r) not in (Reason.ADMITTED, Reason.PADDING)]
+    common = max({c for c in codes if c.stage == furthest}, key=lambda c: (codes.count(c), -c), default=None)
+    return furthest, common, float("-inf")
 
 
 def splits_figure(rows: list[dict], workload=None, *, highlight: dict | None = None, title: str | None = None):

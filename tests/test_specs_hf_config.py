@@ -340,6 +340,22 @@ def test_shared_experts_and_interleaved_moe_layers(changes, moe_layers, shared, 
     assert m.active_params == attention + layers + 2 * 1000 * h  # by hand; untied embeddings and head
 
 
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(hybrid_override_pattern="M-M*-"), "hybrid_override_pattern"),  # Nemotron-H
+        (dict(attn_layer_period=8, attn_layer_offset=4), "attn_layer_period"),  # Jamba
+        (dict(layer_types=["mamba", "mamba", "attention", "mamba"], mamba_n_heads=64, mamba_d_state=128), "mamba_d_state"),  # Granite-4.0-H
+        (dict(ssm_state_size=128), "ssm_state_size"),
+    ],
+)
+def test_state_space_hybrids_are_refused_by_the_field_that_names_them(changes, field):
+    """Read as a transformer, a Mamba hybrid would be priced as attention and MLP on every layer,
+    with KV for layers that hold none."""
+    with pytest.raises(PlanError, match=rf"{field} = .*state-space \(Mamba\) layers"):
+        _parse(**changes)
+
+
 def test_sparse_attention_fields_are_read():
     m = _parse(kv_lora_rank=64, q_lora_rank=96, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, index_topk=2048, index_n_heads=4, index_head_dim=128)
     assert (m.sparse_attention_topk, m.indexer_heads, m.indexer_head_dim) == (2048, 4, 128)

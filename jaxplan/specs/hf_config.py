@@ -111,6 +111,25 @@ def _is_llama4(cfg: dict) -> bool:
     return cfg.get("model_type") in ("llama4", "llama4_text") or "interleave_moe_layer_step" in cfg
 
 
+# Fields only state-space (Mamba) hybrids carry: Nemotron-H's layer pattern and state size, Jamba's
+# attention period, the Mamba state and head counts (Falcon-H1, Granite-4.0-H, Zamba). Qwen3.5's
+# `mamba_ssm_dtype` names its Gated DeltaNet state's dtype, which is modelled.
+STATE_SPACE_FIELDS = ("hybrid_override_pattern", "attn_layer_period", "ssm_state_size", "mamba_d_state", "mamba_n_heads", "mamba_num_heads")
+
+
+def _refuse_state_space_layers(cfg: dict, where: str) -> None:
+    """A Mamba hybrid read as a transformer would price every layer as attention plus MLP and hold KV
+    for layers that keep none: refuse it by name rather than plan it wrong."""
+    field = next((k for k in STATE_SPACE_FIELDS if cfg.get(k) is not None), None)
+    if field is not None:
+        raise bad_value(
+            field, cfg[field],
+            "names state-space (Mamba) layers, which jaxplan does not model yet: it prices softmax attention "
+            "(full, sliding-window, MLA, sparse) and Gated DeltaNet linear attention",
+            where=where,
+        )
+
+
 def _moe_fields(cfg: dict, num_layers: int, where: str) -> dict:
     experts = _int_field(cfg, where, "n_routed_experts", "num_local_experts", "num_experts", default=0)
     if not experts:
@@ -196,6 +215,7 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
     if not isinstance(raw, dict):
         raise PlanError(f"{where}: expected a JSON object at the top level")
     cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    _refuse_state_space_layers(cfg, where)
     num_layers = _int_field(cfg, where, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _int_field(cfg, where, "hidden_size", "n_embd", "d_model")
     heads = _int_field(cfg, where, "num_attention_heads", "n_head")

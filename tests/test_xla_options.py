@@ -109,3 +109,27 @@ def test_options_this_xla_lacks_are_left_out_not_fatal():
     assert double.__wrapped__(1) == 2  # the plain function, as jax.jit exposes it
     with pytest.raises(Exception, match="No such compile option"):  # what the wrapper saves a caller from
         jax.jit(lambda x: 2 * x, compiler_options=unknown)(np.float32(3))
+
+
+def test_the_shortlist_stands_only_on_rows_that_price_as_the_chunk_kernel_scored_them(monkeypatch):
+    """The report rows and the chunk kernel are compiled apart (-O0 and -O2, different emitters); -O0
+    with the older emitters once priced two rows wrong. Every shortlist row's score is checked against
+    the kernel's: a one-shot program that disagrees is replaced by the same rows at XLA's defaults,
+    and where those disagree too the sweep stops with a one-line error instead of printing them."""
+    from jaxplan.errors import PlanError
+
+    truth = _sweep()
+
+    def off_by_a_percent(program):
+        def wrapped(ctx, digits):
+            ev = program(ctx, digits)
+            return ev._replace(score=ev.score * 1.01)
+        return wrapped
+
+    monkeypatch.setattr(chunk, "_evaluate_digits", off_by_a_percent(chunk._evaluate_digits))
+    recovered = _sweep()
+    assert [r["digits"] for r in recovered.shortlist] == [r["digits"] for r in truth.shortlist]
+    assert [r["score"] for r in recovered.shortlist] == [r["score"] for r in truth.shortlist]
+    monkeypatch.setattr(chunk, "_evaluate_digits_default", off_by_a_percent(chunk._evaluate_digits_default))
+    with pytest.raises(PlanError, match=r"internal check: the shortlist's row \d+ scores .* where the sweep's kernel scored"):
+        _sweep()

@@ -306,15 +306,23 @@ def rows_context(ctx: SweepContext) -> SweepContext:
     return ctx._replace(axis_values=axis_values, model=traced(ctx.model))
 
 
-@program_cache.jit(options=ONE_SHOT_COMPILE)  # compiled beside the chunk kernel, run once: see xla_options
-def _evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
+def _evaluate_rows(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     return evaluate(ctx, c)
 
 
-def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
+_evaluate_digits = program_cache.jit(_evaluate_rows, options=ONE_SHOT_COMPILE)  # compiled beside the chunk kernel, run once: see xla_options
+# The same rows at XLA's defaults (-O2): what the shortlist falls back to where the one-shot program
+# and the chunk kernel disagree on its scores (`sweep.checked_rows`); compiled only then.
+_evaluate_digits_default = program_cache.jit(_evaluate_rows)
+
+
+def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray, *, default_compile: bool = False) -> Evaluated:
     """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports; `rows_context`:
-    one program per K serves every model and space)."""
+    one program per K serves every model and space). default_compile: the program compiled at XLA's
+    defaults instead of the one-shot options."""
+    if default_compile:
+        return _evaluate_digits_default(rows_context(ctx), digits)
     compile_ahead.wait("evaluate_digits")
     return _evaluate_digits(rows_context(ctx), digits)
 

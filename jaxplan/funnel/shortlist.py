@@ -16,7 +16,9 @@ def top_layouts(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def shortlist(grid, ctx, scores: np.ndarray, digits: np.ndarray, k: int) -> list[dict]:
-    from jaxplan.funnel.sweep import rows_for
+    """Rows of the k best layouts, priced by the report rows' program and checked against the chunk
+    kernel's `scores` (`sweep.checked_rows`)."""
+    from jaxplan.funnel.sweep import checked_rows
 
     chosen = top_layouts(scores, k)
-    return rows_for(grid, ctx, digits[chosen])
+    return checked_rows(grid, ctx, digits[chosen], np.asarray(scores)[chosen])

@@ -447,11 +447,11 @@ def report_rows(num_rows: int) -> int:
     return max(-(-num_rows // REPORT_ROWS), 1) * REPORT_ROWS
 
 
-def evaluate_blocks(ctx: SweepContext, digits: np.ndarray):
+def evaluate_blocks(ctx: SweepContext, digits: np.ndarray, *, default_compile: bool = False):
     """`evaluate_digits` of candidates given by digits [K, A] (K >= 1), on the host: padded to
     `report_rows(K)` and priced in blocks of REPORT_ROWS (one program for every K), cut back to K.
     Workload fields with one value per row ([K], `winner_map.rows_under`) are padded with their first
-    value and cut with the rows."""
+    value and cut with the rows. default_compile: see `evaluate_digits`."""
     num, total = digits.shape[0], report_rows(digits.shape[0])
     padded = np.zeros((total, digits.shape[1]), np.int32)
     padded[:num] = digits
@@ -461,17 +461,17 @@ def evaluate_blocks(ctx: SweepContext, digits: np.ndarray):
     def block(start: int):
         stop = start + REPORT_ROWS
         rows = jax.tree.map(lambda f, g: g[start:stop] if per_row(f) else g, ctx.workload, workload)
-        return jax.device_get(evaluate_digits(ctx._replace(workload=rows), jnp.asarray(padded[start:stop])))
+        return jax.device_get(evaluate_digits(ctx._replace(workload=rows), jnp.asarray(padded[start:stop]), default_compile=default_compile))
 
     blocks = [block(start) for start in range(0, total, REPORT_ROWS)]
     return jax.tree.map(lambda *parts: np.concatenate(parts)[:num], *blocks)
 
 
-def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
+def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray, *, default_compile: bool = False) -> list[dict]:
     """Readable rows (axis values + metrics) for candidates given by digits [K, A]."""
     if len(digits) == 0:
         return []
-    ev = evaluate_blocks(ctx, np.asarray(digits, np.int32))
+    ev = evaluate_blocks(ctx, np.asarray(digits, np.int32), default_compile=default_compile)
     rows = []
     is_moe = float(ctx.model.moe_layers) > 0
     for i, d in enumerate(digits):
@@ -503,6 +503,34 @@ def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray) -> list[dict]:
         )
         rows.append(row)
     return rows
+
+
+# How far a report row's score may sit from the chunk kernel's for the same candidate: the two
+# programs compute the same float32 physics (equal to the bit on the README's and the MoE sweeps).
+ROW_SCORE_RTOL = 1e-4
+
+
+def checked_rows(grid: Grid, ctx: SweepContext, digits: np.ndarray, scores: np.ndarray) -> list[dict]:
+    """`rows_for` the candidates [K, A] that the chunk kernel scored `scores` [K], checked against
+    them: two programs compiled apart must agree on every score. Where the one-shot program
+    (-O0, `xla_options.ONE_SHOT_COMPILE`) does not, the rows are priced again at XLA's defaults;
+    where that does not either, the sweep stops rather than print numbers it cannot stand behind."""
+    rows = rows_for(grid, ctx, digits)
+    if _scores_agree(rows, scores):
+        return rows
+    rows = rows_for(grid, ctx, digits, default_compile=True)
+    if _scores_agree(rows, scores):
+        return rows
+    worst = int(np.argmax([abs(r["score"] - s) / max(abs(s), 1e-30) for r, s in zip(rows, scores)]))
+    raise PlanError(
+        f"internal check: the shortlist's row {worst + 1} scores {rows[worst]['score']:.6g} where the sweep's kernel scored "
+        f"{float(scores[worst]):.6g} (the same physics, compiled twice); the numbers cannot be trusted: please report it with the command"
+    )
+
+
+def _scores_agree(rows: list[dict], scores: np.ndarray) -> bool:
+    mine = np.array([r["score"] for r in rows], np.float64)
+    return bool(np.allclose(mine, np.asarray(scores, np.float64), rtol=ROW_SCORE_RTOL, atol=0.0))
 
 
 def grid_size_check(grid: Grid) -> None:

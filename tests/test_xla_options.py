@@ -113,9 +113,10 @@ def test_options_this_xla_lacks_are_left_out_not_fatal():
 
 def test_the_shortlist_stands_only_on_rows_that_price_as_the_chunk_kernel_scored_them(monkeypatch):
     """The report rows and the chunk kernel are compiled apart (-O0 and -O2, different emitters); -O0
-    with the older emitters once priced two rows wrong. Every shortlist row's score is checked against
-    the kernel's: a one-shot program that disagrees is replaced by the same rows at XLA's defaults,
-    and where those disagree too the sweep stops with a one-line error instead of printing them."""
+    with the older emitters once priced two rows wrong. Every shortlist row's score and every frontier
+    row's throughput per GPU are checked against the kernel's tables: a one-shot program that
+    disagrees is replaced by the same rows at XLA's defaults, and where those disagree too the sweep
+    stops with a one-line error instead of printing them."""
     from jaxplan.errors import PlanError
 
     truth = _sweep()
@@ -123,13 +124,14 @@ def test_the_shortlist_stands_only_on_rows_that_price_as_the_chunk_kernel_scored
     def off_by_a_percent(program):
         def wrapped(ctx, digits):
             ev = program(ctx, digits)
-            return ev._replace(score=ev.score * 1.01)
+            return ev._replace(score=ev.score * 1.01, estimate=ev.estimate._replace(output_tokens_per_s=ev.estimate.output_tokens_per_s * 1.01))
         return wrapped
 
     monkeypatch.setattr(chunk, "_evaluate_digits", off_by_a_percent(chunk._evaluate_digits))
     recovered = _sweep()
     assert [r["digits"] for r in recovered.shortlist] == [r["digits"] for r in truth.shortlist]
     assert [r["score"] for r in recovered.shortlist] == [r["score"] for r in truth.shortlist]
+    assert [r["output_tokens_per_s_per_gpu"] for r in recovered.frontier] == [r["output_tokens_per_s_per_gpu"] for r in truth.frontier]
     monkeypatch.setattr(chunk, "_evaluate_digits_default", off_by_a_percent(chunk._evaluate_digits_default))
-    with pytest.raises(PlanError, match=r"internal check: the shortlist's row \d+ scores .* where the sweep's kernel scored"):
+    with pytest.raises(PlanError, match=r"internal check: the (shortlist|frontier)'s row \d+ has (score|output_tokens_per_s_per_gpu) .* where the sweep's kernel has"):
         _sweep()

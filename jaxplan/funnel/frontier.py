@@ -25,11 +25,12 @@ def non_dominated(throughput_per_gpu: np.ndarray, tpot_s: np.ndarray, num_gpus: 
 
 
 def pareto_front(grid, ctx, scores: np.ndarray, digits: np.ndarray) -> list[dict]:
-    """Rows of the Pareto-optimal candidates, by ascending GPU count then TPOT."""
-    from jaxplan.funnel.sweep import rows_for
+    """Rows of the Pareto-optimal candidates, by ascending GPU count then TPOT (priced by the report
+    rows' program and checked against the table's throughput per GPU, `sweep.checked_rows`)."""
+    from jaxplan.funnel.sweep import checked_rows
 
     filled = np.isfinite(scores)
-    rows = rows_for(grid, ctx, digits[filled])
+    rows = checked_rows(grid, ctx, digits[filled], np.asarray(scores)[filled], key="output_tokens_per_s_per_gpu", what="frontier") if filled.any() else []
     if not rows:
         return []
     keep = non_dominated(

@@ -505,32 +505,33 @@ def rows_for(grid: Grid, ctx: SweepContext, digits: np.ndarray, *, default_compi
     return rows
 
 
-# How far a report row's score may sit from the chunk kernel's for the same candidate: the two
-# programs compute the same float32 physics (equal to the bit on the README's and the MoE sweeps).
+# How far a report row's score (or throughput per GPU) may sit from the chunk kernel's for the same
+# candidate: the two programs compute the same float32 physics (equal to the bit on the sweeps tried).
 ROW_SCORE_RTOL = 1e-4
 
 
-def checked_rows(grid: Grid, ctx: SweepContext, digits: np.ndarray, scores: np.ndarray) -> list[dict]:
-    """`rows_for` the candidates [K, A] that the chunk kernel scored `scores` [K], checked against
-    them: two programs compiled apart must agree on every score. Where the one-shot program
+def checked_rows(grid: Grid, ctx: SweepContext, digits: np.ndarray, kernel_values: np.ndarray, *, key: str = "score", what: str = "shortlist") -> list[dict]:
+    """`rows_for` the candidates [K, A] for which the chunk kernel's table holds `kernel_values` [K]
+    of the rows' `key` (the shortlist's scores, the frontier's output tokens/s per GPU), checked
+    against them: two programs compiled apart must agree on every row. Where the one-shot program
     (-O0, `xla_options.ONE_SHOT_COMPILE`) does not, the rows are priced again at XLA's defaults;
     where that does not either, the sweep stops rather than print numbers it cannot stand behind."""
     rows = rows_for(grid, ctx, digits)
-    if _scores_agree(rows, scores):
+    if _rows_agree(rows, kernel_values, key):
         return rows
     rows = rows_for(grid, ctx, digits, default_compile=True)
-    if _scores_agree(rows, scores):
+    if _rows_agree(rows, kernel_values, key):
         return rows
-    worst = int(np.argmax([abs(r["score"] - s) / max(abs(s), 1e-30) for r, s in zip(rows, scores)]))
+    worst = int(np.argmax([abs(r[key] - v) / max(abs(v), 1e-30) for r, v in zip(rows, kernel_values)]))
     raise PlanError(
-        f"internal check: the shortlist's row {worst + 1} scores {rows[worst]['score']:.6g} where the sweep's kernel scored "
-        f"{float(scores[worst]):.6g} (the same physics, compiled twice); the numbers cannot be trusted: please report it with the command"
+        f"internal check: the {what}'s row {worst + 1} has {key} {rows[worst][key]:.6g} where the sweep's kernel has "
+        f"{float(kernel_values[worst]):.6g} (the same physics, compiled twice); the numbers cannot be trusted: please report it with the command"
     )
 
 
-def _scores_agree(rows: list[dict], scores: np.ndarray) -> bool:
-    mine = np.array([r["score"] for r in rows], np.float64)
-    return bool(np.allclose(mine, np.asarray(scores, np.float64), rtol=ROW_SCORE_RTOL, atol=0.0))
+def _rows_agree(rows: list[dict], kernel_values: np.ndarray, key: str) -> bool:
+    mine = np.array([r[key] for r in rows], np.float64)
+    return bool(np.allclose(mine, np.asarray(kernel_values, np.float64), rtol=ROW_SCORE_RTOL, atol=0.0))
 
 
 def grid_size_check(grid: Grid) -> None:

@@ -184,6 +184,9 @@ def hf_dict(spec: ModelSpec) -> dict:
     if spec.is_mla:
         cfg.update(kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
                    qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim)
+    if spec.chunked_attention_layers:
+        cfg.update(attention_chunk_size=spec.attention_chunk_tokens,
+                   no_rope_layers=[1] * spec.chunked_attention_layers + [0] * (spec.num_layers - spec.chunked_attention_layers))
     if spec.sparse_attention_topk:
         cfg.update(index_topk=spec.sparse_attention_topk, index_n_heads=spec.indexer_heads, index_head_dim=spec.indexer_head_dim)
     if spec.is_moe:

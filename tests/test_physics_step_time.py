@@ -167,12 +167,16 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     # reach past k attends to k tokens each in the latent (decode) dims; the indexer scores every pair.
     topk = m.sparse_attention_topk
     full_read = np.where(topk > 0, np.minimum(micro["context"], micro["decode"] * topk), micro["context"])
-    read = m.full_layers * full_read + m.sliding_layers * sliding_read  # token-layers of KV read
+    # Llama 4's chunked layers: at most a chunk a decoding request, a chunk a prompt token
+    chunked_read = np.minimum(full_read, micro["decode"] * m.attention_chunk_tokens)
+    read = (m.full_layers - m.chunked_layers) * full_read + m.chunked_layers * chunked_read + m.sliding_layers * sliding_read  # token-layers of KV read
     ops.append((1.0, 2 * heads * (m.attn_score_dim_decode + m.attn_value_dim_decode) * read, read * kv_token_read, attn_rate, None))
     sparse_prefill = (topk > 0) & (micro["pairs"] > micro["prefill"] * topk)
     prefill_attention_flops = np.where(sparse_prefill, 2 * heads * (m.attn_score_dim_decode + m.attn_value_dim_decode) * micro["prefill"] * topk,
                                        2 * heads * (m.attn_score_dim_prefill + m.attn_value_dim_prefill) * micro["pairs"])
-    ops.append((1.0, prefill_attention_flops * m.softmax_layers, m.softmax_layers * micro["prefill"] * kv_token, attn_rate, None))
+    chunked_prefill_flops = 2 * heads * (m.attn_score_dim_prefill + m.attn_value_dim_prefill) * np.minimum(micro["pairs"], micro["prefill"] * m.attention_chunk_tokens)
+    ops.append((1.0, prefill_attention_flops * (m.softmax_layers - m.chunked_layers) + chunked_prefill_flops * m.chunked_layers,
+                m.softmax_layers * micro["prefill"] * kv_token, attn_rate, None))
     ops.append((np.where(topk > 0, m.full_layers, 0.0), m.indexer_flops_per_pair_per_layer * (micro["pairs"] + micro["context"]),
                 m.indexer_bytes_per_token_per_layer * micro["context"], attn_rate, None))
     seqs = micro["decode"] + micro["prefill_seqs"]
@@ -353,6 +357,29 @@ def test_sparse_attention_reads_the_top_k_and_the_indexer_keys(shapes, hardware)
     read_bytes = float(hardware.fp8_kv_read_bytes_per_element[h200])
     skipped_s = 78 * 4 * (65536 - 1.1 * 2048) * 576 * read_bytes / bw
     assert step(dense, 65536.0) - step(m, 65536.0) >= skipped_s - indexer_s(4 * 65536) > 0
+
+
+def test_chunked_layers_read_at_most_a_chunk_a_request(shapes, hardware):
+    """Llama-4-Scout at TP4 on an H100, FP8 KV, 8 requests decoding at 32,768 tokens each: its 12
+    global layers read every token (12 x 262,144 token-layers), its 36 chunked ones at most 8,192 a
+    request (36 x 65,536): 5,505,024 token-layers of 8 KV heads x 128 x 2 (K and V) / 4 ranks = 512
+    elements, 2,818,572,288 elements. Decode attention is memory bound there, so raising the FP8 read
+    cost from 1 to 1.76 B an element adds 0.76 B x that over the bandwidth (within the roofline's
+    10%); read as 48 global layers it would be 2.4x as much."""
+    m = shapes["llama-4-scout"]
+    h100 = GPUS.index("h100_sxm")
+    bw = float(hardware.hbm_bandwidth_bytes_per_s[h100] * hardware.memory_bandwidth_efficiency[h100])
+    lay = {"tp": np.array([4.0]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([1.0])}
+
+    def step(read_bytes):
+        table = hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element.at[h100].set(read_bytes))
+        batch = {"decode": np.array([8.0]), "context": np.array([8 * 32768.0]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
+        return float(code_step_time(m, table, h100, lay, batch)[0])
+
+    elements = (12 * 8 * 32768 + 36 * 8 * 8192) * 512
+    assert elements == 2_818_572_288
+    extra_s = step(1.76) - step(1.0)
+    assert 0.76 * elements / bw <= extra_s * (1 + 1e-5) <= 1.1 * 0.76 * elements / bw
 
 
 @SETTINGS

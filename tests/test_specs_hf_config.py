@@ -356,6 +356,19 @@ def test_state_space_hybrids_are_refused_by_the_field_that_names_them(changes, f
         _parse(**changes)
 
 
+def test_llama_4_chunked_attention_layers():
+    """The layers with RoPE attend within `attention_chunk_size` chunks: no_rope_layers' 1s, by default
+    all but every fourth (transformers' Llama4TextConfig); every layer still counts as full attention."""
+    m = _parse(model_type="llama4_text", attention_chunk_size=8192)
+    assert (m.full_attention_layers, m.chunked_attention_layers, m.attention_chunk_tokens) == (4, 3, 8192)
+    assert _parse(model_type="llama4_text", attention_chunk_size=64, no_rope_layers=[1, 0, 0, 1]).chunked_attention_layers == 2
+    assert _parse(model_type="llama4_text").chunked_attention_layers == 0
+    with pytest.raises(PlanError, match="no_rope_layers"):
+        _parse(attention_chunk_size=64, no_rope_layers=[1, 0])
+    with pytest.raises(PlanError, match="chunked_attention_layers"):
+        dataclasses.replace(m, chunked_attention_layers=5)
+
+
 def test_sparse_attention_fields_are_read():
     m = _parse(kv_lora_rank=64, q_lora_rank=96, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, index_topk=2048, index_n_heads=4, index_head_dim=128)
     assert (m.sparse_attention_topk, m.indexer_heads, m.indexer_head_dim) == (2048, 4, 128)

@@ -63,6 +63,8 @@ class ModelShape(NamedTuple):
     attn_value_dim_decode: jnp.ndarray
     norm_allreduce_layers: jnp.ndarray  # attention layers whose q/k norm all-reduces across TP ranks
     ffn_intermediate_per_token: jnp.ndarray  # widest FFN activation per token (workspace)
+    chunked_layers: jnp.ndarray  # full layers whose queries attend within their chunk (they keep every token's KV)
+    attention_chunk_tokens: jnp.ndarray
     sparse_attention_topk: jnp.ndarray  # tokens a query attends to in the full layers (0: all)
     indexer_flops_per_pair_per_layer: jnp.ndarray  # sparse attention's indexer scoring one (query, key) pair
     indexer_bytes_per_token_per_layer: jnp.ndarray  # its stored key, on every TP rank
@@ -126,6 +128,8 @@ def model_shape(model: ModelSpec) -> ModelShape:
         attn_value_dim_decode=value_decode,
         norm_allreduce_layers=softmax_layers if model.qk_norm_across_heads else 0,
         ffn_intermediate_per_token=ffn,
+        chunked_layers=model.chunked_attention_layers,
+        attention_chunk_tokens=max(model.attention_chunk_tokens, 1),
         sparse_attention_topk=model.sparse_attention_topk,
         indexer_flops_per_pair_per_layer=2 * model.indexer_heads * model.indexer_head_dim,
         indexer_bytes_per_token_per_layer=model.indexer_bytes_per_token_per_layer(),

@@ -200,11 +200,16 @@ def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: Ste
     windowed_context = jnp.minimum(batch.decode_context_tokens, batch.decode_tokens * model.sliding_window_tokens)
     sparse = model.sparse_attention_topk > 0
     full_context = jnp.where(sparse, jnp.minimum(batch.decode_context_tokens, batch.decode_tokens * model.sparse_attention_topk), batch.decode_context_tokens)
-    context_read = model.full_layers * full_context + model.sliding_layers * windowed_context
+    # Chunked layers attend within their chunk: at most a chunk per decoding request (an upper bound:
+    # a query at position p reads p mod chunk + 1).
+    chunked_context = jnp.minimum(full_context, batch.decode_tokens * model.attention_chunk_tokens)
+    context_read = (model.full_layers - model.chunked_layers) * full_context + model.chunked_layers * chunked_context + model.sliding_layers * windowed_context
     decode_flops = 2.0 * heads * (model.attn_score_dim_decode + model.attn_value_dim_decode) * context_read
     decode = roofline(decode_flops / flops_per_s, context_read * kv_elements * kv_read_bytes_per_element(hw, layout) / bytes_per_s)
     pairs = batch.prefill_attention_pairs
-    prefill_flops = 2.0 * heads * (model.attn_score_dim_prefill + model.attn_value_dim_prefill) * pairs * model.softmax_layers
+    chunked_pairs = jnp.minimum(pairs, batch.prefill_tokens * model.attention_chunk_tokens)
+    layer_pairs = (model.softmax_layers - model.chunked_layers) * pairs + model.chunked_layers * chunked_pairs
+    prefill_flops = 2.0 * heads * (model.attn_score_dim_prefill + model.attn_value_dim_prefill) * layer_pairs
     # Sparse prefill: where the prompts reach past the top-k, each query attends to k tokens in the
     # latent space (vLLM's sparse MLA prefill); shorter ones run dense attention.
     sparse_pairs = batch.prefill_tokens * model.sparse_attention_topk

@@ -8,7 +8,8 @@ bare window on every layer (Mistral-7B-v0.1, Phi-3), Qwen3.5's
 `full_attention_interval`, MoE field names (`num_experts`, `num_local_experts`,
 `n_routed_experts`), shared experts (`n_shared_experts`, `shared_expert_intermediate_size`, Llama 4's
 unnamed one), Llama 4's `interleave_moe_layer_step` and `intermediate_size_mlp`, DeepSeek's MLA,
-sparse attention (`index_topk`) and `first_k_dense_replace`, and the checkpoint's native weight
+sparse attention (`index_topk`), Llama 4's chunked attention (`attention_chunk_size`,
+`no_rope_layers`) and `first_k_dense_replace`, and the checkpoint's native weight
 format from `quantization_config` (gpt-oss's MXFP4, Kimi-K2.5's INT4 compressed-tensors, FP8 blocks,
 ModelOpt NVFP4), recorded in `checkpoint_weight_format`. Unknown extra fields are ignored.
 """
@@ -115,6 +116,17 @@ def _is_llama4(cfg: dict) -> bool:
 # attention period, the Mamba state and head counts (Falcon-H1, Granite-4.0-H, Zamba). Qwen3.5's
 # `mamba_ssm_dtype` names its Gated DeltaNet state's dtype, which is modelled.
 STATE_SPACE_FIELDS = ("hybrid_override_pattern", "attn_layer_period", "ssm_state_size", "mamba_d_state", "mamba_n_heads", "mamba_num_heads")
+
+
+def _chunked_layers(cfg: dict, num_layers: int, where: str) -> int:
+    """Llama 4's layers that attend within chunks: those with RoPE (`no_rope_layers[i]` 1), by
+    default all but every fourth (transformers' Llama4TextConfig, no_rope_layer_interval 4)."""
+    flags = _list_field(cfg, where, "no_rope_layers")
+    if not flags:
+        return num_layers - num_layers // 4
+    if len(flags) != num_layers or any(f not in (0, 1) for f in flags):
+        raise bad_value("no_rope_layers", f"{len(flags)} entries", f"must list num_hidden_layers = {num_layers} flags of 0 or 1", where=where)
+    return sum(flags)
 
 
 def _refuse_state_space_layers(cfg: dict, where: str) -> None:
@@ -263,6 +275,9 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
             qk_rope_head_dim=_int_field(cfg, where, "qk_rope_head_dim", default=0),
             v_head_dim=_int_field(cfg, where, "v_head_dim", default=0),
         )
+    chunk = _int_field(cfg, where, "attention_chunk_size", default=0)
+    if chunk and full:
+        fields.update(chunked_attention_layers=_chunked_layers(cfg, num_layers, where), attention_chunk_tokens=chunk)
     if _int_field(cfg, where, "index_topk", default=0):  # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5)
         fields.update(
             sparse_attention_topk=_int_field(cfg, where, "index_topk"),

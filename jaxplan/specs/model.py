@@ -48,6 +48,8 @@ NON_NEGATIVE_INT_FIELDS = (
     "sparse_attention_topk",
     "indexer_heads",
     "indexer_head_dim",
+    "chunked_attention_layers",
+    "attention_chunk_tokens",
 )
 # Native weight format of the checkpoint an hf_id names ("" = not recorded). A MoE checkpoint stored as
 # mxfp4 or int4 (experts only) is planned in that format by default (`SearchSpace.for_model`).
@@ -83,6 +85,11 @@ class ModelSpec:
     full_attention_layers: int = -1  # -1: all layers not of another kind
     sliding_window_layers: int = 0
     sliding_window_tokens: int = 0
+    # Chunked local attention (Llama 4's `attention_chunk_size`): of the full-attention layers, these
+    # attend only within their query's chunk of `attention_chunk_tokens`; they keep every token's KV,
+    # as vLLM's cache does without its hybrid manager (docs/moe.md).
+    chunked_attention_layers: int = 0
+    attention_chunk_tokens: int = 0
     linear_attention_layers: int = 0
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
@@ -157,6 +164,10 @@ class ModelSpec:
                 raise bad_value("first_dense_layers", self.first_dense_layers, f"must be <= num_layers = {self.num_layers}", where=where)
         if self.is_mla and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) <= 0:
             raise bad_value("qk_rope_head_dim", self.qk_rope_head_dim, "MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim > 0", where=where)
+        if self.chunked_attention_layers > self.full_attention_layers:
+            raise bad_value("chunked_attention_layers", self.chunked_attention_layers, f"must be <= full_attention_layers = {self.full_attention_layers}", where=where)
+        if self.chunked_attention_layers and self.attention_chunk_tokens <= 0:
+            raise bad_value("attention_chunk_tokens", self.attention_chunk_tokens, "must be > 0 when chunked_attention_layers > 0", where=where)
         if self.sparse_attention_topk and min(self.indexer_heads, self.indexer_head_dim) <= 0:
             raise bad_value("indexer_heads", self.indexer_heads, "sparse attention (sparse_attention_topk > 0) needs indexer_heads and indexer_head_dim > 0", where=where)
         if self.checkpoint_weight_format not in CHECKPOINT_WEIGHT_FORMATS:
@@ -305,6 +316,8 @@ class ModelSpec:
 
     def describe(self) -> str:
         sparse = f", sparse top-{self.sparse_attention_topk}" if self.sparse_attention_topk else ""
+        if self.chunked_attention_layers:
+            sparse += f", {self.chunked_attention_layers} in {self.attention_chunk_tokens}-token chunks"
         kinds = [f"{self.full_attention_layers} {'MLA' if self.is_mla else 'full-attention'}{sparse}"]
         if self.sliding_window_layers:
             kinds.append(f"{self.sliding_window_layers} sliding-window ({self.sliding_window_tokens} tokens)")

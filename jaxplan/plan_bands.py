@@ -144,6 +144,11 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
     return Verdict(lead, close, tuple(notes))
 
 
+# The layout parts no measured run behind the bands checks, as the winner's notes and `size`'s name them.
+LOCKSTEP_UNMEASURED = "vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured vLLM run here checks"
+PIPELINE_UNMEASURED = "pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine"
+
+
 def uses_lockstep(row: dict) -> bool:
     return row_kind(row)[1] > 1
 
@@ -159,11 +164,10 @@ def unmeasured_layout_notes(row: dict, others: list[dict] = (), workload=None) -
     that part (`best_without`), so that a cautious reader has the choice in hand."""
     notes = []
     if uses_lockstep(row):
-        notes.append("The winner runs vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured "
-                     "vLLM run here checks: its band comes from TP and EP runs (docs/moe.md)." + best_without(others, uses_lockstep, row, workload))
+        notes.append(f"The winner runs {LOCKSTEP_UNMEASURED}: its band comes from TP and EP runs (docs/moe.md)." + best_without(others, uses_lockstep, row, workload))
     if uses_pipeline(row):
-        notes.append("The winner uses pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine "
-                     "(A100): measure it on your vLLM before committing (docs/accuracy.md)." + best_without(others, uses_pipeline, row, workload))
+        notes.append(f"The winner uses {PIPELINE_UNMEASURED} (A100): measure it on your vLLM before committing (docs/accuracy.md)."
+                     + best_without(others, uses_pipeline, row, workload))
     return notes
 
 

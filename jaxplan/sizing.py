@@ -198,14 +198,11 @@ def sizing_table(sizing: Sizing):
 def unmeasured_notes(sizing: Sizing) -> list[str]:
     """A line for each layout part of the picks that no measured run behind the predictions checks
     (as `plan_bands.unmeasured_layout_notes` says of a sweep's winner), naming the picks that use it."""
-    from jaxplan.plan_bands import uses_lockstep, uses_pipeline
+    from jaxplan.plan_bands import LOCKSTEP_UNMEASURED, PIPELINE_UNMEASURED, uses_lockstep, uses_pipeline
     from jaxplan.plots.labels import split_label
 
     picks = [(choice.gpu, r) for choice in sizing.per_gpu for _, r in choice.picks]
-    parts = (
-        (uses_lockstep, "vLLM's lock-step data parallelism (--data-parallel-size on a MoE model), which no measured vLLM run here checks (docs/moe.md)"),
-        (uses_pipeline, "pipeline parallelism, which the measured runs check only under vLLM 0.8.3's V0 engine (docs/accuracy.md)"),
-    )
+    parts = ((uses_lockstep, f"{LOCKSTEP_UNMEASURED} (docs/moe.md)"), (uses_pipeline, f"{PIPELINE_UNMEASURED} (docs/accuracy.md)"))
     notes = []
     for uses, what in parts:
         users = [f"{gpu} {split_label(r)}" for gpu, r in picks if uses(r)]

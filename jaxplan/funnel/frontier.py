@@ -30,7 +30,7 @@ def pareto_front(grid, ctx, scores: np.ndarray, digits: np.ndarray) -> list[dict
     from jaxplan.funnel.sweep import checked_rows
 
     filled = np.isfinite(scores)
-    rows = checked_rows(grid, ctx, digits[filled], np.asarray(scores)[filled], key="output_tokens_per_s_per_gpu", what="frontier") if filled.any() else []
+    rows = checked_rows(grid, ctx, digits[filled], np.asarray(scores)[filled], key="output_tokens_per_s_per_gpu", what="frontier")
     if not rows:
         return []
     keep = non_dominated(

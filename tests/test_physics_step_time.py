@@ -242,6 +242,15 @@ def code_step_time(m, hw_table, gpu: int, lay: dict, batch: dict) -> np.ndarray:
     return np.asarray(_step_jit(traced(m), hw_table, np.int32(gpu), lay, sb), np.float64)
 
 
+def decode_step_s(m, hw_table, gpu: int, lay: dict, requests: float, context: float, fp8_read_bytes=None) -> float:
+    """One decode step of `requests` at `context` tokens each, the GPU's FP8 KV read cost set to
+    `fp8_read_bytes` (None: as calibrated)."""
+    if fp8_read_bytes is not None:
+        hw_table = hw_table._replace(fp8_kv_read_bytes_per_element=hw_table.fp8_kv_read_bytes_per_element.at[gpu].set(fp8_read_bytes))
+    batch = {"decode": np.array([requests]), "context": np.array([requests * context]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
+    return float(code_step_time(m, hw_table, gpu, lay, batch)[0])
+
+
 def hw_dict(hw_table, gpu: int) -> dict:
     return {field: float(np.asarray(v, np.float64)[gpu]) for field, v in hw_table._asdict().items()}
 
@@ -304,15 +313,13 @@ def test_fp8_kv_decode_reads_cost_the_gpus_bytes_per_element(shapes, hardware):
     0.76 B x that over the achievable bandwidth (within the roofline's 10%), and a BF16 cache ignores it."""
     m = shapes["llama-3.1-70b"]
     h200 = GPUS.index("h200_sxm")
-    batch = {"decode": np.array([64.0]), "context": np.array([64 * 4096.0]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
     elements = 80 * 2 * 1 * 128 * 64 * 4096
     assert elements == 5_368_709_120
     bw = float(hardware.hbm_bandwidth_bytes_per_s[h200] * hardware.memory_bandwidth_efficiency[h200])
 
     def step(kvb, read_bytes):
-        table = hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element.at[h200].set(read_bytes))
         lay = {"tp": np.array([8.0]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([kvb])}
-        return float(code_step_time(m, table, h200, lay, batch)[0])
+        return decode_step_s(m, hardware, h200, lay, 64.0, 4096.0, read_bytes)
 
     extra_s = step(1.0, 1.76) - step(1.0, 1.0)
     assert 0.76 * elements / bw <= extra_s * (1 + 1e-5) <= 1.1 * 0.76 * elements / bw
@@ -337,9 +344,7 @@ def test_sparse_attention_reads_the_top_k_and_the_indexer_keys(shapes, hardware)
     lay = {"tp": np.array([8.0]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([1.0])}
 
     def step(model, context, read_bytes=None):
-        table = hardware if read_bytes is None else hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element.at[h200].set(read_bytes))
-        batch = {"decode": np.array([4.0]), "context": np.array([4 * context]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
-        return float(code_step_time(model, table, h200, lay, batch)[0])
+        return decode_step_s(model, hardware, h200, lay, 4.0, context, read_bytes)
 
     elements = 78 * 4 * 2048 * 576
     assert elements == 368_050_176
@@ -372,9 +377,7 @@ def test_chunked_layers_read_at_most_a_chunk_a_request(shapes, hardware):
     lay = {"tp": np.array([4.0]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([1.0])}
 
     def step(read_bytes):
-        table = hardware._replace(fp8_kv_read_bytes_per_element=hardware.fp8_kv_read_bytes_per_element.at[h100].set(read_bytes))
-        batch = {"decode": np.array([8.0]), "context": np.array([8 * 32768.0]), "prefill": np.array([0.0]), "prefill_seqs": np.array([0.0]), "pairs": np.array([0.0])}
-        return float(code_step_time(m, table, h100, lay, batch)[0])
+        return decode_step_s(m, hardware, h100, lay, 8.0, 32768.0, read_bytes)
 
     elements = (12 * 8 * 32768 + 36 * 8 * 8192) * 512
     assert elements == 2_818_572_288

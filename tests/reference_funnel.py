@@ -181,6 +181,8 @@ def request_kv_bytes_per_gpu(m, tp: int, pp: int, kv_bytes: float, tokens: float
     per_layer_token = kv_elements_per_token_per_layer(m) * kv_fraction_per_gpu(m, tp) * kv_bytes
     if m.sparse_attention_topk:  # the sparse-attention indexer's FP8 key, a 4-byte scale per 128 values, on every rank
         per_layer_token += m.indexer_head_dim + 4 * math.ceil(m.indexer_head_dim / 128)
+        if kv_bytes == 1 and m.kv_lora_rank:  # vLLM's fp8_ds_mla record: a 4-byte scale per 128 latent values, RoPE dims in BF16
+            per_layer_token += 4 * math.ceil(m.kv_lora_rank / 128) + m.qk_rope_head_dim
     if block:
         tokens = math.ceil(tokens / block) * block
         window = math.ceil(m.sliding_window_tokens / block) * block

@@ -167,13 +167,17 @@ def test_mla_kv_is_not_split_by_tp():
 def test_sparse_attention_keeps_its_indexer_keys_beside_the_latent():
     """GLM-5: 78 MLA layers of 576 latent elements, plus DeepSeek sparse attention's indexer key per
     token and layer, 128 FP8 values and one 4-byte scale (vLLM's DeepseekV32IndexerCache), whole on
-    every TP rank whatever the KV dtype: 78 x (576 x 2 + 132) = 100,152 B/token/GPU in BF16,
-    78 x (576 + 132) = 55,224 in FP8; a 1,000-token request (63 blocks of 16) holds 55,224 x 1,008."""
+    every TP rank whatever the KV dtype: 78 x (576 x 2 + 132) = 100,152 B/token/GPU in BF16. In FP8
+    the latent is vLLM's `fp8_ds_mla` record (FlashMLA's sparse format): 512 FP8 values, 4 float32
+    scales and 64 BF16 RoPE dims, 656 B: 78 x (656 + 132) = 61,464; a 1,000-token request (63 blocks
+    of 16) holds 61,464 x 1,008. DeepSeek-V3's dense MLA keeps 576 B in FP8 (test above)."""
     glm = model_shape(load_model("glm-5"))
     for tp in (1, 8):
         assert f(kv_bytes_per_token_per_gpu(glm, make_layout(tp=tp))) == pytest.approx(100_152, rel=F32)
-    assert f(kv_bytes_per_token_per_gpu(glm, make_layout(tp=8, kv_bytes=1))) == pytest.approx(55_224, rel=F32)
-    assert f(request_kv_bytes_per_gpu(glm, make_layout(tp=8, kv_bytes=1), 1000.0, 16.0)) == pytest.approx(55_224 * 1_008, rel=F32)
+    assert 512 + 4 * 4 + 64 * 2 == 656
+    assert f(kv_bytes_per_token_per_gpu(glm, make_layout(tp=8, kv_bytes=1))) == pytest.approx(78 * (656 + 132), rel=F32) == 61_464
+    assert f(request_kv_bytes_per_gpu(glm, make_layout(tp=8, kv_bytes=1), 1000.0, 16.0)) == pytest.approx(61_464 * 1_008, rel=F32)
+    assert load_model("glm-5").kv_bytes_per_token(1) == 61_464 and load_model("deepseek-v3").kv_bytes_per_token(1) == 61 * 576
 
 
 def test_sliding_window_layers_cap_at_the_window():

@@ -158,9 +158,11 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     # Attention cores. KV bytes of one token in one layer on one GPU:
     kv_ways_cache = np.where(m.kv_split_by_tp > 0, np.minimum(tp, m.kv_heads), 1.0)
     # (a sparse-attention model also stores its indexer's key, whole on every rank)
-    kv_token = m.kv_elements_per_token_per_layer / kv_ways_cache * kvb + m.indexer_bytes_per_token_per_layer
+    # (sparse MLA in FP8 also stores its scales and BF16 RoPE dims, vLLM's 656-B fp8_ds_mla record)
+    fp8_extra = np.where(kvb < 1.5, m.fp8_kv_extra_bytes_per_token_per_layer, 0.0)
+    kv_token = m.kv_elements_per_token_per_layer / kv_ways_cache * kvb + fp8_extra + m.indexer_bytes_per_token_per_layer
     # Decode reads an FP8 cache at the GPU's `fp8_kv_read_bytes_per_element` (its kernels dequantise).
-    kv_token_read = m.kv_elements_per_token_per_layer / kv_ways_cache * np.where(kvb < 1.5, hw["fp8_kv_read_bytes_per_element"], kvb)
+    kv_token_read = m.kv_elements_per_token_per_layer / kv_ways_cache * np.where(kvb < 1.5, hw["fp8_kv_read_bytes_per_element"], kvb) + fp8_extra
     heads = m.q_heads / tp
     sliding_read = np.minimum(micro["context"], micro["decode"] * m.sliding_window_tokens)
     # DeepSeek sparse attention: a decoding query reads its top-k tokens; a prompt chunk whose queries
@@ -333,7 +335,8 @@ def test_sparse_attention_reads_the_top_k_and_the_indexer_keys(shapes, hardware)
     """GLM-5 (DeepSeek sparse attention, top 2,048) at TP8 on an H200, FP8 KV, 4 requests decoding at
     65,536 tokens each. Each reads only its top 2,048 tokens' latents: 78 layers x 4 x 2,048 x 576 =
     368,050,176 elements, so raising the FP8 read cost from 1 to 1.76 B an element adds 0.76 B x that
-    over the bandwidth (within the roofline's 10%; a dense read would add 32x as much). The indexer
+    over the bandwidth (within the roofline's 10%; a dense read would add 32x as much), and the FP8
+    record's scales and BF16 RoPE dims add 80 B a latent read. The indexer
     scores all 65,536: doubling the context from 32,768 adds its keys, 78 x 4 x 32,768 x 132 B, and
     2 x 32 heads x 128 FLOPs a pair, a roofline of the two. At 1,024 tokens the model costs what its
     dense twin does plus that indexer roofline."""
@@ -350,6 +353,10 @@ def test_sparse_attention_reads_the_top_k_and_the_indexer_keys(shapes, hardware)
     assert elements == 368_050_176
     extra_s = step(m, 65536.0, 1.76) - step(m, 65536.0, 1.0)
     assert 0.76 * elements / bw <= extra_s * (1 + 1e-5) <= 1.1 * 0.76 * elements / bw
+    # vLLM's FP8 sparse-MLA record also holds 4 float32 scales and the 64 RoPE dims' second bytes: 80 B
+    # more a latent read, 78 x 4 x 2,048 x 80 B
+    record_s = step(m, 65536.0, 1.0) - step(m._replace(fp8_kv_extra_bytes_per_token_per_layer=0.0), 65536.0, 1.0)
+    assert 78 * 4 * 2048 * 80 / bw <= record_s * (1 + 1e-5) <= 1.1 * 78 * 4 * 2048 * 80 / bw
 
     def indexer_s(tokens):  # one roofline for the 78 layers' scoring of `tokens` keys
         return ref_roofline(78 * 2 * 32 * 128 * tokens / rate, 78 * 132 * tokens / bw)

@@ -82,9 +82,16 @@ def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
 
 
 def kv_token_bytes_per_layer(model: ModelShape, layout: Layout) -> jnp.ndarray:
-    """Cache one token holds in one softmax layer on one GPU: its K/V (or MLA latent) share, plus a
-    sparse-attention indexer's key, which every TP rank keeps whole."""
-    return model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * layout.kv_bytes_per_element + model.indexer_bytes_per_token_per_layer
+    """Cache one token holds in one softmax layer on one GPU: its K/V (or MLA latent) share with an FP8
+    cache's scales, plus a sparse-attention indexer's key, which every TP rank keeps whole."""
+    return kv_entry_bytes_per_layer(model, layout, layout.kv_bytes_per_element) + model.indexer_bytes_per_token_per_layer
+
+
+def kv_entry_bytes_per_layer(model: ModelShape, layout: Layout, bytes_per_element) -> jnp.ndarray:
+    """One token's K/V (or latent) share in one layer on one GPU at `bytes_per_element`, plus what an
+    FP8 cache stores beside its one-byte elements (sparse MLA's scales and BF16 RoPE dims)."""
+    fp8_extra = jnp.where(layout.kv_bytes_per_element < 1.5, model.fp8_kv_extra_bytes_per_token_per_layer, 0.0)
+    return model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * bytes_per_element + fp8_extra
 
 
 def kv_bytes_per_token_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:

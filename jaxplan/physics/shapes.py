@@ -68,6 +68,7 @@ class ModelShape(NamedTuple):
     sparse_attention_topk: jnp.ndarray  # tokens a query attends to in the full layers (0: all)
     indexer_flops_per_pair_per_layer: jnp.ndarray  # sparse attention's indexer scoring one (query, key) pair
     indexer_bytes_per_token_per_layer: jnp.ndarray  # its stored key, on every TP rank
+    fp8_kv_extra_bytes_per_token_per_layer: jnp.ndarray  # an FP8 cache's scales and BF16 parts (sparse MLA)
 
 
 def traced(model: ModelShape) -> ModelShape:
@@ -133,6 +134,7 @@ def model_shape(model: ModelSpec) -> ModelShape:
         sparse_attention_topk=model.sparse_attention_topk,
         indexer_flops_per_pair_per_layer=2 * model.indexer_heads * model.indexer_head_dim,
         indexer_bytes_per_token_per_layer=model.indexer_bytes_per_token_per_layer(),
+        fp8_kv_extra_bytes_per_token_per_layer=model.fp8_kv_extra_bytes_per_token_per_layer(),
     )
     return ModelShape(**{k: float(v) for k, v in values.items()})
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
-from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_split_factor, kv_token_bytes_per_layer, pipeline_stages
+from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_entry_bytes_per_layer, kv_token_bytes_per_layer, pipeline_stages
 from jaxplan.physics.moe import dispatch_combine_time_s, moe_layer_time_s
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
@@ -194,7 +194,6 @@ def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: Ste
     heads = model.q_heads / tp
     bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
     flops_per_s = hw.bf16_flops_per_s * hw.attention_flops_efficiency
-    kv_elements = model.kv_elements_per_token_per_layer * kv_split_factor(model, layout)
     kv_token_bytes = kv_token_bytes_per_layer(model, layout)
     # Sliding-window layers read at most the window per decoding request, sparse layers the top-k.
     windowed_context = jnp.minimum(batch.decode_context_tokens, batch.decode_tokens * model.sliding_window_tokens)
@@ -205,7 +204,7 @@ def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: Ste
     chunked_context = jnp.minimum(full_context, batch.decode_tokens * model.attention_chunk_tokens)
     context_read = (model.full_layers - model.chunked_layers) * full_context + model.chunked_layers * chunked_context + model.sliding_layers * windowed_context
     decode_flops = 2.0 * heads * (model.attn_score_dim_decode + model.attn_value_dim_decode) * context_read
-    decode = roofline(decode_flops / flops_per_s, context_read * kv_elements * kv_read_bytes_per_element(hw, layout) / bytes_per_s)
+    decode = roofline(decode_flops / flops_per_s, context_read * kv_entry_bytes_per_layer(model, layout, kv_read_bytes_per_element(hw, layout)) / bytes_per_s)
     pairs = batch.prefill_attention_pairs
     chunked_pairs = jnp.minimum(pairs, batch.prefill_tokens * model.attention_chunk_tokens)
     layer_pairs = (model.softmax_layers - model.chunked_layers) * pairs + model.chunked_layers * chunked_pairs

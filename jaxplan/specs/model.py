@@ -222,6 +222,15 @@ class ModelSpec:
             return 0
         return self.indexer_head_dim + -(-self.indexer_head_dim // 128) * 4
 
+    def fp8_kv_extra_bytes_per_token_per_layer(self) -> int:
+        """Bytes an FP8 cache stores per token and layer beyond one per element. Sparse MLA in FP8 is
+        vLLM's `fp8_ds_mla` record (FlashMLA's sparse kernels): the latent in FP8 with a 4-byte scale per
+        128 values, and the RoPE dims kept in BF16, 656 B for DeepSeek-V3.2's 576 elements. Other FP8
+        caches keep one scale per tensor."""
+        if not (self.sparse_attention_topk and self.is_mla):
+            return 0
+        return -(-self.kv_lora_rank // 128) * 4 + self.qk_rope_head_dim
+
     def kv_params_per_layer(self) -> int:
         """K and V projection weights of one GQA layer (replicated when TP > KV heads)."""
         return 0 if self.is_mla else 2 * self.hidden_size * self.num_kv_heads * self.head_dim
@@ -291,7 +300,8 @@ class ModelSpec:
     def kv_bytes_per_token(self, kv_bytes_per_element: int = 2) -> int:
         """KV bytes per token if every softmax layer kept every token (no window cap, no TP)."""
         layers = self.full_attention_layers + self.sliding_window_layers
-        return layers * (self.kv_elements_per_token_per_layer() * kv_bytes_per_element + self.indexer_bytes_per_token_per_layer())
+        fp8_extra = self.fp8_kv_extra_bytes_per_token_per_layer() if kv_bytes_per_element == 1 else 0
+        return layers * (self.kv_elements_per_token_per_layer() * kv_bytes_per_element + fp8_extra + self.indexer_bytes_per_token_per_layer())
 
     def linear_state_bytes_per_request_per_layer(self) -> int:
         """Constant recurrent + conv state one request holds in one linear-attention layer."""

@@ -44,8 +44,9 @@ P99_Z = 2.326
 
 
 # ---- architecture, from the raw config fields ------------------------------------------------------
-def softmax_attention_params(m) -> tuple[float, float]:
-    """(all projection weights of one softmax-attention layer, the K/V-projection part of them)."""
+def softmax_attention_params(m) -> tuple[float, float, float]:
+    """(all projection weights of one softmax-attention layer, the K/V-projection part of them, the part
+    vLLM replicates on every TP rank: MLA's q_a / kv_a down-projections and a sparse-attention indexer)."""
     h = m.hidden_size
     if m.kv_lora_rank:  # MLA: q (optionally low-rank), joint KV down-projection, per-head up-projection, o
         q_dim = m.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
@@ -55,11 +56,12 @@ def softmax_attention_params(m) -> tuple[float, float]:
         o = m.num_attention_heads * m.v_head_dim * h
         # a sparse-attention indexer: query up-projection from the compressed query, a key and a head weight from h
         indexer = (m.q_lora_rank or h) * m.indexer_heads * m.indexer_head_dim + h * (m.indexer_head_dim + m.indexer_heads)
-        return float(q + kv_down + kv_up + o + (indexer if m.sparse_attention_topk else 0)), 0.0
+        indexer = indexer if m.sparse_attention_topk else 0
+        return float(q + kv_down + kv_up + o + indexer), 0.0, float(h * m.q_lora_rank + kv_down + indexer)
     q = h * m.num_attention_heads * m.head_dim * (2 if m.attn_output_gate else 1)  # gated: q and its gate
     k = v = h * m.num_kv_heads * m.head_dim
     o = m.num_attention_heads * m.head_dim * h
-    return float(q + k + v + o), float(k + v)
+    return float(q + k + v + o), float(k + v), 0.0
 
 
 def linear_attention_params(m) -> float:
@@ -140,8 +142,8 @@ def weight_bytes_per_gpu(m, tp: int, pp: int, weight_dtype: str, expert_parallel
     expert_bytes, other_bytes = FORMAT_BYTES[weight_dtype]
     n = layer_counts(m)
     h = m.hidden_size
-    attn_all, attn_kv = softmax_attention_params(m)
-    softmax = (n["full"] + n["sliding"]) * ((attn_all - attn_kv) / tp + attn_kv / min(tp, m.num_kv_heads))
+    attn_all, attn_kv, attn_whole = softmax_attention_params(m)
+    softmax = (n["full"] + n["sliding"]) * ((attn_all - attn_kv - attn_whole) / tp + attn_kv / min(tp, m.num_kv_heads) + attn_whole)
     linear = n["linear"] * linear_attention_params(m) / tp
     dense = n["dense"] * 3 * h * m.intermediate_size / tp
     expert = 3 * h * m.moe_intermediate_size

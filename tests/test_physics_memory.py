@@ -164,6 +164,31 @@ def test_mla_kv_is_not_split_by_tp():
     assert f(kv_bytes_per_token_per_gpu(ds, make_layout(tp=8, kv_bytes=1))) == pytest.approx(35_136, rel=F32)
 
 
+def test_mla_down_projections_and_the_indexer_are_whole_on_every_tp_rank():
+    """vLLM builds MLA's q_a_proj and kv_a_proj_with_mqa (and a sparse-attention indexer) as
+    ReplicatedLinear. DeepSeek-V3 (hidden 7,168, 128 heads, q rank 1,536, KV rank 512, RoPE 64, nope
+    128, v 128), one layer:
+      q_a 7,168 x 1,536 = 11,010,048   q_b 1,536 x 128 x 192 = 37,748,736
+      kv_a 7,168 x 576 = 4,128,768     kv_b 512 x 128 x 256 = 16,777,216   o 128 x 128 x 7,168 = 117,440,512
+    187,105,280 in all; at TP8 a rank holds 15,138,816 whole + 171,966,464 / 8 = 36,634,624. So 61
+    layers in FP8 put 61 x 15,138,816 x 7/8 B more weight on each of 8 ranks than splitting them all.
+    GLM-5 also replicates its indexer: 2,048 x 32 x 128 + 6,144 x (128 + 32) = 9,371,648 a layer."""
+    from jaxplan.physics.memory import attention_params_per_gpu
+
+    ds = model_shape(load_model("deepseek-v3"))
+    assert f(ds.attn_params_per_layer) == 187_105_280 and f(ds.replicated_attn_params_per_layer) == 15_138_816
+    assert f(attention_params_per_gpu(ds, 8.0)) == pytest.approx(36_634_624, rel=F32)
+    assert f(attention_params_per_gpu(ds, 1.0)) == pytest.approx(187_105_280, rel=F32)
+    split = ds._replace(replicated_attn_params_per_layer=jnp.float32(0.0))
+    fp8_tp8 = make_layout(tp=8, weight_bytes=1)
+    more = f(weight_bytes_per_gpu(ds, fp8_tp8)) - f(weight_bytes_per_gpu(split, fp8_tp8))
+    assert more == pytest.approx(61 * 15_138_816 * 7 / 8, rel=1e-4)
+    glm = load_model("glm-5")
+    assert glm.indexer_params_per_layer() == 9_371_648
+    assert glm.replicated_attention_params_per_layer() == 6144 * 2048 + 6144 * 576 + 9_371_648
+    assert model_shape(load_model("llama-3.1-70b")).replicated_attn_params_per_layer == 0
+
+
 def test_sparse_attention_keeps_its_indexer_keys_beside_the_latent():
     """GLM-5: 78 MLA layers of 576 latent elements, plus DeepSeek sparse attention's indexer key per
     token and layer, 128 FP8 values and one 4-byte scale (vLLM's DeepseekV32IndexerCache), whole on

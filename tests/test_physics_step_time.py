@@ -132,7 +132,8 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     wb = np.where(fp4, hw["fp4_weight_read_bytes_per_param"], wb)
     ops = []
     kv_ways = np.minimum(tp, m.kv_heads)
-    attn_w = (m.attn_params_per_layer - m.kv_proj_params_per_layer) / tp + m.kv_proj_params_per_layer / kv_ways
+    whole = m.replicated_attn_params_per_layer  # MLA's down-projections and an indexer: on every rank
+    attn_w = (m.attn_params_per_layer - m.kv_proj_params_per_layer - whole) / tp + m.kv_proj_params_per_layer / kv_ways + whole
     ops.append((m.softmax_layers, 2 * T * attn_w, attn_w * wb + T * (h + 2 * h / tp) * 2, gemm_rate, 2 * floor))
     lin_w = m.linear_params_per_layer / tp
     ops.append((m.linear_layers, 2 * T * lin_w, lin_w * wb + T * (h + 2 * h / tp) * 2, gemm_rate, 2 * floor))

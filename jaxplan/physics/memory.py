@@ -59,15 +59,19 @@ def kv_split_factor(model: ModelShape, layout: Layout) -> jnp.ndarray:
     return model.kv_split_by_tp * gqa + (1.0 - model.kv_split_by_tp)
 
 
+def attention_params_per_gpu(model: ModelShape, tp) -> jnp.ndarray:
+    """One softmax layer's projection weights on one of `tp` ranks: split by TP, except the K/V
+    projections (at most kv_heads ways) and the replicated part (whole on every rank)."""
+    kv, whole = model.kv_proj_params_per_layer, model.replicated_attn_params_per_layer
+    return (model.attn_params_per_layer - kv - whole) / tp + kv / jnp.minimum(tp, model.kv_heads) + whole
+
+
 def weight_bytes_per_gpu(model: ModelShape, layout: Layout) -> jnp.ndarray:
     """Weight shard of the heaviest pipeline stage on one GPU (bytes): the largest stage's layers and
     the larger of the embedding and the LM head (an upper bound when PP does not divide the layers:
     vLLM gives the extra layers to the stages between the first and the last)."""
     tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
-    kv_share = jnp.minimum(tp, model.kv_heads)  # K/V projections split at most kv_heads ways
-    attn = model.softmax_layers * (
-        (model.attn_params_per_layer - model.kv_proj_params_per_layer) / tp + model.kv_proj_params_per_layer / kv_share
-    )
+    attn = model.softmax_layers * attention_params_per_gpu(model, tp)
     linear = model.linear_layers * model.linear_params_per_layer / tp
     dense = model.dense_mlp_layers * model.dense_mlp_params_per_layer / tp
     routed, moe_other = moe_weight_params_per_gpu(model, layout)

@@ -40,6 +40,7 @@ class ModelShape(NamedTuple):
     linear_layers: jnp.ndarray
     attn_params_per_layer: jnp.ndarray  # softmax-attention projections (incl. K/V)
     kv_proj_params_per_layer: jnp.ndarray  # the K/V part, replicated once TP > KV heads
+    replicated_attn_params_per_layer: jnp.ndarray  # the part every TP rank holds whole (MLA's down-projections, an indexer)
     linear_params_per_layer: jnp.ndarray
     linear_state_bytes_per_layer: jnp.ndarray  # per request, constant
     linear_flops_per_token_per_layer: jnp.ndarray  # recurrent state update
@@ -106,6 +107,7 @@ def model_shape(model: ModelSpec) -> ModelShape:
         linear_layers=model.linear_attention_layers,
         attn_params_per_layer=model.attention_params_per_layer(),
         kv_proj_params_per_layer=model.kv_params_per_layer(),
+        replicated_attn_params_per_layer=model.replicated_attention_params_per_layer(),
         linear_params_per_layer=model.linear_attention_params_per_layer(),
         linear_state_bytes_per_layer=model.linear_state_bytes_per_request_per_layer(),
         linear_flops_per_token_per_layer=linear_flops,

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
-from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, kv_entry_bytes_per_layer, kv_token_bytes_per_layer, pipeline_stages
+from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, attention_params_per_gpu, kv_entry_bytes_per_layer, kv_token_bytes_per_layer, pipeline_stages
 from jaxplan.physics.moe import dispatch_combine_time_s, moe_layer_time_s
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
@@ -167,8 +167,7 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
     wb = weight_read_bytes_per_param(hw, layout)
     h = model.hidden_size
-    kv_share = jnp.minimum(tp, model.kv_heads)
-    attn_params = (model.attn_params_per_layer - model.kv_proj_params_per_layer) / tp + model.kv_proj_params_per_layer / kv_share
+    attn_params = attention_params_per_gpu(model, tp)
     # Each operator below is two GEMMs (QKV and O; the in- and out-projections; gate/up and down), so
     # at least two floors.
     pair_floor_s = 2.0 * gemm_floor_s(hw, layout)

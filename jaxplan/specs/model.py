@@ -231,6 +231,15 @@ class ModelSpec:
             return 0
         return -(-self.kv_lora_rank // 128) * 4 + self.qk_rope_head_dim
 
+    def replicated_attention_params_per_layer(self) -> int:
+        """Projections of one softmax layer that every TP rank holds whole: MLA's down-projections of the
+        query and the joint KV latent (vLLM's q_a_proj and kv_a_proj_with_mqa, or their fused form) and
+        the whole sparse-attention indexer (wq_b, wk, weights_proj), all `ReplicatedLinear` in vLLM."""
+        if not self.is_mla:
+            return 0
+        h = self.hidden_size
+        return h * self.q_lora_rank + h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.indexer_params_per_layer()
+
     def kv_params_per_layer(self) -> int:
         """K and V projection weights of one GQA layer (replicated when TP > KV heads)."""
         return 0 if self.is_mla else 2 * self.hidden_size * self.num_kv_heads * self.head_dim

@@ -44,8 +44,16 @@ def bad_value(field: str, value: object, fix: str, *, where: str | None = None) 
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> PlanError:
-    """Unknown name: list the known ones and the closest match."""
+    """Unknown name: list the known ones and the closest match, unless the name is that match with a
+    version after it ('deepseek-v3.2', 'glm-5.1'): a later release, which may differ in architecture."""
     known = sorted(known)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.4) if len(name) <= 200 else []
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = f" Did you mean {close[0]!r}?" if close and not _later_release(name, close[0]) else ""
     return PlanError(f"unknown {kind} {short_repr(name)}.{hint} Known: {', '.join(known)}")
+
+
+def _later_release(name: str, known: str) -> bool:
+    """Whether `name` (a Hugging Face id or a bare name) is `known` followed by a version, e.g.
+    'deepseek-ai/DeepSeek-V3.2' after 'deepseek-v3'."""
+    tail = name.lower().rsplit("/", 1)[-1]
+    return tail.startswith(known.lower()) and tail[len(known):][:1] in tuple(".0123456789")

@@ -57,6 +57,17 @@ def test_an_unbundled_hugging_face_id_says_which_config_json_to_save():
     assert load_model("meta-llama/Llama-3.1-70B") == load_model("llama-3.1-70b")  # a bundled model's id still loads
 
 
+@pytest.mark.parametrize("name", ["deepseek-ai/DeepSeek-V3.2", "deepseek-v3.1", "zai-org/GLM-5.1"])
+def test_a_later_release_of_a_bundled_model_is_not_suggested_as_that_model(name):
+    """DeepSeek-V3.2 adds sparse attention to V3: offering 'deepseek-v3' for it would plan another
+    architecture. A different spelling of the same model is still suggested."""
+    message = _one_line_error(load_model, name)
+    assert "Did you mean" not in message and "unknown model" in message
+    assert "Did you mean 'deepseek-v3'?" in _one_line_error(load_model, "deepseek-v3-instruct")
+    assert "Did you mean 'glm-5'?" in _one_line_error(load_model, "glm5")
+    assert "Did you mean 'qwen3-235b-a22b'?" in _one_line_error(load_model, "Qwen/Qwen3-235B-A22B-2507")
+
+
 @pytest.mark.parametrize(
     "loader, name, suggestion",
     [(load_gpu, "h100", "h100_sxm"), (load_workload, "chats", "chat"), (load_space, "defualt", "default")],

@@ -32,16 +32,17 @@ def layout_rows(result) -> list[dict]:
     """Rows of the best candidate of every layout that passed stages 1-4, best first.
 
     Uses `result.layouts` (the per-layout table) when the sweep result carries it; otherwise the grid
-    is streamed again through stages 1-4 (same compiled kernel, same context: identical tables)."""
+    is streamed again through stages 1-4 (same compiled kernel, same context: identical tables). The
+    rows are checked against the table's scores (`sweep.checked_rows`)."""
     from jaxplan.funnel.shortlist import top_layouts
-    from jaxplan.funnel.sweep import rows_for, stream
+    from jaxplan.funnel.sweep import checked_rows, stream
 
     table = getattr(result, "layouts", None)
     if table is None:
         table = stream(result.grid, result.context, result.chunk_size).state.layouts
     scores, digits = np.asarray(table.score), np.asarray(table.digits)
     chosen = top_layouts(scores, len(scores))
-    return rows_for(result.grid, result.context, digits[chosen])
+    return checked_rows(result.grid, result.context, digits[chosen], scores[chosen], what="sizing table")
 
 
 @dataclasses.dataclass

@@ -49,6 +49,21 @@ def test_scenario_errors_are_plan_errors():
         winner_map(MODEL, GPUS, CODING, load_space("small"), "isl=200000")
 
 
+def test_a_map_whose_rows_do_not_price_as_its_kernel_scored_them_stops(monkeypatch):
+    """The cells' rows come from the report rows' program (-O0), the winners from the map kernel
+    (compiled apart): rows that disagree with the kernel's scores are priced again at XLA's defaults,
+    and where those disagree too the map stops with a one-line error instead of drawing them."""
+    from jaxplan.funnel import chunk
+
+    def off_by_a_percent(program):
+        return lambda ctx, digits: (lambda ev: ev._replace(score=ev.score * 1.01))(program(ctx, digits))
+
+    monkeypatch.setattr(chunk, "_evaluate_digits", off_by_a_percent(chunk._evaluate_digits))
+    monkeypatch.setattr(chunk, "_evaluate_digits_default", off_by_a_percent(chunk._evaluate_digits_default))
+    with pytest.raises(PlanError, match=r"internal check: the winner map's row \d+ has score"):
+        winner_map(MODEL, GPUS, CODING, load_space("small"), AXES)
+
+
 def test_every_cell_is_the_sweeps_own_answer(small_map):
     space = load_space("small")
     assert small_map.shape == (1, 2, 2)

@@ -135,3 +135,24 @@ def test_the_shortlist_stands_only_on_rows_that_price_as_the_chunk_kernel_scored
     monkeypatch.setattr(chunk, "_evaluate_digits_default", off_by_a_percent(chunk._evaluate_digits_default))
     with pytest.raises(PlanError, match=r"internal check: the (shortlist|frontier)'s row \d+ has (score|output_tokens_per_s_per_gpu) .* where the sweep's kernel has"):
         _sweep()
+
+
+def test_the_sizing_table_stands_only_on_rows_that_price_as_the_chunk_kernel_scored_them(monkeypatch):
+    """`jaxplan size`'s rows (the best of every layout) are checked like the shortlist's: a one-shot
+    program off by a percent is replaced at XLA's defaults, and both off stop with the one-line error."""
+    from jaxplan.errors import PlanError
+    from jaxplan.sizing import layout_rows
+
+    result = _sweep()
+    truth = layout_rows(result)
+    assert len(truth) >= max(len(result.shortlist), 4)  # the best of every layout that passed
+
+    def off_by_a_percent(program):
+        return lambda ctx, digits: (lambda ev: ev._replace(score=ev.score * 1.01))(program(ctx, digits))
+
+    monkeypatch.setattr(chunk, "_evaluate_digits", off_by_a_percent(chunk._evaluate_digits))
+    assert [r["score"] for r in layout_rows(result)] == [r["score"] for r in truth]
+    monkeypatch.setattr(chunk, "_evaluate_digits_default", off_by_a_percent(chunk._evaluate_digits_default))
+    with pytest.raises(PlanError, match=r"internal check: the sizing table's row \d+ has score .* where the sweep's kernel has"):
+        layout_rows(result)
+

@@ -22,13 +22,17 @@ MAX_SCENARIOS = 4096
 MAX_TABLE_BYTES = 1 << 30  # S x layouts x (score + packed knobs)
 
 
-def rows_under(grid: Grid, ctx: SweepContext, digits: np.ndarray, params: WorkloadParams) -> list[dict]:
-    """Sweep-style rows for candidates [K] each evaluated under its own scenario (params fields [K])."""
-    from jaxplan.funnel.sweep import rows_for
+def rows_under(grid: Grid, ctx: SweepContext, digits: np.ndarray, params: WorkloadParams, kernel_scores: np.ndarray | None = None) -> list[dict]:
+    """Sweep-style rows for candidates [K] each evaluated under its own scenario (params fields [K]);
+    checked against the map kernel's `kernel_scores` [K] where given (`sweep.checked_rows`)."""
+    from jaxplan.funnel.sweep import checked_rows, rows_for
 
     if len(digits) == 0:
         return []
-    return rows_for(grid, ctx._replace(workload=params), digits)  # rows_for pads the scenarios with the rows
+    ctx = ctx._replace(workload=params)  # rows_for pads the scenarios with the rows
+    if kernel_scores is None:
+        return rows_for(grid, ctx, digits)
+    return checked_rows(grid, ctx, digits, kernel_scores, what="winner map")
 
 
 def winner_map(
@@ -94,7 +98,7 @@ def winner_map(
     have = flat_ids >= 0
     digits = unpack_knobs(flat_ids[have], flat_packed[have], grid.sizes)
     scenario_of = np.repeat(np.arange(num_s), 2)[have]
-    rows_flat = rows_under(grid, ctx, digits, jax.tree.map(lambda f: f[jnp.asarray(scenario_of)], params))
+    rows_flat = rows_under(grid, ctx, digits, jax.tree.map(lambda f: f[jnp.asarray(scenario_of)], params), best.reshape(-1)[have])
     rows: list[dict | None] = [None] * (2 * num_s)
     for slot, row in zip(np.flatnonzero(have), rows_flat):
         rows[slot] = row

@@ -356,6 +356,40 @@ def test_state_space_hybrids_are_refused_by_the_field_that_names_them(changes, f
         _parse(**changes)
 
 
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        # DeepSeek-V4 (its config: compressed attention on every layer but the first, hyper-connections)
+        (dict(compress_ratios=[0, 4, 128, 4], hc_mult=4, index_topk=512, index_n_heads=64, index_head_dim=128), r"compress_ratios = \[0, 4, 128, 4\]: names compressed attention"),
+        # MiniMax-Text-01 / M1: 0 marks a lightning-attention layer
+        (dict(attn_type_list=[0, 0, 0, 1]), r"attn_type_list = \[0, 0, 0, 1\]: names lightning \(linear\) attention"),
+        # Kimi Linear: delta-attention layers configured apart from the Gated DeltaNet fields
+        (dict(layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+              linear_attn_config={"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": 32, "head_dim": 128}), r"linear_attn_config = \{'kda_layers': .*: configures Kimi Delta Attention"),
+        (dict(layer_types=["full_attention", "deepseek_sparse_attention", "full_attention", "full_attention"]), r"layer_types = .*'deepseek_sparse_attention' is a layer kind jaxplan does not model"),
+        (dict(layer_types=["mamba", "attention", "mamba", "attention"]), r"'mamba' is a state-space \(Mamba\) layer"),
+        (dict(layer_types=[{"kind": "full"}] * 4), r"layer_types = .*is a layer kind jaxplan does not model"),
+        # a linear layer without the Gated DeltaNet shape, or a sliding layer without its window, is priced as nothing
+        (dict(layer_types=["linear_attention", "full_attention"] * 2), r"linear_num_key_heads = None: must be > 0: the config names 2 linear-attention layers"),
+        (dict(layer_types=["sliding_attention", "full_attention"] * 2), r"sliding_window = None: must give the window in tokens: the config names 2 sliding-window layers"),
+    ],
+)
+def test_attention_jaxplan_does_not_model_is_refused_by_the_field_that_names_it(changes, message):
+    """Read as softmax or Gated DeltaNet layers, these would be priced silently wrong (compressed or
+    lightning attention as full attention, a linear or sliding layer without its shape as free)."""
+    with pytest.raises(PlanError, match=message):
+        _parse(**changes)
+    assert _parse(attn_type_list=[1, 1, 1, 1]).full_attention_layers == 4  # all softmax: nothing unmodelled
+
+
+def test_llama_4_chunked_attention_layers_from_layer_types():
+    """transformers' newer Llama4TextConfig writes layer_types ("chunked_attention" for the layers with
+    RoPE): those layers are chunked full-attention layers, not sliding ones."""
+    kinds = ["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"]
+    m = _parse(layer_types=kinds, attention_chunk_size=8192)
+    assert (m.full_attention_layers, m.sliding_window_layers, m.chunked_attention_layers, m.attention_chunk_tokens) == (4, 0, 3, 8192)
+
+
 def test_llama_4_chunked_attention_layers():
     """The layers with RoPE attend within `attention_chunk_size` chunks: no_rope_layers' 1s, by default
     all but every fourth (transformers' Llama4TextConfig); every layer still counts as full attention."""
@@ -374,7 +408,8 @@ def test_sparse_attention_fields_are_read():
     assert (m.sparse_attention_topk, m.indexer_heads, m.indexer_head_dim) == (2048, 4, 128)
     # the indexer: 96 -> 4 x 128 queries, 512 -> 128 key and 512 -> 4 head weights, per layer
     assert m.indexer_params_per_layer() == 96 * 512 + 512 * 132
-    assert m.kv_bytes_per_token(1) == 4 * (80 + 132)  # layers x (latent + rope, and the indexer's 128 + 4 B)
+    # layers x (latent + rope in FP8, the fp8_ds_mla record's scale per 128 and the rope's second bytes, the indexer's 128 + 4 B)
+    assert m.kv_bytes_per_token(1) == 4 * (80 + 4 + 16 + 132)
     assert _parse().sparse_attention_topk == 0 and _parse().indexer_params_per_layer() == 0
     with pytest.raises(PlanError, match="index_n_heads = None: is missing"):
         _parse(index_topk=2048)

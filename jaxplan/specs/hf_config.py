@@ -25,8 +25,12 @@ from jaxplan.errors import PlanError, bad_value
 from jaxplan.specs.model import ModelSpec
 
 HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-SLIDING_KINDS = {"sliding_attention", "sliding_window", "local", "local_attention", "chunked_attention"}
-LINEAR_KINDS = {"linear_attention", "mamba", "gated_deltanet", "linear"}
+FULL_KINDS = {"full_attention", "attention", "full", "global", "global_attention"}
+SLIDING_KINDS = {"sliding_attention", "sliding_window", "local", "local_attention"}
+# Llama 4's chunked layers keep every token's KV; their chunk is read from attention_chunk_size.
+CHUNKED_KINDS = {"chunked_attention"}
+LINEAR_KINDS = {"linear_attention", "gated_deltanet", "linear"}
+STATE_SPACE_KINDS = {"mamba", "mamba2", "ssm"}
 
 
 def _get(cfg: dict, *names: str, default=None):
@@ -68,8 +72,17 @@ def _layer_kind_counts(cfg: dict, num_layers: int, where: str) -> tuple[int, int
     if layer_types:
         if len(layer_types) != num_layers:
             raise bad_value("layer_types", f"{len(layer_types)} entries", f"must list num_hidden_layers = {num_layers} entries", where=where)
-        sliding = sum(1 for kind in layer_types if isinstance(kind, str) and kind in SLIDING_KINDS)
-        linear = sum(1 for kind in layer_types if isinstance(kind, str) and kind in LINEAR_KINDS)
+        known = FULL_KINDS | SLIDING_KINDS | CHUNKED_KINDS | LINEAR_KINDS
+        unknown = next((kind for kind in layer_types if not (isinstance(kind, str) and kind in known)), None)
+        if unknown is not None:
+            what = "a state-space (Mamba) layer" if isinstance(unknown, str) and unknown in STATE_SPACE_KINDS else "a layer kind"
+            raise bad_value(
+                "layer_types", f"[..., {unknown!r}, ...]",
+                f"{unknown!r} is {what} jaxplan does not model: it prices full, sliding-window and chunked softmax "
+                "attention (MLA and sparse included) and Gated DeltaNet linear attention", where=where,
+            )
+        sliding = sum(1 for kind in layer_types if kind in SLIDING_KINDS)
+        linear = sum(1 for kind in layer_types if kind in LINEAR_KINDS)
         return num_layers - sliding - linear, sliding, linear
     interval = _int_field(cfg, where, "full_attention_interval", default=0)
     if _int_field(cfg, where, "linear_num_value_heads", default=0) and interval:
@@ -101,6 +114,9 @@ def _layer_kind_counts(cfg: dict, num_layers: int, where: str) -> tuple[int, int
     return num_layers, 0, 0
 
 
+LINEAR_SHAPE_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+
+
 def _has_window_switch(cfg: dict) -> bool:
     """Whether the family gates its window with `use_sliding_window` (transformers' Qwen2/Qwen3 configs
     default it to false even when config.json leaves it out)."""
@@ -119,14 +135,42 @@ STATE_SPACE_FIELDS = ("hybrid_override_pattern", "attn_layer_period", "ssm_state
 
 
 def _chunked_layers(cfg: dict, num_layers: int, where: str) -> int:
-    """Llama 4's layers that attend within chunks: those with RoPE (`no_rope_layers[i]` 1), by
-    default all but every fourth (transformers' Llama4TextConfig, no_rope_layer_interval 4)."""
+    """Llama 4's layers that attend within chunks: the `chunked_attention` entries of layer_types where
+    it names them, else those with RoPE (`no_rope_layers[i]` 1), by default all but every fourth
+    (transformers' Llama4TextConfig, no_rope_layer_interval 4)."""
+    kinds = _list_field(cfg, where, "layer_types")
+    chunked = sum(1 for kind in kinds if isinstance(kind, str) and kind in CHUNKED_KINDS)
+    if chunked:
+        return chunked
     flags = _list_field(cfg, where, "no_rope_layers")
     if not flags:
         return num_layers - num_layers // 4
     if len(flags) != num_layers or any(f not in (0, 1) for f in flags):
         raise bad_value("no_rope_layers", f"{len(flags)} entries", f"must list num_hidden_layers = {num_layers} flags of 0 or 1", where=where)
     return sum(flags)
+
+
+# Attention that is neither softmax nor Gated DeltaNet, each named by the field that shows it:
+# DeepSeek-V4's compressed attention, MiniMax-Text-01 / M1's lightning attention (0s in
+# attn_type_list), Kimi Linear's delta attention.
+UNMODELLED_ATTENTION = {
+    "compress_ratios": "names compressed attention (DeepSeek-V4's CSA / HCA layers)",
+    "attn_type_list": "names lightning (linear) attention layers (its 0 entries)",
+    "linear_attn_config": "configures Kimi Delta Attention layers",
+}
+
+
+def _refuse_unmodelled_attention(cfg: dict, where: str) -> None:
+    """Refuse a config whose attention jaxplan would misprice as softmax or Gated DeltaNet layers."""
+    for field, what in UNMODELLED_ATTENTION.items():
+        value = cfg.get(field)
+        if value is None or (field == "attn_type_list" and isinstance(value, list) and 0 not in value):
+            continue
+        raise bad_value(
+            field, value,
+            f"{what}, which jaxplan does not model yet: it prices softmax attention (full, sliding-window, "
+            "chunked, MLA, sparse) and Gated DeltaNet linear attention", where=where,
+        )
 
 
 def _refuse_state_space_layers(cfg: dict, where: str) -> None:
@@ -228,6 +272,7 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
         raise PlanError(f"{where}: expected a JSON object at the top level")
     cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     _refuse_state_space_layers(cfg, where)
+    _refuse_unmodelled_attention(cfg, where)
     num_layers = _int_field(cfg, where, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _int_field(cfg, where, "hidden_size", "n_embd", "d_model")
     heads = _int_field(cfg, where, "num_attention_heads", "n_head")
@@ -259,7 +304,13 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
         linear_attention_layers=linear,
         source=source,
     )
+    if sliding and not _int_field(cfg, where, "sliding_window", default=0):
+        raise bad_value("sliding_window", _get(cfg, "sliding_window"), f"must give the window in tokens: the config names {sliding} sliding-window layers", where=where)
     if linear:
+        missing = next((k for k in LINEAR_SHAPE_FIELDS if not _int_field(cfg, where, k, default=0)), None)
+        if missing is not None:
+            raise bad_value(missing, _get(cfg, missing), f"must be > 0: the config names {linear} linear-attention layers, priced as Gated DeltaNet from "
+                            + ", ".join(LINEAR_SHAPE_FIELDS), where=where)
         fields.update(
             linear_num_key_heads=_int_field(cfg, where, "linear_num_key_heads", default=0),
             linear_num_value_heads=_int_field(cfg, where, "linear_num_value_heads", default=0),

@@ -25,7 +25,6 @@ import math
 import numpy as np
 
 from jaxplan.layout_kind import kind_label, kind_name, row_kind
-from jaxplan.plots.figures import offered_tokens_per_s
 
 KIND_ORDER = ("tp", "ep", "dp", "dp_ep")
 MAX_ROWS = 8  # rows of one evaluation (winner + up to 3 rivals), padded: one compilation
@@ -64,7 +63,7 @@ def why_it_wins(result, winner: dict) -> list[str]:
         if r is not None:
             stage = r.get("why_stage")
             where = f"the one that comes closest, {kind_label(r)}, stops at stage {stage} ({STAGE_NAMES[stage]}): " if stage in STAGE_NAMES else ""
-            reached = reached_clause(r.get("why_tokens_per_s", float("-inf")), offered_tokens_per_s(result.workload))
+            reached = reached_clause(r.get("why_tokens_per_s", float("-inf")), result.workload.offered_output_tokens_per_s)
             line = f"{kind_name(winner)} over {kind}: no {kind} layout of {winner['num_gpus']} {winner['gpu']} passes ({where}{r['why']}{reached})"
         else:
             line = f"{kind_name(winner)} over {kind}: the space has no {kind} layout of {winner['num_gpus']} {winner['gpu']}"

@@ -127,6 +127,14 @@ def test_workload_rejects(changes, field):
     assert field in str(err.value) and "\n" not in str(err.value)
 
 
+def test_offered_output_tokens_per_s():
+    """What the "Why" lines and the timelines' dashed line compare against: Poisson 2 req/s x 100
+    output tokens = 200 tok/s, whatever the target; a burst or closed loop offers its target, if any."""
+    assert Workload(**W, arrival=Arrival.POISSON, request_rate_per_s=2.0, target_output_tokens_per_s=150.0).offered_output_tokens_per_s == 200.0
+    assert Workload(**W, arrival=Arrival.BURST, target_output_tokens_per_s=150.0).offered_output_tokens_per_s == 150.0
+    assert Workload(**W, arrival=Arrival.BURST).offered_output_tokens_per_s is None
+
+
 def test_a_target_above_what_poisson_arrivals_bring_names_the_rate_that_would_bring_it(tmp_path):
     """2 req/s x 100 output tokens bring 200 tok/s: a larger target cannot be met by any deployment. A
     workload file and the CLI's overrides are refused; a winner-map scenario is not (its cell has no winner)."""

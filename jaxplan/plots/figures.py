@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def timeline_figures(result, rows: list[dict], *, num_requests: int | None, seed
     step(f"replaying {len(rows)} finalists for their timelines")
     trace, block_size = sweep_traces(result, rows, num_requests=num_requests, seed=seed)
     tl = timeline(trace, block_size=block_size)
-    offered = offered_tokens_per_s(result.workload)
+    offered = result.workload.offered_output_tokens_per_s
     figures = {}
     for i, row in enumerate(rows):
         step(f"timeline of finalist {i + 1}")
@@ -75,7 +74,7 @@ def simulate_figures(rows: list[dict], traced: list[tuple], step: Callable[[str]
         seqs = float(row.get("max_num_seqs") or 1024)
         label = f"row {i + 1}: {gpu_label(str(row['gpu']))} TP{row['tensor_parallel_size']}xPP{row.get('pipeline_parallel_size') or 1}xDP{dp}"
         figures[f"timeline_row{i + 1}"] = timeline_figure(timeline(trace, block_size=block_size), 0, label, max_running=seqs * dp,
-                                                         offered_tokens_per_s=offered_tokens_per_s(workload))
+                                                         offered_tokens_per_s=workload.offered_output_tokens_per_s)
     return figures
 
 
@@ -109,14 +108,6 @@ def winner_map_figures(wmap) -> dict:
         current=plane.current, title=title,
     )
     return {"winner_map": figure}
-
-
-def offered_tokens_per_s(workload) -> float | None:
-    """Mean output tokens/s the traffic asks for (Poisson), else the throughput target, else None."""
-    rate = getattr(workload, "request_rate_per_s", math.inf)
-    if getattr(workload.arrival, "value", workload.arrival) == "poisson" and math.isfinite(rate):
-        return rate * workload.osl_mean_tokens
-    return workload.target_output_tokens_per_s or None
 
 
 def write_figures(figures: dict, directory: Path | str, step: Callable[[str], None] = _noop) -> list[Path]:

@@ -155,6 +155,14 @@ class Workload:
         return read_lengths(self.lengths_file) if self.lengths_file else None
 
     @property
+    def offered_output_tokens_per_s(self) -> float | None:
+        """Mean output tokens/s the traffic asks for: Poisson arrivals' rate x mean output tokens, else
+        the throughput target, else None (a burst or closed loop without a target asks for no rate)."""
+        if self.arrival == Arrival.POISSON and math.isfinite(self.request_rate_per_s):
+            return self.request_rate_per_s * self.osl_mean_tokens
+        return self.target_output_tokens_per_s or None
+
+    @property
     def has_slo(self) -> bool:
         return math.isfinite(self.ttft_slo_s) or math.isfinite(self.tpot_slo_s)
 

@@ -20,7 +20,7 @@ from jaxplan.report.vllm_command import node_layout
 from jaxplan.specs import ModelSpec, known, load_gpu, load_model
 from jaxplan.specs.hf_config import model_from_hf_dict
 
-NEW_GPUS = ("b300_sxm", "gb200", "mi325x", "mi355x")
+NEW_GPUS = ("b300_sxm", "gb200", "gb300", "mi325x", "mi355x")
 NEW_MODELS = ("gpt-oss-120b", "gpt-oss-20b", "minimax-m2.5", "qwen3-235b-a22b", "kimi-k2.5", "deepseek-r1")
 
 
@@ -56,6 +56,21 @@ def test_gb200_from_the_nvl72_rack_table():
     assert gpu.hbm_bandwidth_bytes_per_s == pytest.approx(576e12 / 72)
     assert gpu.intra_node_bandwidth_bytes_per_s == pytest.approx(130e12 / 72 / 2, rel=0.01)
     assert gpu.gpus_per_node == 72  # the NVLink domain
+
+
+def test_gb300_from_the_nvl72_rack_table():
+    """GB300 NVL72, 72 GPUs: FP4 1,080 PFLOPS dense, FP8 720 and BF16 360 with sparsity; 288 GB a GPU
+    (20.7 TB) at 576 TB/s; NVLink 130 TB/s; a ConnectX-8 800 Gb/s NIC a GPU. B300's silicon (compute
+    capability 10.3) in the GB200's rack: 72 GPUs one NVLink domain, launched 4 to a tray."""
+    gpu, b300, gb200 = load_gpu("gb300"), load_gpu("b300_sxm"), load_gpu("gb200")
+    assert gpu.bf16_flops_per_s == pytest.approx(360e15 / 72 / 2)
+    assert gpu.fp8_flops_per_s == pytest.approx(720e15 / 72 / 2)
+    assert gpu.fp4_flops_per_s == pytest.approx(1080e15 / 72) == gpu.mxfp4_flops_per_s
+    assert gpu.hbm_bytes == 288e9 == b300.hbm_bytes and gpu.hbm_bandwidth_bytes_per_s == pytest.approx(576e12 / 72)
+    assert gpu.intra_node_bandwidth_bytes_per_s == pytest.approx(130e12 / 72 / 2, rel=0.01)
+    assert gpu.inter_node_bandwidth_bytes_per_s == pytest.approx(800e9 / 8)
+    assert (gpu.gpus_per_node, gpu.launch_gpus_per_host) == (72, 4) == (gb200.gpus_per_node, gb200.launch_gpus_per_host)
+    assert gpu.compute_capability == b300.compute_capability == 10.3
 
 
 def test_mi325x_is_mi300x_compute_with_more_hbm():

@@ -548,10 +548,10 @@ PRIOR_SOURCES = ("kernel tables", "bundled parameter file", "defaults")
 # A GPU without kernel tables whose kernels are another's builds takes that GPU's table-read fields
 # (`peer_kernel_fields`: the `moe_*` fields and every other field the serving fit leaves alone, e.g. the
 # FP8 KV read, the NVFP4 GEMMs, the GEMM floors; fractions of its own peaks): B300 and GB200 run the
-# SM100 FlashInfer / CUTLASS / Marlin kernels that NVIDIA's B200 tables time. The fitted fields still
+# SM100 FlashInfer / CUTLASS / Marlin kernels that NVIDIA's B200 tables time (GB300 as B300). The fitted fields still
 # come from the fit (`priced_without_rows`). On the B300's 106 MoE rows: TTFT / TPOT 38.6% / 7.5% against
 # 41.5% / 8.0% with the defaults' values of those fields (docs/accuracy.md).
-KERNEL_PEERS = {"b300_sxm": "b200_sxm", "gb200": "b200_sxm"}
+KERNEL_PEERS = {"b300_sxm": "b200_sxm", "gb200": "b200_sxm", "gb300": "b200_sxm"}
 
 
 def peer_kernel_fields(prior: dict[str, float]) -> list[str]:

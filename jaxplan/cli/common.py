@@ -31,7 +31,7 @@ WorkloadOption = Annotated[str, typer.Option(help="Bundled workload (coding, cha
 SpaceOption = Annotated[str, typer.Option(help="Bundled search space (default, small, huge) or a .toml path.")]
 BudgetOption = Annotated[Optional[int], typer.Option(min=1, help="GPU budget (overrides the space's gpu_budget).")]
 LayoutKindsOption = Annotated[Optional[str], typer.Option(help="Layout kinds of a MoE model to search, e.g. tp,dp_ep (overrides the space's layout_kind; default all four): tp, ep (--enable-expert-parallel), dp (--data-parallel-size, lock-step), dp_ep (both). A dense model has tp only.")]
-WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs NVFP4 tensor cores: b200_sxm, b300_sxm, gb200).")]
+WeightDtypesOption = Annotated[Optional[str], typer.Option(help="Weight dtypes to search, e.g. bf16,fp8,nvfp4 (overrides the space's weight_dtype; nvfp4 needs NVFP4 tensor cores: b200_sxm, b300_sxm, gb200, gb300).")]
 KvDtypesOption = Annotated[Optional[str], typer.Option(help="KV-cache dtypes to search: auto,fp8 (overrides the space's kv_cache_dtype).")]
 TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
 RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]

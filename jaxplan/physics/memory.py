@@ -91,10 +91,15 @@ def kv_token_bytes_per_layer(model: ModelShape, layout: Layout) -> jnp.ndarray:
     return kv_entry_bytes_per_layer(model, layout, layout.kv_bytes_per_element) + model.indexer_bytes_per_token_per_layer
 
 
+def fp8_kv_cache(layout: Layout) -> jnp.ndarray:
+    """Whether the layout's KV cache is FP8 (1 byte an element; BF16 is 2)."""
+    return layout.kv_bytes_per_element < 1.5
+
+
 def kv_entry_bytes_per_layer(model: ModelShape, layout: Layout, bytes_per_element) -> jnp.ndarray:
     """One token's K/V (or latent) share in one layer on one GPU at `bytes_per_element`, plus what an
     FP8 cache stores beside its one-byte elements (sparse MLA's scales and BF16 RoPE dims)."""
-    fp8_extra = jnp.where(layout.kv_bytes_per_element < 1.5, model.fp8_kv_extra_bytes_per_token_per_layer, 0.0)
+    fp8_extra = jnp.where(fp8_kv_cache(layout), model.fp8_kv_extra_bytes_per_token_per_layer, 0.0)
     return model.kv_elements_per_token_per_layer * kv_split_factor(model, layout) * bytes_per_element + fp8_extra
 
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
-from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, attention_params_per_gpu, kv_entry_bytes_per_layer, kv_token_bytes_per_layer, pipeline_stages
+from jaxplan.physics.memory import EMBEDDING_BYTES_PER_PARAM, attention_params_per_gpu, fp8_kv_cache, kv_entry_bytes_per_layer, kv_token_bytes_per_layer, pipeline_stages
 from jaxplan.physics.moe import dispatch_combine_time_s, moe_layer_time_s
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
@@ -184,7 +184,7 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
 def kv_read_bytes_per_element(hw: Hardware, layout: Layout):
     """HBM bytes decode attention spends per KV element it reads: the stored 2 for BF16, the GPU's
     `fp8_kv_read_bytes_per_element` for an FP8 cache (its kernels dequantise as they read)."""
-    return jnp.where(layout.kv_bytes_per_element < 1.5, hw.fp8_kv_read_bytes_per_element, layout.kv_bytes_per_element)
+    return jnp.where(fp8_kv_cache(layout), hw.fp8_kv_read_bytes_per_element, layout.kv_bytes_per_element)
 
 
 def attention_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch):

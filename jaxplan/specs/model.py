@@ -197,11 +197,10 @@ class ModelSpec:
         """Projection weights of one softmax-attention layer (GQA or MLA)."""
         h = self.hidden_size
         if self.is_mla:
-            q = h * self.q_lora_rank + self.q_lora_rank * self.q_heads_dim if self.q_lora_rank else h * self.q_heads_dim
-            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            q_up = self.q_lora_rank * self.q_heads_dim if self.q_lora_rank else h * self.q_heads_dim
             kv_b = self.kv_lora_rank * self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim)
             o = self.num_attention_heads * self.v_head_dim * h
-            return q + kv_a + kv_b + o + self.indexer_params_per_layer()
+            return self._mla_down_projection_params() + q_up + kv_b + o + self.indexer_params_per_layer()
         q = h * self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
         kv = 2 * h * self.num_kv_heads * self.head_dim
         o = self.num_attention_heads * self.head_dim * h
@@ -237,8 +236,12 @@ class ModelSpec:
         the whole sparse-attention indexer (wq_b, wk, weights_proj), all `ReplicatedLinear` in vLLM."""
         if not self.is_mla:
             return 0
-        h = self.hidden_size
-        return h * self.q_lora_rank + h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.indexer_params_per_layer()
+        return self._mla_down_projection_params() + self.indexer_params_per_layer()
+
+    def _mla_down_projection_params(self) -> int:
+        """MLA's down-projections of one layer: the query's to its rank (none without q_lora_rank) and
+        the joint KV latent's with the RoPE key."""
+        return self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
 
     def kv_params_per_layer(self) -> int:
         """K and V projection weights of one GQA layer (replicated when TP > KV heads)."""

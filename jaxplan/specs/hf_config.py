@@ -283,6 +283,7 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
         raise bad_value("head_dim", None, f"is missing and hidden_size = {hidden} is not a multiple of num_attention_heads = {heads}; add head_dim", where=where)
     head_dim = _int_field(cfg, where, "head_dim", default=hidden // heads)
     full, sliding, linear = _layer_kind_counts(cfg, num_layers, where)
+    window = _int_field(cfg, where, "sliding_window", default=0) if sliding else 0
     fields = dict(
         name=name,
         hf_id=hf_id,
@@ -300,24 +301,20 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
         qk_norm_across_heads=_bool_field(cfg, where, "use_qk_norm", False) and _get(cfg, "qk_norm_type") == "per_layer",
         full_attention_layers=full,
         sliding_window_layers=sliding,
-        sliding_window_tokens=_int_field(cfg, where, "sliding_window", default=0) if sliding else 0,
+        sliding_window_tokens=window,
         linear_attention_layers=linear,
         source=source,
     )
-    if sliding and not _int_field(cfg, where, "sliding_window", default=0):
+    if sliding and not window:
         raise bad_value("sliding_window", _get(cfg, "sliding_window"), f"must give the window in tokens: the config names {sliding} sliding-window layers", where=where)
     if linear:
-        missing = next((k for k in LINEAR_SHAPE_FIELDS if not _int_field(cfg, where, k, default=0)), None)
+        # the config's names are the spec's: linear_num_key_heads, ..., linear_value_head_dim
+        shape = {k: _int_field(cfg, where, k, default=0) for k in LINEAR_SHAPE_FIELDS}
+        missing = next((k for k, v in shape.items() if not v), None)
         if missing is not None:
             raise bad_value(missing, _get(cfg, missing), f"must be > 0: the config names {linear} linear-attention layers, priced as Gated DeltaNet from "
                             + ", ".join(LINEAR_SHAPE_FIELDS), where=where)
-        fields.update(
-            linear_num_key_heads=_int_field(cfg, where, "linear_num_key_heads", default=0),
-            linear_num_value_heads=_int_field(cfg, where, "linear_num_value_heads", default=0),
-            linear_key_head_dim=_int_field(cfg, where, "linear_key_head_dim", default=0),
-            linear_value_head_dim=_int_field(cfg, where, "linear_value_head_dim", default=0),
-            linear_conv_kernel=_int_field(cfg, where, "linear_conv_kernel_dim", default=4),
-        )
+        fields.update(shape, linear_conv_kernel=_int_field(cfg, where, "linear_conv_kernel_dim", default=4))
     if _int_field(cfg, where, "kv_lora_rank", default=0):
         fields.update(
             kv_lora_rank=_int_field(cfg, where, "kv_lora_rank"),

@@ -43,12 +43,13 @@ def bad_value(field: str, value: object, fix: str, *, where: str | None = None) 
     return PlanError(f"{prefix}{field} = {short_repr(value)}: {fix}")
 
 
-def unknown_name(kind: str, name: str, known: Iterable[str]) -> PlanError:
-    """Unknown name: list the known ones and the closest match, unless the name is that match with a
-    version after it ('deepseek-v3.2', 'glm-5.1'): a later release, which may differ in architecture."""
+def unknown_name(kind: str, name: str, known: Iterable[str], *, releases: bool = False) -> PlanError:
+    """Unknown name: list the known ones and the closest match. releases: the names are of things
+    released in versions (models), so the match is not offered where the name is it with a version
+    after it ('deepseek-v3.2', 'glm-5.1'): a later release, which may differ in architecture."""
     known = sorted(known)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.4) if len(name) <= 200 else []
-    hint = f" Did you mean {close[0]!r}?" if close and not _later_release(name, close[0]) else ""
+    hint = f" Did you mean {close[0]!r}?" if close and not (releases and _later_release(name, close[0])) else ""
     return PlanError(f"unknown {kind} {short_repr(name)}.{hint} Known: {', '.join(known)}")
 
 

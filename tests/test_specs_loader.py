@@ -68,6 +68,12 @@ def test_a_later_release_of_a_bundled_model_is_not_suggested_as_that_model(name)
     assert "Did you mean 'qwen3-235b-a22b'?" in _one_line_error(load_model, "Qwen/Qwen3-235B-A22B-2507")
 
 
+def test_the_later_release_rule_is_for_models_alone():
+    """A GPU or workload name followed by a digit is a typo, not a release: the match is offered."""
+    assert "Did you mean 'h100_sxm'?" in _one_line_error(load_gpu, "h100_sxm5")
+    assert "Did you mean 'chat'?" in _one_line_error(load_workload, "chat2")
+
+
 @pytest.mark.parametrize(
     "loader, name, suggestion",
     [(load_gpu, "h100", "h100_sxm"), (load_workload, "chats", "chat"), (load_space, "defualt", "default")],

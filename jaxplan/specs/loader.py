@@ -146,7 +146,7 @@ def _load_named(kind: str, cls, name: str, label: str):
         return build(cls, data, name=path.stem, where=str(path))
     bundled = _bundled(kind)
     if name not in bundled:
-        raise unknown_name(label, name, bundled)
+        raise unknown_name(label, name, bundled, releases=kind == "models")
     return build(cls, read_toml(bundled[name]), name=name, where=f"{bundled[name].name}")
 
 
@@ -173,7 +173,7 @@ def _with_lengths_file(data: dict, base: Path, where: str) -> dict:
 def load_model(name: str) -> ModelSpec:
     """A bundled name ('llama-3.1-70b'), an HF id ('meta-llama/Llama-3.1-70B'), or a config.json / .toml path."""
     if not name.strip():  # '' is the current directory as a path: say what is missing instead
-        raise unknown_name("model", name, _bundled("models"))
+        raise unknown_name("model", name, _bundled("models"), releases=True)
     path = _user_path(name)
     if name.endswith(".json") or _is(Path.is_dir, path):
         target = path / "config.json" if _is(Path.is_dir, path) else path
@@ -184,7 +184,7 @@ def load_model(name: str) -> ModelSpec:
     if resolved not in _bundled("models") and HF_ID.fullmatch(name) and not name.endswith(".toml"):
         # jaxplan does not download: an unbundled Hugging Face id needs its config.json on disk
         raise PlanError(
-            f"{unknown_name('model', name, _bundled('models'))}. jaxplan reads models offline: for {name}, save "
+            f"{unknown_name('model', name, _bundled('models'), releases=True)}. jaxplan reads models offline: for {name}, save "
             f"https://huggingface.co/{name}/resolve/main/config.json and pass its path (--model path/to/config.json)"
         )
     return _load_named("models", ModelSpec, resolved, "model")

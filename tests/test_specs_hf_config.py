@@ -382,6 +382,15 @@ def test_attention_jaxplan_does_not_model_is_refused_by_the_field_that_names_it(
     assert _parse(attn_type_list=[1, 1, 1, 1]).full_attention_layers == 4  # all softmax: nothing unmodelled
 
 
+@pytest.mark.parametrize("hc_mult", [4, 2, "4"])
+def test_hyper_connections_are_refused(hc_mult):
+    """mHC keeps hc_mult residual streams a layer (DeepSeek's mHC configs: 4); priced as one stream it
+    would be planned silently wrong, on its own as beside compressed attention."""
+    with pytest.raises(PlanError, match=r"hc_mult = .*: names hyper-connections"):
+        _parse(hc_mult=hc_mult)
+    assert _parse(hc_mult=1) == _parse()  # one stream: an ordinary residual
+
+
 def test_llama_4_chunked_attention_layers_from_layer_types():
     """transformers' newer Llama4TextConfig writes layer_types ("chunked_attention" for the layers with
     RoPE): those layers are chunked full-attention layers, not sliding ones."""

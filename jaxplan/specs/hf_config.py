@@ -186,6 +186,20 @@ def _refuse_state_space_layers(cfg: dict, where: str) -> None:
         )
 
 
+def _refuse_hyper_connections(cfg: dict, where: str) -> None:
+    """Manifold-constrained hyper-connections (mHC, `hc_mult` > 1) carry hc_mult residual streams
+    through every layer and mix them around attention and the FFN: more activation traffic and
+    kernels a step than one residual stream, which jaxplan would not price."""
+    value = cfg.get("hc_mult")
+    if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 1):
+        raise bad_value(
+            "hc_mult", value,
+            "names hyper-connections (hc_mult residual streams a layer, mHC), which jaxplan does not model yet: "
+            "it prices one residual stream a layer",
+            where=where,
+        )
+
+
 def _moe_fields(cfg: dict, num_layers: int, where: str) -> dict:
     experts = _int_field(cfg, where, "n_routed_experts", "num_local_experts", "num_experts", default=0)
     if not experts:
@@ -273,6 +287,7 @@ def model_from_hf_dict(raw: dict, name: str, *, hf_id: str = "", source: str = "
     cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     _refuse_state_space_layers(cfg, where)
     _refuse_unmodelled_attention(cfg, where)
+    _refuse_hyper_connections(cfg, where)
     num_layers = _int_field(cfg, where, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _int_field(cfg, where, "hidden_size", "n_embd", "d_model")
     heads = _int_field(cfg, where, "num_attention_heads", "n_head")

@@ -29,17 +29,13 @@ TIE_RELATIVE = 1e-3  # costs per token within 0.1% count as equal
 
 
 def layout_rows(result) -> list[dict]:
-    """Rows of the best candidate of every layout that passed stages 1-4, best first.
-
-    Uses `result.layouts` (the per-layout table) when the sweep result carries it; otherwise the grid
-    is streamed again through stages 1-4 (same compiled kernel, same context: identical tables). The
-    rows are checked against the table's scores (`sweep.checked_rows`)."""
+    """Rows of the best candidate of every layout that passed stages 1-4, best first: the sweep's
+    per-layout table (`sweep.layout_table`), its rows checked against the table's scores
+    (`sweep.checked_rows`)."""
     from jaxplan.funnel.shortlist import top_layouts
-    from jaxplan.funnel.sweep import checked_rows, stream
+    from jaxplan.funnel.sweep import checked_rows, layout_table
 
-    table = getattr(result, "layouts", None)
-    if table is None:
-        table = stream(result.grid, result.context, result.chunk_size).state.layouts
+    table = layout_table(result)
     scores, digits = np.asarray(table.score), np.asarray(table.digits)
     chosen = top_layouts(scores, len(scores))
     return checked_rows(result.grid, result.context, digits[chosen], scores[chosen], what="sizing table")

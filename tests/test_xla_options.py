@@ -156,3 +156,37 @@ def test_the_sizing_table_stands_only_on_rows_that_price_as_the_chunk_kernel_sco
     with pytest.raises(PlanError, match=r"internal check: the sizing table's row \d+ has score .* where the sweep's kernel has"):
         layout_rows(result)
 
+
+def test_the_split_table_stands_only_on_splits_whose_best_prices_as_the_chunk_kernel_scored_it(monkeypatch):
+    """The same GPUs arranged differently (`plot splits`, the report, why the winner wins) are priced by
+    the report rows' program over every candidate of each split: each split's best score is checked
+    against the chunk kernel's best-per-layout table. A one-shot program off by a percent is replaced
+    at XLA's defaults (the same rows as unperturbed), both off stop with the one-line error, and a
+    split whose candidates all fail must fail in the kernel's table too."""
+    from jaxplan.errors import PlanError
+    from jaxplan.plots.splits import best_per_split
+
+    result = _sweep()
+    count = result.winner["num_gpus"]
+    truth = best_per_split(result, count)
+    assert sum(r["passes"] for r in truth) >= 2 and result.layouts is not None  # the sweep kept its table
+
+    def off_by_a_percent(program):
+        return lambda ctx, digits: (lambda ev: ev._replace(score=ev.score * 1.01))(program(ctx, digits))
+
+    def nothing_passes(program):
+        return lambda ctx, digits: (lambda ev: ev._replace(score=jnp.full_like(ev.score, -jnp.inf)))(program(ctx, digits))
+
+    monkeypatch.setattr(chunk, "_evaluate_digits", off_by_a_percent(chunk._evaluate_digits))
+    again = best_per_split(result, count)  # at -O2: the same splits and candidates, scores to the last bits
+    assert [(r["tensor_parallel_size"], r["pipeline_parallel_size"], r["data_parallel_size"], r["passes"], r.get("digits")) for r in again] == \
+        [(r["tensor_parallel_size"], r["pipeline_parallel_size"], r["data_parallel_size"], r["passes"], r.get("digits")) for r in truth]
+    np.testing.assert_allclose([r["score"] for r in again], [r["score"] for r in truth], rtol=1e-5)
+    with monkeypatch.context() as m:
+        m.setattr(chunk, "_evaluate_digits_default", nothing_passes(chunk._evaluate_digits_default))
+        with pytest.raises(PlanError, match=r"internal check: the split table's split \d+ has best score -inf where the sweep's kernel has"):
+            best_per_split(result, count)
+    monkeypatch.setattr(chunk, "_evaluate_digits_default", off_by_a_percent(chunk._evaluate_digits_default))
+    with pytest.raises(PlanError, match=r"internal check: the split table's split \d+ has best score .* where the sweep's kernel has"):
+        best_per_split(result, count)
+

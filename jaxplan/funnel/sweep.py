@@ -84,6 +84,9 @@ class SweepResult:
     chunk_size: int
     budget_note: str = ""  # an empty sweep's: what it would take without the GPU budget (funnel.relax)
     budget_helps: bool | None = None  # whether lifting the budget admits a configuration (None: not known)
+    # The chunk kernel's best-per-layout table on the host (score [N], digits [N, A]; N = grid.num_layouts),
+    # which `size` and the split table are checked against (`layout_table`); None: streamed again when asked.
+    layouts: BestTable | None = dataclasses.field(default=None, repr=False)
 
     @property
     def winner(self) -> dict | None:
@@ -429,7 +432,16 @@ def finish(grid: Grid, model: ModelSpec, workload: Workload, ctx: SweepContext, 
     stages = stage_table(grid, reason_counts, len(front), len(short))
     # Stages 1-4 run fused in one kernel per chunk: they share the streamed time.
     stages = [dataclasses.replace(stage, seconds=seconds) for stage, seconds in zip(stages, (part.run_s, None, None, None, t1 - t0, t2 - t1))]
-    return SweepResult(grid, model, workload, ctx, stages, reason_counts, short, front, part.compile_s, part.run_s, part.num_devices, part.chunk_size)
+    layouts = BestTable(*jax.device_get(tuple(part.state.layouts)))
+    return SweepResult(grid, model, workload, ctx, stages, reason_counts, short, front, part.compile_s, part.run_s, part.num_devices, part.chunk_size, layouts=layouts)
+
+
+def layout_table(result: SweepResult) -> BestTable:
+    """The chunk kernel's best-per-layout table of a sweep: the one it kept, else the grid streamed
+    again through stages 1-4 (same compiled kernel, same context: the same table), then kept."""
+    if result.layouts is None:
+        result.layouts = BestTable(*jax.device_get(tuple(stream(result.grid, result.context, result.chunk_size).state.layouts)))
+    return result.layouts
 
 
 def merge_devices(state: SweepState, num_devices: int) -> SweepState:

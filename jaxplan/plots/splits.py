@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 
+from jaxplan.errors import PlanError
 from jaxplan.plots.labels import gpu_label, split_label
 from jaxplan.plots.style import GREY, OKABE_ITO, figure, log_axis, styled
 
@@ -51,7 +52,7 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     estimated at the most output tokens/s), `why_stage` (that stage) and, where that is stage 4,
     `why_tokens_per_s` (that candidate's output tokens/s; -inf otherwise). Best first by the sweep's score."""
     from jaxplan.funnel.reasons import Reason
-    from jaxplan.funnel.sweep import evaluate_blocks, rows_for
+    from jaxplan.funnel.sweep import rows_for
     from jaxplan.layout_kind import kind_fields
 
     splits = split_digits(result.grid, num_gpus, gpus)
@@ -60,7 +61,7 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
     keys = list(splits)
     sizes = [len(splits[k]) for k in keys]
     flat = np.concatenate([splits[k] for k in keys])
-    evaluated = evaluate_blocks(result.context, flat)  # the program the sweep's rows_for compiled
+    evaluated, default_compile = checked_evaluation(result, flat, sizes)
     score, reason = evaluated.score, evaluated.reason
     stage = np.array([Reason(int(r)).stage for r in reason])
     throughput = np.asarray(evaluated.estimate.output_tokens_per_s, np.float64)
@@ -81,8 +82,34 @@ def best_per_split(result, num_gpus: int, gpus: tuple[str, ...] | None = None) -
                      "num_gpus": num_gpus, "passes": False, "why": why, "why_stage": furthest, "why_tokens_per_s": closest,
                      "score": float("-inf")})
     if best_digits:  # the passing splits' rows in one call
-        rows += [dict(row, passes=True, why="") for row in rows_for(result.grid, result.context, np.stack(best_digits))]
+        rows += [dict(row, passes=True, why="") for row in rows_for(result.grid, result.context, np.stack(best_digits), default_compile=default_compile)]
     return sorted(rows, key=lambda r: -r["score"])
+
+
+def checked_evaluation(result, digits: np.ndarray, sizes: list[int]):
+    """(`evaluate_blocks` of the splits' candidates [N, A], whether it took XLA's defaults): consecutive
+    groups of `sizes` rows, one split (one GPU, TP, PP, kind, DP layout) each, checked against the sweep's
+    chunk kernel. A split's best score must be its layout's in the kernel's best-per-layout table
+    (`sweep.layout_table`; -inf on both sides where nothing passes): the two programs are compiled
+    apart, so the table and the figure cannot share a compiler's error. Where the one-shot program
+    disagrees the splits are priced again at XLA's defaults; where that does too, PlanError."""
+    from jaxplan.funnel.sweep import ROW_SCORE_RTOL, evaluate_blocks, layout_table
+    from jaxplan.grid import LAYOUT_AXES
+
+    starts = np.cumsum([0, *sizes[:-1]])
+    layout = np.ravel_multi_index(tuple(digits[starts][:, a] for a in LAYOUT_AXES), tuple(result.grid.sizes[a] for a in LAYOUT_AXES))
+    kernel = np.asarray(layout_table(result).score, np.float64)[layout]
+    for default_compile in (False, True):
+        evaluated = evaluate_blocks(result.context, digits, default_compile=default_compile)
+        best = np.maximum.reduceat(np.asarray(evaluated.score, np.float64), starts)
+        if np.allclose(best, kernel, rtol=ROW_SCORE_RTOL, atol=0.0):
+            return evaluated, default_compile
+    with np.errstate(invalid="ignore"):  # -inf on both sides agrees; inf - inf is never picked
+        worst = int(np.argmax(np.where(best == kernel, 0.0, np.abs(best - kernel) / np.maximum(np.abs(kernel), 1e-30))))
+    raise PlanError(
+        f"internal check: the split table's split {worst + 1} has best score {best[worst]:.6g} where the sweep's kernel has "
+        f"{kernel[worst]:.6g} (the same physics, compiled twice); the numbers cannot be trusted: please report it with the command"
+    )
 
 
 def split_failure(reasons: np.ndarray, stages: np.ndarray, throughput: np.ndarray):

@@ -203,6 +203,21 @@ def test_the_bundled_bands_cover_every_class_with_p10_below_p90():
             assert entry["widened"] == spec
 
 
+def test_the_bands_page_shows_the_bundled_bands():
+    """docs/uncertainty.md's table is the bundled file's, to two decimals: regenerate it with the file."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "uncertainty.md").read_text()
+    shown = {m[0]: (int(m[1]), *(tuple(map(float, q.split("-"))) for q in m[2:])) for m in re.findall(r"^\| ([a-z_]+/[a-z]+/[a-z_]+) \| (\d+) \| [^|]+ \| ([\d.]+-[\d.]+) \| ([\d.]+-[\d.]+) \| ([\d.]+-[\d.]+) \|$", page, re.M)}
+    classes = bundled_classes()
+    assert set(shown) == set(classes)
+    for key, entry in classes.items():
+        assert shown[key][0] == entry["rows"], key
+        for got, m in zip(shown[key][1:], bands.METRICS):
+            assert got == pytest.approx(entry[m], abs=0.005 + 1e-9), (key, m)
+
+
 def test_predict_rows_carry_their_band_and_class():
     """H200 and B200 are fitted, H100 has kernel tables, MI325X only its spec sheet; p10 and p90 are the
     prediction times the class's ratio quantiles as the bundled file states them."""

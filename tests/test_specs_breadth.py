@@ -78,7 +78,7 @@ def test_mi325x_is_mi300x_compute_with_more_hbm():
     assert gpu.fp8_flops_per_s == pytest.approx(304 * 4096 * 2.1e9, rel=1e-4)  # CUs x FP8 FLOP/clock x clock
     assert gpu.bf16_flops_per_s == pytest.approx(gpu.fp8_flops_per_s / 2, rel=1e-4)
     assert (gpu.bf16_flops_per_s, gpu.fp8_flops_per_s) == (mi300x.bf16_flops_per_s, mi300x.fp8_flops_per_s)
-    assert gpu.hbm_bytes == 256e9 and gpu.hbm_bandwidth_bytes_per_s == 6e12
+    assert gpu.hbm_bytes == 256 * 1024**3 and gpu.hbm_bandwidth_bytes_per_s == 6e12  # 8 stacks x 32 GiB, binary like MI300X's
     assert gpu.intra_node_bandwidth_bytes_per_s == pytest.approx(7 * 64e9)  # 7 links x 64 GB/s one way
     assert gpu.fp4_flops_per_s == gpu.mxfp4_flops_per_s == 0  # CDNA 3: no FP4
 
@@ -91,8 +91,24 @@ def test_mi355x_records_mxfp4_not_nvfp4():
     assert gpu.mxfp4_flops_per_s == pytest.approx(2 * fp8, rel=1e-4)  # "up to 10 PFLOPS FP4"
     # its FP4 is OCP MXFP4: the nvfp4 weight dtype (ModelOpt NVFP4) has no tensor cores here
     assert gpu.fp4_flops_per_s == 0 and gpu.tensor_core_flops_per_s("nvfp4") == 0
-    assert gpu.hbm_bytes == 288e9 and gpu.hbm_bandwidth_bytes_per_s == 8e12
+    assert gpu.hbm_bytes == 288 * 1024**3 and gpu.hbm_bandwidth_bytes_per_s == 8e12
     assert gpu.intra_node_bandwidth_bytes_per_s == pytest.approx(7 * 153.6e9 / 2)
+
+
+# What the devices report as their total memory, read in public logs (the GPU files name them): ROCm's
+# rocm-smi on an MI300X, a PyTorch profiler trace's deviceProperties on an MI355X.
+AMD_REPORTED_BYTES = {"mi300x": 205_822_885_888, "mi355x": 309.22e9}
+
+
+@pytest.mark.parametrize("gpu", sorted(AMD_REPORTED_BYTES))
+def test_amd_hbm_is_what_the_device_reports(gpu):
+    """vLLM sizes its KV cache as a fraction of the memory the device reports. AMD's 192 and 288 GB are
+    binary (GiB): read as 192e9 and 288e9 bytes, MI300X's and MI355X's HBM came out 7% low, and with it
+    a third of that in every KV cache. The memory jaxplan sees is within 1% under the reported total."""
+    from jaxplan.physics.memory import CUDA_VISIBLE_HBM_FRACTION
+
+    visible, reported = CUDA_VISIBLE_HBM_FRACTION * load_gpu(gpu).hbm_bytes, AMD_REPORTED_BYTES[gpu]
+    assert 0.99 * reported <= visible <= reported
 
 
 def test_mxfp4_peak_is_validated():

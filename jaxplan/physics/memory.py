@@ -23,6 +23,7 @@ RUNTIME_RESERVE_BYTES = 0.15 * GIB_BYTES
 MULTI_GPU_RESERVE_BYTES = 0.4 * GIB_BYTES
 # CUDA reports slightly less than the nominal HBM (PyTorch "total capacity"): H100 80 GiB -> 79.15-79.18,
 # H200 141 -> 139.72-139.83, B200 180 -> 178.35-178.36 GiB; 0.99 of the nominal is within 0.2 GiB of each.
+# ROCm reports nearly all of it (MI300X 192 GiB -> 191.7, MI355X 288 -> 288.0): there 0.99 is up to 1% low.
 CUDA_VISIBLE_HBM_FRACTION = 0.99
 EMBEDDING_BYTES_PER_PARAM = 2.0  # embeddings and LM head stay BF16 under FP8 quantisation
 ACTIVATION_BYTES = 2.0

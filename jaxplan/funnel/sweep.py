@@ -529,21 +529,30 @@ def checked_rows(grid: Grid, ctx: SweepContext, digits: np.ndarray, kernel_value
     (-O0, `xla_options.ONE_SHOT_COMPILE`) does not, the rows are priced again at XLA's defaults;
     where that does not either, the sweep stops rather than print numbers it cannot stand behind."""
     rows = rows_for(grid, ctx, digits)
-    if _rows_agree(rows, kernel_values, key):
+    if agrees_with_kernel([r[key] for r in rows], kernel_values):
         return rows
     rows = rows_for(grid, ctx, digits, default_compile=True)
-    if _rows_agree(rows, kernel_values, key):
+    if agrees_with_kernel([r[key] for r in rows], kernel_values):
         return rows
-    worst = int(np.argmax([abs(r[key] - v) / max(abs(v), 1e-30) for r, v in zip(rows, kernel_values)]))
-    raise PlanError(
-        f"internal check: the {what}'s row {worst + 1} has {key} {rows[worst][key]:.6g} where the sweep's kernel has "
-        f"{float(kernel_values[worst]):.6g} (the same physics, compiled twice); the numbers cannot be trusted: please report it with the command"
+    raise kernel_disagreement(f"the {what}'s row", key, [r[key] for r in rows], kernel_values)
+
+
+def agrees_with_kernel(values, kernel_values) -> bool:
+    """Whether values [K] computed by the report rows' program agree with the chunk kernel's
+    `kernel_values` [K] to ROW_SCORE_RTOL (-inf on both sides agrees)."""
+    return bool(np.allclose(np.asarray(values, np.float64), np.asarray(kernel_values, np.float64), rtol=ROW_SCORE_RTOL, atol=0.0))
+
+
+def kernel_disagreement(item: str, key: str, values, kernel_values) -> PlanError:
+    """The one-line internal-check error for the item (e.g. "the shortlist's row") whose `key` sits
+    furthest, relatively, from the chunk kernel's value."""
+    mine, kernel = np.asarray(values, np.float64), np.asarray(kernel_values, np.float64)
+    with np.errstate(invalid="ignore"):  # -inf on both sides agrees; inf - inf is never picked
+        worst = int(np.argmax(np.where(mine == kernel, 0.0, np.abs(mine - kernel) / np.maximum(np.abs(kernel), 1e-30))))
+    return PlanError(
+        f"internal check: {item} {worst + 1} has {key} {mine[worst]:.6g} where the sweep's kernel has "
+        f"{kernel[worst]:.6g} (the same physics, compiled twice); the numbers cannot be trusted: please report it with the command"
     )
-
-
-def _rows_agree(rows: list[dict], kernel_values: np.ndarray, key: str) -> bool:
-    mine = np.array([r[key] for r in rows], np.float64)
-    return bool(np.allclose(mine, np.asarray(kernel_values, np.float64), rtol=ROW_SCORE_RTOL, atol=0.0))
 
 
 def grid_size_check(grid: Grid) -> None:

@@ -11,7 +11,6 @@ import itertools
 
 import numpy as np
 
-from jaxplan.errors import PlanError
 from jaxplan.plots.labels import gpu_label, split_label
 from jaxplan.plots.style import GREY, OKABE_ITO, figure, log_axis, styled
 
@@ -93,23 +92,18 @@ def checked_evaluation(result, digits: np.ndarray, sizes: list[int]):
     (`sweep.layout_table`; -inf on both sides where nothing passes): the two programs are compiled
     apart, so the table and the figure cannot share a compiler's error. Where the one-shot program
     disagrees the splits are priced again at XLA's defaults; where that does too, PlanError."""
-    from jaxplan.funnel.sweep import ROW_SCORE_RTOL, evaluate_blocks, layout_table
+    from jaxplan.funnel.sweep import agrees_with_kernel, evaluate_blocks, kernel_disagreement, layout_table
     from jaxplan.grid import LAYOUT_AXES
 
     starts = np.cumsum([0, *sizes[:-1]])
     layout = np.ravel_multi_index(tuple(digits[starts][:, a] for a in LAYOUT_AXES), tuple(result.grid.sizes[a] for a in LAYOUT_AXES))
-    kernel = np.asarray(layout_table(result).score, np.float64)[layout]
+    kernel = np.asarray(layout_table(result).score)[layout]
     for default_compile in (False, True):
         evaluated = evaluate_blocks(result.context, digits, default_compile=default_compile)
         best = np.maximum.reduceat(np.asarray(evaluated.score, np.float64), starts)
-        if np.allclose(best, kernel, rtol=ROW_SCORE_RTOL, atol=0.0):
+        if agrees_with_kernel(best, kernel):
             return evaluated, default_compile
-    with np.errstate(invalid="ignore"):  # -inf on both sides agrees; inf - inf is never picked
-        worst = int(np.argmax(np.where(best == kernel, 0.0, np.abs(best - kernel) / np.maximum(np.abs(kernel), 1e-30))))
-    raise PlanError(
-        f"internal check: the split table's split {worst + 1} has best score {best[worst]:.6g} where the sweep's kernel has "
-        f"{kernel[worst]:.6g} (the same physics, compiled twice); the numbers cannot be trusted: please report it with the command"
-    )
+    raise kernel_disagreement("the split table's split", "best score", best, kernel)
 
 
 def split_failure(reasons: np.ndarray, stages: np.ndarray, throughput: np.ndarray):

@@ -427,12 +427,12 @@ def finish(grid: Grid, model: ModelSpec, workload: Workload, ctx: SweepContext, 
     t0 = time.perf_counter()
     front = pareto_front(grid, ctx, *part.state.frontier)
     t1 = time.perf_counter()
-    short = shortlist(grid, ctx, *part.state.layouts, top_k)
+    layouts = BestTable(*jax.device_get(tuple(part.state.layouts)))  # kept on the host: the shortlist, `size` and the split table read it
+    short = shortlist(grid, ctx, *layouts, top_k)
     t2 = time.perf_counter()
     stages = stage_table(grid, reason_counts, len(front), len(short))
     # Stages 1-4 run fused in one kernel per chunk: they share the streamed time.
     stages = [dataclasses.replace(stage, seconds=seconds) for stage, seconds in zip(stages, (part.run_s, None, None, None, t1 - t0, t2 - t1))]
-    layouts = BestTable(*jax.device_get(tuple(part.state.layouts)))
     return SweepResult(grid, model, workload, ctx, stages, reason_counts, short, front, part.compile_s, part.run_s, part.num_devices, part.chunk_size, layouts=layouts)
 
 

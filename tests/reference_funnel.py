@@ -173,7 +173,7 @@ def reserve_bytes(tp: int, pp: int) -> float:
 
 def free_kv_bytes_per_gpu(m, gpu, space, tp, pp, weight_bytes, max_num_seqs, max_num_batched_tokens) -> float:
     """`weight_bytes`: a weight dtype name, or (dtype, expert parallel, lock-step ranks)."""
-    usable = space.gpu_memory_utilization * 0.99 * gpu.hbm_bytes
+    usable = space.gpu_memory_utilization * gpu.visible_hbm_fraction * gpu.hbm_bytes
     weights = weight_bytes_per_gpu(m, tp, pp, *weight_bytes) if isinstance(weight_bytes, tuple) else weight_bytes_per_gpu(m, tp, pp, weight_bytes)
     return usable - weights - activation_bytes_per_gpu(m, tp, max_num_seqs, max_num_batched_tokens) - reserve_bytes(tp, pp)
 

@@ -34,7 +34,7 @@ class Reason(enum.IntEnum):
     BUDGET_BELOW_SEQS = (6, 1, "max_num_batched_tokens < max_num_seqs (vLLM refuses it)",
                          "add larger max_num_batched_tokens values")
     WEIGHTS_DONT_FIT = (7, 2, "weights + start-up profile peak (forward or sampler) + runtime reserve exceed "
-                              "gpu_memory_utilization x the HBM CUDA reports",
+                              "gpu_memory_utilization x the HBM the GPU reports",
                         "add larger TP/PP, FP8 weights, GPUs with more HBM, or a larger budget")
     NO_KV_FOR_LONGEST_REQUEST = (8, 2, "no room for the KV cache of one longest (p99) request",
                                  "add larger TP/PP, FP8 KV cache, or shorter ISL/OSL")

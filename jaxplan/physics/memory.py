@@ -13,7 +13,7 @@ from jaxplan.physics.moe import moe_weight_params_per_gpu
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
 GIB_BYTES = 1024.0**3
-# vLLM sizes its KV cache as gpu_memory_utilization x the memory CUDA reports, minus the weights, the
+# vLLM sizes its KV cache as gpu_memory_utilization x the memory the runtime reports (GpuSpec.visible_hbm_fraction), minus the weights, the
 # profile run's peak activations and the non-torch memory (NCCL, custom all-reduce buffers). Measured
 # in vLLM's start-up logs (H100, vLLM 0.10-0.11: github.com/llm-d/llm-d-benchmark
 # config_explorer/empirical-vllm-memory-results.md; the same identity holds to 0.01 GiB on each run
@@ -21,10 +21,6 @@ GIB_BYTES = 1024.0**3
 # the KV cache is allocated, out of the (1 - gpu_memory_utilization) headroom, so they are not reserved.
 RUNTIME_RESERVE_BYTES = 0.15 * GIB_BYTES
 MULTI_GPU_RESERVE_BYTES = 0.4 * GIB_BYTES
-# CUDA reports slightly less than the nominal HBM (PyTorch "total capacity"): H100 80 GiB -> 79.15-79.18,
-# H200 141 -> 139.72-139.83, B200 180 -> 178.35-178.36 GiB; 0.99 of the nominal is within 0.2 GiB of each.
-# ROCm reports nearly all of it (MI300X 192 GiB -> 191.7, MI355X 288 -> 288.0): there 0.99 is up to 1% low.
-CUDA_VISIBLE_HBM_FRACTION = 0.99
 EMBEDDING_BYTES_PER_PARAM = 2.0  # embeddings and LM head stay BF16 under FP8 quantisation
 ACTIVATION_BYTES = 2.0
 # The profile run's peak is the sampler's dummy run on min(max_num_seqs, token budget) rows of
@@ -149,7 +145,7 @@ def runtime_reserve_bytes(layout: Layout) -> jnp.ndarray:
 
 def kv_budget_bytes_per_gpu(model: ModelShape, hw: Hardware, layout: Layout, gpu_memory_utilization) -> jnp.ndarray:
     """Bytes left for the KV cache on one GPU (negative: the model does not fit)."""
-    usable = gpu_memory_utilization * CUDA_VISIBLE_HBM_FRACTION * hw.hbm_bytes
+    usable = gpu_memory_utilization * hw.visible_hbm_fraction * hw.hbm_bytes
     return usable - weight_bytes_per_gpu(model, layout) - activation_bytes_per_gpu(model, layout) - runtime_reserve_bytes(layout)
 
 

@@ -145,6 +145,7 @@ class Hardware(NamedTuple):
     """Peak numbers (spec sheet) and calibrated efficiencies; scalars or [G]."""
 
     hbm_bytes: jnp.ndarray
+    visible_hbm_fraction: jnp.ndarray  # of hbm_bytes, what the runtime reports (GpuSpec)
     hbm_bandwidth_bytes_per_s: jnp.ndarray
     bf16_flops_per_s: jnp.ndarray
     fp8_flops_per_s: jnp.ndarray  # 0: no FP8 tensor cores
@@ -199,6 +200,7 @@ def hardware_table(gpus: tuple[GpuSpec, ...], efficiency: dict[str, dict[str, fl
     """Stack GPU specs and their efficiencies into [G] arrays (order = `gpus`)."""
     peak = {
         "hbm_bytes": [g.hbm_bytes for g in gpus],
+        "visible_hbm_fraction": [g.visible_hbm_fraction for g in gpus],
         "hbm_bandwidth_bytes_per_s": [g.hbm_bandwidth_bytes_per_s for g in gpus],
         "bf16_flops_per_s": [g.bf16_flops_per_s for g in gpus],
         "fp8_flops_per_s": [g.fp8_flops_per_s for g in gpus],

@@ -33,6 +33,11 @@ class GpuSpec:
 
     compute_capability decides what vLLM's CUDA kernels refuse: MXFP4 and INT4 (Marlin) experts
     need 8.0 (vLLM's `Mxfp4Config.get_min_capability`).
+
+    visible_hbm_fraction is the share of hbm_bytes the runtime reports to PyTorch, which vLLM sizes
+    its KV cache from. CUDA reports less than the nominal size (PyTorch's total capacity: H100 79.15-79.18 of
+    80 GiB, H200 139.72-139.83 of 141, B200 178.35-178.36 of 180; 0.99 is within 0.2 GiB of each),
+    ROCm next to nothing (MI300X 191.69 of 192 GiB).
     """
 
     name: str
@@ -50,6 +55,7 @@ class GpuSpec:
     # GPUs one host (one OS, one vLLM process tree) holds where fewer than the NVLink domain (GB200 NVL72:
     # 4 per compute tray of a 72-GPU domain); 0: the node is the host. Launch commands split by it.
     gpus_per_host: int = 0
+    visible_hbm_fraction: float = 0.99
     display_name: str = ""
     source: str = ""
 
@@ -68,6 +74,8 @@ class GpuSpec:
                 raise bad_value(field, peak, f"must be 0 (no {label}) or a FLOP/s figure in [{low:g}, {high:g}]", where=where)
         if isinstance(self.compute_capability, bool) or not isinstance(self.compute_capability, (int, float)) or not 0 <= self.compute_capability < 100:
             raise bad_value("compute_capability", self.compute_capability, "must be 0 (not CUDA) or a CUDA compute capability such as 9.0", where=where)
+        if isinstance(self.visible_hbm_fraction, bool) or not isinstance(self.visible_hbm_fraction, (int, float)) or not 0.9 <= self.visible_hbm_fraction <= 1.0:
+            raise bad_value("visible_hbm_fraction", self.visible_hbm_fraction, "must be the share of hbm_bytes the runtime reports, in [0.9, 1.0] (CUDA: 0.99)", where=where)
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not 1 <= self.gpus_per_node <= 1024:
             raise bad_value("gpus_per_node", self.gpus_per_node, "must be an integer in 1..1024", where=where)
         if isinstance(self.gpus_per_host, bool) or not isinstance(self.gpus_per_host, int) or not 0 <= self.gpus_per_host <= self.gpus_per_node:

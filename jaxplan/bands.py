@@ -343,6 +343,11 @@ def _canonical_models(rows: list[dict]) -> list[str]:
     return [name(str(r.get("model") or "")) for r in rows]
 
 
+# A bundled GPU whose measured rows the calibration fits under another name (the rows give its memory and
+# bandwidth as overrides, docs/data.md): its predictions are in that GPU's evidence class.
+ROWS_FITTED_AS = {"a100_sxm_40gb": "a100_sxm"}
+
+
 def band_arrays(gpus, models, kv_fits, values, bands: dict, prior_gpus=()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(low [R, M], high [R, M], classes [R]) for predictions `values` [R, M] of METRICS (in any unit:
     the bands are ratios; NaN stays NaN) of rows on GPUs `gpus` [R], canonical model names `models`
@@ -350,6 +355,7 @@ def band_arrays(gpus, models, kv_fits, values, bands: dict, prior_gpus=()) -> tu
     models and the GPUs with kernel priors (`prior_gpus` adds to them). What a sweep table or a
     winner-vs-runner-up comparison calls directly."""
     record = bands["record"]
+    gpus = [ROWS_FITTED_AS.get(g, g) for g in np.asarray(gpus, dtype=str).reshape(-1).tolist()]
     classes = classify(
         gpus, models, kv_fits, fitted_gpus=record.get("fitted_gpus", []),
         prior_gpus=set(record.get("prior_gpus", [])) | set(prior_gpus), fitted_models=record.get("fitted_models", []),

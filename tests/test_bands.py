@@ -237,6 +237,15 @@ def test_predict_rows_carry_their_band_and_class():
             assert r[f"{m}_p10"] < r[f"{m}_p90"]
 
 
+def test_the_a100_40gb_is_in_the_class_of_the_runs_fitted_on_it():
+    """The A100 fit is of A100-SXM4-40GB runs given as `a100_sxm` rows (bands.ROWS_FITTED_AS): its own
+    name is calibrated, not priced from its spec sheet."""
+    from jaxplan.prediction import predict_rows
+
+    row = {"model": SEEN, "gpu": "a100_sxm_40gb", "tensor_parallel_size": 8, "weight_dtype": "bf16", "kv_cache_dtype": "auto", "isl": 1000, "osl": 500, "concurrency": 16}
+    assert [r["prediction_class"] for r in bands.with_bands(predict_rows([row]))] == ["calibrated/seen/kv_fits"]
+
+
 def test_a_row_without_a_prediction_has_no_band_but_a_class():
     out = bands.with_bands([{"model": SEEN, "gpu": H200, "isl": 10, "osl": 10, "concurrency": 1, "ttft_ms_mean": None, "tpot_ms_mean": 20.0, "output_tok_s": None, "kv_cache_tokens": 0}])
     assert out[0]["ttft_ms_mean_p10"] is None and out[0]["output_tok_s_p90"] is None

@@ -96,11 +96,12 @@ def test_mi355x_records_mxfp4_not_nvfp4():
 
 
 # What each device reports as its total memory, read in public logs (nvidia-smi --query-gpu=name,memory.total
-# in MiB; ROCm's rocm-smi on an MI300X and a PyTorch profiler trace's deviceProperties on an MI355X, in bytes).
+# in MiB; CUDA's deviceQuery on an A100-SXM4-40GB; ROCm's rocm-smi on an MI300X and a PyTorch profiler trace's
+# deviceProperties on an MI355X, in bytes).
 MIB = 1024**2
 GIB = 1 << 30
 REPORTED_BYTES = {
-    "a100_sxm": 81_920 * MIB, "h100_sxm": 81_559 * MIB, "h200_sxm": 143_771 * MIB, "b200_sxm": 183_359 * MIB,
+    "a100_sxm": 81_920 * MIB, "a100_sxm_40gb": 42_405_855_232, "h100_sxm": 81_559 * MIB, "h200_sxm": 143_771 * MIB, "b200_sxm": 183_359 * MIB,
     "b300_sxm": 275_040 * MIB, "gb200": 189_471 * MIB, "gb300": 284_208 * MIB, "l40s": 46_068 * MIB,
     "mi300x": 205_822_885_888, "mi355x": 309.22e9,
 }
@@ -262,3 +263,17 @@ def test_checkpoint_format_from_quantization_config(extra, expected):
 def test_checkpoint_format_is_validated():
     with pytest.raises(PlanError, match="checkpoint_weight_format"):
         dataclasses.replace(load_model("gpt-oss-20b"), checkpoint_weight_format="q4_k_m")
+
+
+def test_a100_40gb_is_the_a100_runs_without_overrides():
+    """The A100's fit comes from A100-SXM4-40GB runs given as `a100_sxm` with the 40 GB part's memory
+    and bandwidth per row; `a100_sxm_40gb` is that GPU by name (calibrate.run.SAME_SILICON): the same
+    step times, and a KV cache smaller only by what CUDA reports (0.987 of 40 GiB against 0.99)."""
+    from jaxplan.prediction import predict_rows
+
+    row = dict(model="llama-3.1-70b", tensor_parallel_size=8, weight_dtype="bf16", kv_cache_dtype="auto", isl=1000, osl=500, concurrency=16)
+    named, overridden = predict_rows([dict(row, gpu="a100_sxm_40gb"),
+                                      dict(row, gpu="a100_sxm", gpu_hbm_bytes_override=42949672960, gpu_hbm_bandwidth_bytes_per_s_override=1.555e12)])
+    assert named["tpot_ms_mean"] == pytest.approx(overridden["tpot_ms_mean"], rel=1e-6)
+    assert named["ttft_ms_mean"] == pytest.approx(overridden["ttft_ms_mean"], rel=1e-6)
+    assert 0.99 * overridden["kv_cache_tokens"] < named["kv_cache_tokens"] < overridden["kv_cache_tokens"]

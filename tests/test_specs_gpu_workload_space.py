@@ -48,8 +48,12 @@ def test_gpu_capacities_by_hand():
 
 
 def test_fp8_support():
-    assert not load_gpu("a100_sxm").supports_fp8  # no FP8 tensor cores on Ampere
-    assert all(load_gpu(n).supports_fp8 for n in known("gpus") if n != "a100_sxm")
+    """FP8 tensor cores from Ada and Hopper on (compute capability 8.9; AMD's CDNA 3 and 4 too); the
+    Ampere A100s have none."""
+    assert not load_gpu("a100_sxm").supports_fp8 and not load_gpu("a100_sxm_40gb").supports_fp8
+    for name in known("gpus"):
+        gpu = load_gpu(name)
+        assert gpu.supports_fp8 == (gpu.compute_capability == 0 or gpu.compute_capability >= 8.9), name
 
 
 def test_with_price_revalidates():

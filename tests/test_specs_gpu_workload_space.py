@@ -5,13 +5,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 
 from jaxplan.calibrate._data import default_data_root
 from jaxplan.errors import PlanError
-from jaxplan.specs import GpuSpec, SearchSpace, Workload, known, load_gpu, load_space, load_workload
+from jaxplan.specs import SearchSpace, Workload, known, load_gpu, load_space, load_workload
 from jaxplan.specs.loader import build
 from jaxplan.specs.workload import Arrival
 

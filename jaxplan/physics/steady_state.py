@@ -175,13 +175,16 @@ def knots(layout: Layout, w: WorkloadParams, low_b, b_max):
     checks the accuracy): prefill saturation (the chunk fraction f reaches 1 at b = OSL x chunk /
     ISL_eff while the chunk is the whole prompt or budget), the chunk starting to shrink with the room
     the decodes leave (b = PP x budget - ISL_eff, or - budget), and the first CEIL_JUMPS jumps of the
-    chunk count ceil(ISL_eff / chunk) (tokens) after that; two knots per kink, KINK_SPREAD either side, so that the
+    chunk count ceil(ISL_eff / chunk) (tokens) at b >= 0; two knots per kink, KINK_SPREAD either side, so that the
     piece holding a kink is tiny and the others are smooth. Each clipped to [low_b, b_max]; not sorted."""
     isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
     tokens = layout.pipeline_parallel_size * layout.max_num_batched_tokens
     full_chunk = jnp.minimum(layout.max_num_batched_tokens, isl_eff)
     kinks = [w.osl_tokens * full_chunk / jnp.maximum(isl_eff, 1e-6), w.osl_tokens, tokens - isl_eff, tokens - layout.max_num_batched_tokens]
-    kinks += [tokens - isl_eff / (jumps + 1e-4) for jumps in range(1, CEIL_JUMPS + 1)]  # ste_ceil's 1e-4
+    # The count jumps from j to j + 1 at b = tokens - ISL_eff / j, at b >= 0 from j = ceil(ISL_eff / tokens) on:
+    # a prompt longer than the room has its first jumps below 0, where knots would be wasted.
+    first = jnp.maximum(jnp.ceil(isl_eff / jnp.maximum(tokens, 1.0) - 1e-4), 1.0)
+    kinks += [tokens - isl_eff / (first + jumps + 1e-4) for jumps in range(CEIL_JUMPS)]  # ste_ceil's 1e-4
     grid = [b_max * (i / (GRID_KNOTS + 1.0)) ** 2 for i in range(1, GRID_KNOTS + 1)]
     spread = [b * (1.0 + side * KINK_SPREAD) for b in kinks for side in (-1.0, 1.0)]
     return jnp.stack([low_b, b_max] + [jnp.clip(b, low_b, b_max) for b in spread + grid])

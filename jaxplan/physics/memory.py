@@ -13,12 +13,13 @@ from jaxplan.physics.moe import moe_weight_params_per_gpu
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
 
 GIB_BYTES = 1024.0**3
-# vLLM sizes its KV cache as gpu_memory_utilization x the memory the runtime reports (GpuSpec.visible_hbm_fraction), minus the weights, the
-# profile run's peak activations and the non-torch memory (NCCL, custom all-reduce buffers). Measured
-# in vLLM's start-up logs (H100, vLLM 0.10-0.11: github.com/llm-d/llm-d-benchmark
-# config_explorer/empirical-vllm-memory-results.md; the same identity holds to 0.01 GiB on each run
-# there): non-torch memory 0.13-0.14 GiB on one GPU, 0.55 GiB at TP=2. CUDA graphs are captured after
-# the KV cache is allocated, out of the (1 - gpu_memory_utilization) headroom, so they are not reserved.
+# vLLM sizes its KV cache as gpu_memory_utilization x the memory the runtime reports
+# (GpuSpec.visible_hbm_fraction), minus the weights, the profile run's peak activations and the
+# non-torch memory (NCCL, custom all-reduce buffers). Measured in vLLM's start-up logs (H100, vLLM
+# 0.10-0.11: github.com/llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md; the
+# same identity holds to 0.01 GiB on each run there): non-torch memory 0.13-0.14 GiB on one GPU,
+# 0.55 GiB at TP=2. CUDA graphs are captured after the KV cache is allocated, out of the
+# (1 - gpu_memory_utilization) headroom, so they are not reserved.
 RUNTIME_RESERVE_BYTES = 0.15 * GIB_BYTES
 MULTI_GPU_RESERVE_BYTES = 0.4 * GIB_BYTES
 EMBEDDING_BYTES_PER_PARAM = 2.0  # embeddings and LM head stay BF16 under FP8 quantisation

@@ -181,8 +181,8 @@ def knots(layout: Layout, w: WorkloadParams, low_b, b_max):
     tokens = layout.pipeline_parallel_size * layout.max_num_batched_tokens
     full_chunk = jnp.minimum(layout.max_num_batched_tokens, isl_eff)
     kinks = [w.osl_tokens * full_chunk / jnp.maximum(isl_eff, 1e-6), w.osl_tokens, tokens - isl_eff, tokens - layout.max_num_batched_tokens]
-    # The count jumps from j to j + 1 at b = tokens - ISL_eff / j, at b >= 0 from j = ceil(ISL_eff / tokens) on:
-    # a prompt longer than the room has its first jumps below 0, where knots would be wasted.
+    # The count jumps from j to j + 1 at b = tokens - ISL_eff / j, at b >= 0 from j = ceil(ISL_eff /
+    # tokens) on: a prompt longer than the room has its first jumps below 0, where knots are wasted.
     first = jnp.maximum(jnp.ceil(isl_eff / jnp.maximum(tokens, 1.0) - 1e-4), 1.0)
     kinks += [tokens - isl_eff / (first + jumps + 1e-4) for jumps in range(CEIL_JUMPS)]  # ste_ceil's 1e-4
     grid = [b_max * (i / (GRID_KNOTS + 1.0)) ** 2 for i in range(1, GRID_KNOTS + 1)]

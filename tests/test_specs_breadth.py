@@ -267,7 +267,7 @@ def test_checkpoint_format_is_validated():
 
 def test_a100_40gb_is_the_a100_runs_without_overrides():
     """The A100's fit comes from A100-SXM4-40GB runs given as `a100_sxm` with the 40 GB part's memory
-    and bandwidth per row; `a100_sxm_40gb` is that GPU by name (calibrate.run.SAME_SILICON): the same
+    and bandwidth per row; `a100_sxm_40gb` is that GPU by name (bands.ROWS_FITTED_AS, in calibrate.run.SAME_SILICON): the same
     step times, and a KV cache smaller only by what CUDA reports (0.987 of 40 GiB against 0.99)."""
     from jaxplan.prediction import predict_rows
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.bands import ROWS_FITTED_AS
 from jaxplan.calibrate import fit
 from jaxplan.calibrate.accuracy_table import accuracy_table
 from jaxplan.calibrate.metrics import mape, spearman
@@ -168,11 +169,11 @@ def serving_ratios(fitted: dict[str, dict[str, float]], priors: dict[str, dict[s
 # (its own spec peaks carry the difference, and its own kernel tables, where it has them, the kernel
 # fields): MI325X is MI300X's CDNA 3 compute die with HBM3E instead of HBM3, and the InferenceMAX runs
 # use the same ROCm vLLM image on both; H100 SXM is H200 SXM's GH100 die with 80 GB of HBM3 instead of
-# 141 GB of HBM3E, served from the same vLLM images in the same NVIDIA campaigns; A100 SXM4 40GB is the
-# part the A100's rows ran on (each row gives its memory and bandwidth). The mean of the stack's
+# 141 GB of HBM3E, served from the same vLLM images in the same NVIDIA campaigns; a GPU whose rows are
+# fitted under another name (bands.ROWS_FITTED_AS: A100 SXM4 40GB) is that GPU. The mean of the stack's
 # fitted GPUs is weaker evidence for such a GPU: priced from it (held out), the H200's Llama-3.1-70B
 # rows miss TTFT / TPOT by 16% / 9%, against 9% / 6% with its own fit (docs/calibration_report.json).
-SAME_SILICON = {"mi325x": "mi300x", "h100_sxm": "h200_sxm", "a100_sxm_40gb": "a100_sxm"}
+SAME_SILICON = {"mi325x": "mi300x", "h100_sxm": "h200_sxm", **ROWS_FITTED_AS}
 
 
 def software_stack(gpu: str) -> str:

@@ -35,9 +35,9 @@ class GpuSpec:
     need 8.0 (vLLM's `Mxfp4Config.get_min_capability`).
 
     visible_hbm_fraction is the share of hbm_bytes the runtime reports to PyTorch, which vLLM sizes
-    its KV cache from. CUDA reports less than the nominal size (PyTorch's total capacity: H100 79.15-79.18 of
-    80 GiB, H200 139.72-139.83 of 141, B200 178.35-178.36 of 180; 0.99 is within 0.2 GiB of each),
-    ROCm next to nothing (MI300X 191.69 of 192 GiB).
+    its KV cache from. CUDA reports less than the nominal size (PyTorch's total capacity: H100
+    79.15-79.18 of 80 GiB, H200 139.72-139.83 of 141, B200 178.35-178.36 of 180; 0.99 is within
+    0.2 GiB of each), ROCm next to nothing (MI300X 191.69 of 192 GiB).
     """
 
     name: str

@@ -111,7 +111,7 @@ REPORTED_BYTES = {
 def test_hbm_is_what_the_device_reports(gpu):
     """vLLM sizes its KV cache as a fraction of the memory the runtime reports to PyTorch, which
     jaxplan takes as `visible_hbm_fraction` of the file's `hbm_bytes`. The readings above are the
-    device tools' totals (nvidia-smi, rocm-smi, totalGlobalMem): CUDA reports 0.5-0.9 GiB less than
+    device tools' totals (nvidia-smi, rocm-smi, totalGlobalMem; deviceQuery's is CUDA's own): CUDA reports 0.5-0.9 GiB less than
     nvidia-smi (H100, H200, B200), ROCm the same. Marketed sizes are binary for most parts (192 GB =
     192 GiB) but not all (B300's 288 GB is 268.6 GiB): read the wrong way, MI300X, MI355X and GB200
     came out 7% short and GB300 4%; at CUDA's 0.99, MI300X and MI355X came out 1.6 and 2.9 GiB short."""
@@ -267,8 +267,9 @@ def test_checkpoint_format_is_validated():
 
 def test_a100_40gb_is_the_a100_runs_without_overrides():
     """The A100's fit comes from A100-SXM4-40GB runs given as `a100_sxm` with the 40 GB part's memory
-    and bandwidth per row; `a100_sxm_40gb` is that GPU by name (bands.ROWS_FITTED_AS, in calibrate.run.SAME_SILICON): the same
-    step times, and a KV cache smaller only by what CUDA reports (0.987 of 40 GiB against 0.99)."""
+    and bandwidth per row; `a100_sxm_40gb` is that GPU by name (bands.ROWS_FITTED_AS, in
+    calibrate.run.SAME_SILICON): the same step times, and a KV cache smaller only by what CUDA
+    reports (0.987 of 40 GiB against 0.99)."""
     from jaxplan.prediction import predict_rows
 
     row = dict(model="llama-3.1-70b", tensor_parallel_size=8, weight_dtype="bf16", kv_cache_dtype="auto", isl=1000, osl=500, concurrency=16)

@@ -125,7 +125,7 @@ def test_uneven_stages_pace_the_pipeline_at_the_largest_stage():
     through the model; the stage-to-stage hops do not grow."""
     m = model_shape(load_model("llama-3.1-8b"))
     hw = take(hardware_table((load_gpu("h100_sxm"),), efficiency_for(["h100_sxm"])), jnp.zeros(1, jnp.int32))
-    batch = StepBatch(*(jnp.full(1, v, jnp.float32) for v in (2048.0, 96.0, 96.0 * 3000, 2048.0 * 1024, 1.0)))
+    batch = StepBatch(*(jnp.full(1, v, jnp.float32) for v in (2048.0, 96.0, 96.0 * 3000, 2048.0 * 1024, 1.0, 1024.0)))
     layout = make_layout(tp=2, pp=3)
     micro = StepBatch(*(field / 3 for field in batch))
     cost = step_cost(m, hw, layout, batch)

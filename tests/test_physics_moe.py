@@ -236,7 +236,7 @@ def test_dense_models_ignore_the_expert_fields():
     """A dense model has no expert layers: lock-step ranks, EP and the expert format change nothing."""
     m = model_shape(load_model("llama-3.1-70b"))
     hw = hardware("h100_sxm")
-    batch = StepBatch(jnp.float32(512.0), jnp.float32(64.0), jnp.float32(64 * 3000.0), jnp.float32(512 * 256.0), jnp.float32(1.0))
+    batch = StepBatch(jnp.float32(512.0), jnp.float32(64.0), jnp.float32(64 * 3000.0), jnp.float32(512 * 256.0), jnp.float32(1.0), jnp.float32(0.0))
     plain = make_layout(tp=4, dp=2, weight_bytes=1)
     odd = make_layout(tp=4, dp=2, weight_bytes=1, lockstep_ranks=2, expert_parallel=1)
     assert float(step_cost(m, hw, plain, batch).total_s) == float(step_cost(m, hw, odd, batch).total_s)
@@ -339,7 +339,9 @@ def test_lockstep_group_steps_carry_any_ranks_chunk():
     chunk = float(group.chunk_tokens)
     layout = make_layout(tp=2, dp=4, weight_bytes=1, kv_bytes=1, max_num_batched_tokens=2048, lockstep_ranks=4, expert_parallel=1)
     isl_eff = float(w.isl_tokens * (1.0 - w.prefix_hit_rate))
-    with_chunk = StepBatch(jnp.float32(chunk), b, b * (w.isl_tokens + 0.5 * w.osl_tokens), jnp.float32(chunk * (float(w.isl_tokens) - isl_eff + 0.5 * isl_eff)), jnp.float32(1.0))
+    cached = float(w.isl_tokens) - isl_eff
+    context = max(chunk / isl_eff, 1.0) * cached + 0.5 * max(isl_eff - chunk, 0.0)
+    with_chunk = StepBatch(jnp.float32(chunk), b, b * (w.isl_tokens + 0.5 * w.osl_tokens), jnp.float32(chunk * (cached + 0.5 * isl_eff)), jnp.float32(1.0), jnp.float32(context))
     expected_chunk_s = step_cost(m, hw, layout, with_chunk, group_batch_tokens=jnp.float32(4 * 16.0 + 4 * f / f_group * chunk)).total_s
     assert float(group.chunk_s) == pytest.approx(float(expected_chunk_s), rel=1e-5)
     assert float(group.mean_s) == pytest.approx(f_group * float(group.chunk_s) + (1 - f_group) * float(group.decode_s), rel=1e-5)

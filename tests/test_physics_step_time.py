@@ -110,6 +110,7 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
     tp, pp = lay["tp"], lay["pp"]
     wb, kvb = lay["wb"], lay["kvb"]
     h, V = m.hidden_size, m.vocab_size
+    batch = {"prefill_context": 0.0 * batch["prefill"], **batch}
     micro = {k: v / pp for k, v in batch.items()}  # one of PP micro-batches (they pipeline)
     T = micro["prefill"] + micro["decode"]
     logit_rows = micro["decode"] + micro["prefill_seqs"]  # a logit per decoding request and per prompt chunk
@@ -182,6 +183,12 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
                 m.softmax_layers * micro["prefill"] * kv_token, attn_rate, None))
     ops.append((np.where(topk > 0, m.full_layers, 0.0), m.indexer_flops_per_pair_per_layer * (micro["pairs"] + micro["context"]),
                 m.indexer_bytes_per_token_per_layer * micro["context"], attn_rate, None))
+    # Dense MLA re-up-projects each prompt chunk's cached context (kv_b_proj: the latent in, every head's
+    # no-RoPE key and value out, the TP shard of the heads); the chunk's own tokens stream its weights.
+    upproj_w = m.context_upprojection_params_per_layer / tp
+    upproj_out = m.context_upprojection_params_per_layer / max(m.attn_value_dim_decode, 1.0) / tp
+    ops.append((np.where(upproj_w > 0, m.softmax_layers, 0.0), 2 * micro["prefill_context"] * upproj_w,
+                micro["prefill_context"] * (m.attn_value_dim_decode + upproj_out) * 2, gemm_rate, None))
     seqs = micro["decode"] + micro["prefill_seqs"]
     ops.append((m.linear_layers, (micro["prefill"] + micro["decode"]) * m.linear_flops_per_token_per_layer / tp,
                 2 * seqs * m.linear_state_bytes_per_layer / tp, attn_rate, None))
@@ -234,13 +241,14 @@ def random_case(seed: int, n: int = N):
     cached = rng.uniform(0, 32768, n)
     batch = {
         "decode": decode, "context": decode * per_request, "prefill": prefill, "prefill_seqs": prefill_seqs,
-        "pairs": prefill * (cached + prefill / 2),
+        "pairs": prefill * (cached + prefill / 2), "prefill_context": np.where(prefill > 0, prefill_seqs * cached, 0.0),
     }
     return lay, batch
 
 
 def code_step_time(m, hw_table, gpu: int, lay: dict, batch: dict) -> np.ndarray:
-    sb = StepBatch(*(np.asarray(batch[k], np.float32) for k in ("prefill", "decode", "context", "pairs", "prefill_seqs")))
+    batch = {"prefill_context": 0.0 * batch["prefill"], **batch}
+    sb = StepBatch(*(np.asarray(batch[k], np.float32) for k in ("prefill", "decode", "context", "pairs", "prefill_seqs", "prefill_context")))
     lay = {k: np.asarray(lay[k], np.float32) for k in ("tp", "pp", "wb", "kvb")}
     return np.asarray(_step_jit(traced(m), hw_table, np.int32(gpu), lay, sb), np.float64)
 
@@ -307,6 +315,30 @@ def test_reference_hand_case_decode_step(shapes, hardware):
     # 1e-3 relative slack: the activations' bytes (a few MB) are not in the hand count.
     assert floor_s < got < (1.1 * floor_s + fixed_s) * 1.001
     assert got == pytest.approx(float(ref_step_time(m, hw, lay, batch)[0]), rel=F32_REL)
+
+
+def test_mla_prefill_up_projects_the_cached_context_again(shapes, hardware):
+    """DeepSeek-R1 (dense MLA) at TP8 on an H200, FP8 weights: a 512-token prompt chunk after 8,192
+    cached tokens costs what the same chunk costs without a cached context to up-project (the same
+    attention pairs), plus vLLM's re-up-projection of the context at the chunk:
+      kv_b_proj: 512 latent x 128 heads x (128 + 128) = 16,777,216 params a layer, 2,097,152 a GPU
+      FLOPs:     2 x 8,192 x 2,097,152 = 34,359,738,368 a layer
+      bytes:     8,192 x (512 latent + 16 heads x 256) x 2 B = 75,497,472 a layer
+    over 61 layers, at the GPU's FP8 GEMM rate and achievable bandwidth. Llama-3.1-70B (GQA) and GLM-5
+    (sparse MLA, whose prefill attends in the latent space) pay nothing for it."""
+    h200 = GPUS.index("h200_sxm")
+    hw = hw_dict(hardware, h200)
+    lay = {"tp": np.array([8.0]), "pp": np.array([1.0]), "wb": np.array([1.0]), "kvb": np.array([1.0])}
+    chunk = {"decode": np.array([0.0]), "context": np.array([0.0]), "prefill": np.array([512.0]), "prefill_seqs": np.array([1.0]),
+             "pairs": np.array([512.0 * (8192 + 256)])}
+    flops, moved = 2 * 8192 * 2_097_152, 8192 * (512 + 16 * 256) * 2
+    assert (flops, moved) == (34_359_738_368, 75_497_472)
+    want = 61 * ref_roofline(flops / (hw["fp8_flops_per_s"] * hw["gemm_flops_efficiency"]), moved / (hw["hbm_bandwidth_bytes_per_s"] * hw["memory_bandwidth_efficiency"]))
+    for model, extra in (("deepseek-r1", want), ("llama-3.1-70b", 0.0), ("glm-5", 0.0)):
+        without = float(code_step_time(shapes[model], hardware, h200, lay, chunk)[0])
+        with_context = float(code_step_time(shapes[model], hardware, h200, lay, dict(chunk, prefill_context=np.array([8192.0])))[0])
+        assert with_context - without == pytest.approx(extra, rel=1e-4, abs=1e-9), model
+    assert want > 1e-3  # about 1.6 ms, beside the chunk's own 29 ms of GEMMs (its experts streamed whole)
 
 
 def test_fp8_kv_decode_reads_cost_the_gpus_bytes_per_element(shapes, hardware):
@@ -420,7 +452,7 @@ def test_more_bandwidth_or_flops_never_slows_a_step(shapes, hardware, model, gpu
 
 @SETTINGS
 @given(model=st.sampled_from(MODELS), gpu=st.integers(0, len(GPUS) - 1), seed=st.integers(0, 2**31 - 1),
-       field=st.sampled_from(["decode", "context", "prefill", "pairs", "prefill_seqs"]), extra=st.floats(1.0, 4096.0))
+       field=st.sampled_from(["decode", "context", "prefill", "pairs", "prefill_seqs", "prefill_context"]), extra=st.floats(1.0, 4096.0))
 def test_more_tokens_or_context_never_speed_a_step_up(shapes, hardware, model, gpu, seed, field, extra):
     m = shapes[model]
     lay, batch = random_case(seed)
@@ -478,6 +510,32 @@ def _chunk_step_jit(m, hw, layout, w, b):
     from jaxplan.physics.steady_state import _steps
 
     return _steps(m, hw, layout, w, b).chunk_s
+
+
+@pytest.mark.parametrize(("isl", "hit", "budget", "decoding", "chunks"), [
+    (8448, 256, 513, 1, [(512.0, 256.0 + 512.0 * i) for i in range(16)]),  # 16 chunks of 512 after the hit
+    (8192, 0, 8192, 16, [(8176.0, 0.0), (16.0, 8176.0)]),  # 16 decodes leave 8,176 tokens: a 16-token second chunk
+])
+def test_stage_four_prices_a_prompts_chunks_at_their_cached_context(shapes, hardware, isl, hit, budget, decoding, chunks):
+    """DeepSeek-R1 at TP8 on an H200: the cached context each of a prompt's chunks re-up-projects
+    (its prefix hit and the chunks before it, the last chunk partial). The cost is linear in the
+    context, so stage 4's prefill work (the prompt's chunk steps at one context each) carries as much
+    of it as the chunks priced one by one: 65,536 context tokens for the 16 chunks (about 13 ms), 8,176
+    for the two."""
+    from jaxplan.physics.steady_state import _steps
+
+    m = shapes["deepseek-r1"]
+    plain = m._replace(context_upprojection_params_per_layer=0.0, context_upprojection_in_per_token=0.0, context_upprojection_out_per_token=0.0)
+    hw = take(hardware, jnp.int32(GPUS.index("h200_sxm")))
+    layout = make_layout(8, 1, 1, 1.0, 1.0, max_num_seqs=64, max_num_batched_tokens=budget)
+    w = workload_params(load_workload("coding"), isl_tokens=float(isl), osl_tokens=1000.0, prefix_hit_rate=hit / isl)
+    b = jnp.float32(decoding)
+    stage4 = float(_steps(m, hw, layout, w, b).work_s) - float(_steps(plain, hw, layout, w, b).work_s)
+    decode = StepBatch.decode_only(b, b * 9000.0)
+    one_by_one = sum(float(step_time_s(m, hw, layout, decode.merged(StepBatch.prefill_chunk(size, before))))
+                     - float(step_time_s(plain, hw, layout, decode.merged(StepBatch.prefill_chunk(size, before)))) for size, before in chunks)
+    assert stage4 == pytest.approx(one_by_one, rel=1e-3)
+    assert one_by_one > 1e-7 * sum(before for _, before in chunks)  # about 0.2 ms a 1,000 context tokens
 
 
 def test_p99_tpot_never_exceeds_a_step_that_carries_a_chunk(shapes, hardware):

@@ -113,6 +113,17 @@ def test_closed_loop_matches_reference():
         _compare(*_case(seed), closed=closed)
 
 
+def test_prefill_context_matches_reference():
+    """A step time that charges each prompt chunk's cached context (as dense MLA's re-up-projection
+    does): the replay counts it, jumps included, as the reference does chunk by chunk (prefix hits,
+    recomputation after preemption)."""
+    for seed in (30, 31, 32):
+        requests, config, params = _case(seed)
+        context_s = 2.0 ** -np.random.default_rng(seed + 30_000).integers(10, 14, NUM_F)
+        params = np.concatenate([params, np.zeros((NUM_F, 1)), context_s[:, None]], 1).astype(np.float32)
+        _compare(requests, config, params)
+
+
 def test_step_by_step_matches_reference():
     """window=1 (no decode jumps) gives the same answers as the jumps above."""
     for seed in (0, 7):

@@ -96,7 +96,13 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     own_chunk = jnp.minimum(chunk, layout.max_num_batched_tokens)
     decode_context = b * (w.isl_tokens + 0.5 * w.osl_tokens)
     decode = StepBatch.decode_only(b, decode_context)
-    with_chunk = decode.merged(StepBatch(chunk, 0.0 * b, 0.0 * b, chunk * (cached + 0.5 * isl_eff), 1.0 + 0.0 * b))
+    # The chunks' cached context: a prompt split into n chunks (the last one partial) has its hit and
+    # i chunks before its i-th, spread over the chunk steps it is counted over; a step of several whole
+    # prompts holds each one's hit.
+    pieces = ste_ceil(isl_eff / chunk)
+    split_context = (pieces * cached + 0.5 * chunk * pieces * (pieces - 1.0)) * chunk / jnp.maximum(isl_eff, 1.0)
+    context = jnp.where(chunk < isl_eff, split_context, chunk / jnp.maximum(isl_eff, 1.0) * cached)
+    with_chunk = decode.merged(StepBatch(chunk, 0.0 * b, 0.0 * b, chunk * (cached + 0.5 * isl_eff), 1.0 + 0.0 * b, context))
     fraction = jnp.clip(b / w.osl_tokens * isl_eff / chunk, 0.0, 1.0)
     # Lock-step DP ranks (a MoE model's --data-parallel-size) step together: a group step carries a
     # chunk, and lasts a chunk step, whenever any of its D ranks does, 1 - (1 - f)^D of the steps,

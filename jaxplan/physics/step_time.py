@@ -16,7 +16,9 @@ output processing vLLM then runs on the step's critical path (`pipeline_host_ove
 
 Mixture-of-experts layers (`physics.moe`): expert GEMMs per GPU of the expert group (sliced or
 expert-parallel, over lockstep DP ranks x TP), only the experts a step touches streamed, and under
-lock-step DP the dispatch and combine of the ranks' tokens.
+lock-step DP the dispatch and combine of the ranks' tokens. Dense MLA (DeepSeek-V3, Kimi-K2.5) prefill
+up-projects each prompt chunk's cached context again (`context_upprojection_time_s`), so with a small
+token budget a long prompt's prefill grows with the square of its chunk count.
 
 Pipeline parallelism: a step's batch is split into PP micro-batches that flow
 through the stages concurrently, so a replica emits one token for every
@@ -181,6 +183,20 @@ def gemm_time_s(model: ModelShape, hw: Hardware, layout: Layout, tokens, logit_t
     return attn + linear + dense + moe + head + input_quant_time_s(model, hw, layout, tokens)
 
 
+def context_upprojection_time_s(model: ModelShape, hw: Hardware, layout: Layout, context_tokens):
+    """Dense MLA's prefill attends in the heads' space: at every prompt chunk vLLM up-projects the
+    chunk's cached context again (kv_b_proj: the latent to every head's key and value, the TP shard of
+    the heads), a GEMM over `context_tokens` tokens whose weights the chunk's own tokens already stream:
+    its FLOPs and the latent it reads and the keys and values it writes. Other attention has no such
+    projection (its widths are 0: the roofline's floor, 5e-13 s a layer). Not masked with a `where`:
+    the test suite's -O0 build mis-evaluated the chunk kernel with one (tests/conftest.py)."""
+    tp = layout.tensor_parallel_size
+    flops = 2.0 * context_tokens * model.context_upprojection_params_per_layer / tp
+    moved = context_tokens * (model.context_upprojection_in_per_token + model.context_upprojection_out_per_token / tp) * ACTIVATION_BYTES
+    bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
+    return model.softmax_layers * roofline(flops / gemm_flops_per_s(hw, layout), moved / bytes_per_s)
+
+
 def kv_read_bytes_per_element(hw: Hardware, layout: Layout):
     """HBM bytes decode attention spends per KV element it reads: the stored 2 for BF16, the GPU's
     `fp8_kv_read_bytes_per_element` for an FP8 cache (its kernels dequantise as they read)."""
@@ -275,7 +291,7 @@ def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch,
     # PP x its layers, the whole model (1.0) when PP divides the layers. The LM head, on the last
     # stage, is scaled with the layers (less than PP / L too much of it).
     uneven = pp / pipeline_stages(model, layout)
-    gemm = gemm_time_s(model, hw, layout, tokens, logit_tokens, group_tokens) * uneven
+    gemm = (gemm_time_s(model, hw, layout, tokens, logit_tokens, group_tokens) + context_upprojection_time_s(model, hw, layout, micro.prefill_context_tokens)) * uneven
     attention = attention_time_s(model, hw, layout, micro) * uneven
     message = tokens * model.hidden_size * ACTIVATION_BYTES
     dispatch = model.moe_layers * dispatch_combine_time_s(hw, layout, group_tokens, model.hidden_size, allreduce_efficiency)

@@ -84,12 +84,15 @@ def step_batches(st: LaneState, queue: Queue, plan: Plan, window: int) -> tuple[
     pf_tokens = (jnp.sum(jnp.where(pre, g, 0)) + jnp.sum(cg)).astype(F32)
     pairs = jnp.sum(jnp.where(pre, gp * (comp + gp / 2), 0.0)) + jnp.sum(gc * (queue.cand_i[:, HIT] + gc / 2))
     pairs_growth = jnp.sum(jnp.where(pre, gp * gp, 0.0))  # a chunk's prefix grows by its size each step
+    context = (jnp.sum(jnp.where(pre, comp, 0)) + jnp.sum(jnp.where(cg > 0, queue.cand_i[:, HIT], 0))).astype(F32)
+    context_growth = jnp.sum(jnp.where(pre, gp, 0.0))
     pf_seqs = (jnp.sum(pre) + plan.admitted).astype(F32)
     ctx0 = jnp.sum(jnp.where(dec, comp + 1, 0)).astype(F32)
     j = jnp.arange(window, dtype=I32)
     jf = j.astype(F32)
     ones = jnp.ones(window, F32)
-    return StepBatch(pf_tokens * ones, n_dec.astype(F32) * ones, ctx0 + (j * n_dec).astype(F32), pairs + jf * pairs_growth, pf_seqs * ones), n_dec
+    return StepBatch(pf_tokens * ones, n_dec.astype(F32) * ones, ctx0 + (j * n_dec).astype(F32), pairs + jf * pairs_growth, pf_seqs * ones,
+                     context + jf * context_growth), n_dec
 
 
 class JumpLimits(NamedTuple):

@@ -102,7 +102,7 @@ class RefScheduler:
         rep.clock = now
         while pending and pending[0].arrival is not None and pending[0].arrival <= rep.clock:
             waiting.append(pending.popleft())
-        batch = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "decode_context_tokens": 0.0, "prefill_attention_pairs": 0.0, "prefill_seqs": 0.0}
+        batch = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "decode_context_tokens": 0.0, "prefill_attention_pairs": 0.0, "prefill_seqs": 0.0, "prefill_context_tokens": 0.0}
         if not running and not waiting:
             return [], batch
 
@@ -171,6 +171,7 @@ class RefScheduler:
                 batch["prefill_tokens"] += new
                 batch["prefill_attention_pairs"] += new * (before + new / 2)
                 batch["prefill_seqs"] += 1
+                batch["prefill_context_tokens"] += before
         return scheduled, batch
 
     def execute(self, scheduled, end: float) -> list[RefRequest]:

@@ -340,8 +340,8 @@ def test_lockstep_group_steps_carry_any_ranks_chunk():
     layout = make_layout(tp=2, dp=4, weight_bytes=1, kv_bytes=1, max_num_batched_tokens=2048, lockstep_ranks=4, expert_parallel=1)
     isl_eff = float(w.isl_tokens * (1.0 - w.prefix_hit_rate))
     cached = float(w.isl_tokens) - isl_eff
-    context = max(chunk / isl_eff, 1.0) * cached + 0.5 * max(isl_eff - chunk, 0.0)
-    with_chunk = StepBatch(jnp.float32(chunk), b, b * (w.isl_tokens + 0.5 * w.osl_tokens), jnp.float32(chunk * (cached + 0.5 * isl_eff)), jnp.float32(1.0), jnp.float32(context))
+    # (Qwen3 is GQA: the chunk's cached context costs nothing beyond its attention pairs.)
+    with_chunk = StepBatch(jnp.float32(chunk), b, b * (w.isl_tokens + 0.5 * w.osl_tokens), jnp.float32(chunk * (cached + 0.5 * isl_eff)), jnp.float32(1.0), jnp.float32(0.0))
     expected_chunk_s = step_cost(m, hw, layout, with_chunk, group_batch_tokens=jnp.float32(4 * 16.0 + 4 * f / f_group * chunk)).total_s
     assert float(group.chunk_s) == pytest.approx(float(expected_chunk_s), rel=1e-5)
     assert float(group.mean_s) == pytest.approx(f_group * float(group.chunk_s) + (1 - f_group) * float(group.decode_s), rel=1e-5)

@@ -185,10 +185,9 @@ def ref_step_time(m, hw: dict, lay: dict, batch: dict) -> np.ndarray:
                 m.indexer_bytes_per_token_per_layer * micro["context"], attn_rate, None))
     # Dense MLA re-up-projects each prompt chunk's cached context (kv_b_proj: the latent in, every head's
     # no-RoPE key and value out, the TP shard of the heads); the chunk's own tokens stream its weights.
-    upproj_w = m.context_upprojection_params_per_layer / tp
-    upproj_out = m.context_upprojection_params_per_layer / max(m.attn_value_dim_decode, 1.0) / tp
-    ops.append((np.where(upproj_w > 0, m.softmax_layers, 0.0), 2 * micro["prefill_context"] * upproj_w,
-                micro["prefill_context"] * (m.attn_value_dim_decode + upproj_out) * 2, gemm_rate, None))
+    upproj_in, upproj_out = m.context_upprojection_in_per_token, m.context_upprojection_out_per_token / tp
+    ops.append((np.where(upproj_in > 0, m.softmax_layers, 0.0), 2 * micro["prefill_context"] * upproj_in * upproj_out,
+                micro["prefill_context"] * (upproj_in + upproj_out) * 2, gemm_rate, None))
     seqs = micro["decode"] + micro["prefill_seqs"]
     ops.append((m.linear_layers, (micro["prefill"] + micro["decode"]) * m.linear_flops_per_token_per_layer / tp,
                 2 * seqs * m.linear_state_bytes_per_layer / tp, attn_rate, None))
@@ -525,7 +524,7 @@ def test_stage_four_prices_a_prompts_chunks_at_their_cached_context(shapes, hard
     from jaxplan.physics.steady_state import _steps
 
     m = shapes["deepseek-r1"]
-    plain = m._replace(context_upprojection_params_per_layer=0.0, context_upprojection_in_per_token=0.0, context_upprojection_out_per_token=0.0)
+    plain = m._replace(context_upprojection_in_per_token=0.0, context_upprojection_out_per_token=0.0)
     hw = take(hardware, jnp.int32(GPUS.index("h200_sxm")))
     layout = make_layout(8, 1, 1, 1.0, 1.0, max_num_seqs=64, max_num_batched_tokens=budget)
     w = workload_params(load_workload("coding"), isl_tokens=float(isl), osl_tokens=1000.0, prefix_hit_rate=hit / isl)

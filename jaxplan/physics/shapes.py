@@ -70,8 +70,8 @@ class ModelShape(NamedTuple):
     indexer_flops_per_pair_per_layer: jnp.ndarray  # sparse attention's indexer scoring one (query, key) pair
     indexer_bytes_per_token_per_layer: jnp.ndarray  # its stored key, on every TP rank
     fp8_kv_extra_bytes_per_token_per_layer: jnp.ndarray  # an FP8 cache's scales and BF16 parts (sparse MLA)
-    context_upprojection_params_per_layer: jnp.ndarray  # dense MLA: kv_b_proj, re-applied to a prompt chunk's cached context
-    context_upprojection_in_per_token: jnp.ndarray  # its input per context token: the latent (0 without it)
+    # Dense MLA's kv_b_proj, re-applied to a prompt chunk's cached context (in x out weights a layer; 0 without it):
+    context_upprojection_in_per_token: jnp.ndarray  # its input per context token: the latent
     context_upprojection_out_per_token: jnp.ndarray  # its output per context token: every head's no-RoPE key and value
 
 
@@ -140,7 +140,6 @@ def model_shape(model: ModelSpec) -> ModelShape:
         indexer_flops_per_pair_per_layer=2 * model.indexer_heads * model.indexer_head_dim,
         indexer_bytes_per_token_per_layer=model.indexer_bytes_per_token_per_layer(),
         fp8_kv_extra_bytes_per_token_per_layer=model.fp8_kv_extra_bytes_per_token_per_layer(),
-        context_upprojection_params_per_layer=model.context_upprojection_params_per_layer(),
         context_upprojection_in_per_token=model.kv_lora_rank if model.context_upprojection_params_per_layer() else 0,
         context_upprojection_out_per_token=model.context_upprojection_params_per_layer() // max(model.kv_lora_rank, 1),
     )

@@ -99,9 +99,9 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     # The chunks' cached context: a prompt split into n chunks (the last one partial) has its hit and
     # i chunks before its i-th, spread over the chunk steps it is counted over; a step of several whole
     # prompts holds each one's hit.
-    pieces = ste_ceil(isl_eff / chunk)
-    split_context = (pieces * cached + 0.5 * chunk * pieces * (pieces - 1.0)) * chunk / jnp.maximum(isl_eff, 1.0)
-    context = jnp.where(chunk < isl_eff, split_context, chunk / jnp.maximum(isl_eff, 1.0) * cached)
+    pieces = ste_ceil(isl_eff / chunk)  # the prompt's chunks
+    prompts_per_step = chunk / jnp.maximum(isl_eff, 1.0)  # below 1: the share of a prompt a chunk step carries
+    context = prompts_per_step * jnp.where(chunk < isl_eff, pieces * cached + 0.5 * chunk * pieces * (pieces - 1.0), cached)
     with_chunk = decode.merged(StepBatch(chunk, 0.0 * b, 0.0 * b, chunk * (cached + 0.5 * isl_eff), 1.0 + 0.0 * b, context))
     fraction = jnp.clip(b / w.osl_tokens * isl_eff / chunk, 0.0, 1.0)
     # Lock-step DP ranks (a MoE model's --data-parallel-size) step together: a group step carries a
@@ -120,7 +120,7 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     # prompt that shares its step with other prompts holds its slot for the whole step.
     prompt_chunk_steps = jnp.maximum(isl_eff / chunk, 1.0)
     work_s = prompt_chunk_steps * (chunk_s - decode_s)
-    prefill_s = ste_ceil(isl_eff / chunk) * decode_s + work_s
+    prefill_s = pieces * decode_s + work_s
     # The slot time (and with it b, throughput and TPOT) counts a step's prefill capacity; the first
     # token waits for the prompt's own chunks, one budget per step (equal to prefill_s without PP).
     latency_s = ste_ceil(isl_eff / own_chunk) * decode_s + work_s

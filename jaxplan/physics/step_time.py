@@ -191,8 +191,9 @@ def context_upprojection_time_s(model: ModelShape, hw: Hardware, layout: Layout,
     projection (its widths are 0: the roofline's floor, 5e-13 s a layer). Not masked with a `where`:
     the test suite's -O0 build mis-evaluated the chunk kernel with one (tests/conftest.py)."""
     tp = layout.tensor_parallel_size
-    flops = 2.0 * context_tokens * model.context_upprojection_params_per_layer / tp
-    moved = context_tokens * (model.context_upprojection_in_per_token + model.context_upprojection_out_per_token / tp) * ACTIVATION_BYTES
+    width_in, width_out = model.context_upprojection_in_per_token, model.context_upprojection_out_per_token / tp
+    flops = 2.0 * context_tokens * width_in * width_out
+    moved = context_tokens * (width_in + width_out) * ACTIVATION_BYTES
     bytes_per_s = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
     return model.softmax_layers * roofline(flops / gemm_flops_per_s(hw, layout), moved / bytes_per_s)
 

@@ -209,9 +209,22 @@ class _CustomJvp:
         return None
 
 
+def _vmap(fun, in_axes):
+    """`jax.vmap` over a leading axis that the shim holds as a list: the calls one by one."""
+
+    def mapped(*args):
+        count = len(next(leaf for arg, axis in zip(args, in_axes) if axis == 0 for leaf in jax.tree.leaves(arg)))
+        pick = lambda i: [jax.tree.map(lambda x: x[i], arg) if axis == 0 else arg for arg, axis in zip(args, in_axes)]  # noqa: E731
+        return _Knots(fun(*pick(i)) for i in range(count))
+
+    return mapped
+
+
 class _Jax:
     lax = _Lax
     custom_jvp = _CustomJvp
+    tree = jax.tree
+    vmap = staticmethod(_vmap)
 
 
 SHIMS = {"python": PyScalar, "numpy": np}
@@ -219,19 +232,21 @@ SHIMS = {"python": PyScalar, "numpy": np}
 
 @contextlib.contextmanager
 def scalar_physics(shim):
-    """Point the physics modules' `jnp` (and steady_state's `jax`) at a scalar shim; restore after."""
+    """Point the physics modules' `jnp` (and steady_state's and step_time's `jax`) at a scalar shim; restore after."""
     saved = [(m, m.jnp) for m in PATCHED]
-    saved_jax = steady_mod.jax
+    saved_jax = [(m, m.jax) for m in (steady_mod, step_time_mod)]
     try:
         for m in PATCHED:
             m.jnp = shim
-        steady_mod.jax = _Jax
+        for m, _ in saved_jax:
+            m.jax = _Jax
         with np.errstate(all="ignore"):
             yield
     finally:
         for m, j in saved:
             m.jnp = j
-        steady_mod.jax = saved_jax
+        for m, j in saved_jax:
+            m.jax = j
 
 
 # ---- one candidate at a time -------------------------------------------------------------------------------

@@ -714,3 +714,33 @@ def test_the_fixed_cost_of_a_step_grows_with_the_models_depth(shapes, hardware):
             base = code_step_time(m, hardware, h200, lay, batch)[0]
             assert code_step_time(m, more_per_layer, h200, lay, batch)[0] - base == pytest.approx(layers * 10e-6, rel=1e-3)
             assert code_step_time(m, per_step, h200, lay, batch)[0] - base == pytest.approx(1e-3, rel=1e-3)
+
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-70b", "gpt-oss-120b", "deepseek-r1"])
+def test_stage_four_prices_its_steps_in_one_call_as_one_by_one(shapes, hardware, model):
+    """`_steps` prices its decode, chunk and one-request steps in one vmapped call (`step_times_s`);
+    each must be what `step_time_s` gives that batch alone, also under PP and for lock-step ranks
+    (whose expert layers carry every rank's tokens). Candidates [4]: TP2, TP4 x PP2, and two lock-step
+    DP ranks at TP2 with PP 1 and 2; a 3,000-token prompt fits every step's room whole."""
+    from jaxplan.physics.steady_state import _steps
+
+    m = shapes[model]
+    hw = take(hardware, jnp.int32(GPUS.index("h200_sxm")))
+    tp, pp, ranks = (jnp.array(v, jnp.float32) for v in ([2, 4, 2, 2], [1, 2, 1, 2], [1, 1, 2, 2]))
+    layout = make_layout(tp, pp, ranks, 1.0, 1.0, max_num_seqs=256, max_num_batched_tokens=8192, lockstep_ranks=ranks)
+    w = workload_params(load_workload("coding"), isl_tokens=3000.0, osl_tokens=500.0, prefix_hit_rate=0.0)
+    b = jnp.array([3.0, 40.0, 17.0, 200.0], jnp.float32)
+    steps = _steps(m, hw, layout, w, b, with_light=True)
+    decode = StepBatch.decode_only(b, b * (3000.0 + 250.0))
+    light = StepBatch.decode_only(jnp.ones_like(b), 3000.0 + 250.0 + 0.0 * b)
+    chunk = decode.merged(StepBatch.prefill_chunk(3000.0 + 0.0 * b))
+    # A lock-step group's step carries a chunk when any rank's does, 1 - (1 - f)^D of the steps; its
+    # expert layers then see the decodes of every rank and the chunks of D f / (1 - (1 - f)^D) ranks.
+    own = b / 500.0  # f: prompts a rank starts per step over the chunks a step carries
+    carrying = jnp.maximum(ranks * own / (1.0 - (1.0 - own) ** ranks), 1.0)
+    np.testing.assert_array_equal(steps.chunk_tokens, 3000.0)
+    np.testing.assert_allclose(steps.decode_s, step_time_s(m, hw, layout, decode), rtol=1e-5)  # float32 rounding
+    np.testing.assert_allclose(steps.light_s, step_time_s(m, hw, layout, light), rtol=1e-5)
+    np.testing.assert_allclose(steps.chunk_s, step_time_s(m, hw, layout, chunk, ranks * b + carrying * 3000.0), rtol=1e-5)
+    assert _steps(m, hw, layout, w, b).light_s is None

@@ -37,7 +37,7 @@ from jax.custom_derivatives import SymbolicZero
 from jaxplan.physics.batch import StepBatch
 from jaxplan.physics.memory import kv_budget_bytes_per_gpu, smooth_request_kv_bytes_per_gpu
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
-from jaxplan.physics.step_time import step_time_s
+from jaxplan.physics.step_time import step_time_s, step_times_s
 from jaxplan.physics.traffic import P99_Z, WorkloadParams
 
 SECANT_ITERATIONS = 2  # evaluations of slot_time(b) per Poisson solve, inside the knot interval holding the root
@@ -81,9 +81,21 @@ class _Steps(NamedTuple):
     chunk_tokens: jnp.ndarray  # prefill tokens a chunk step carries
     prompt_chunk_steps: jnp.ndarray  # chunk steps one prompt's prefill work is counted over: max(ISL / chunk, 1)
     work_s: jnp.ndarray  # a request's prefill work alone: prefill_s less the decode steps its chunks ride
+    light_s: jnp.ndarray | None = None  # a decode step of one request (`wave_makespan_s`'s s(1)); None unless asked
 
 
-def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
+def _light_batch(w: WorkloadParams, b) -> StepBatch:
+    """A decode step of one request at the mean context (`wave_makespan_s`'s s(1)), shaped like b."""
+    return StepBatch.decode_only(1.0 + 0.0 * b, w.isl_tokens + 0.5 * w.osl_tokens)
+
+
+def _stacked(*trees):
+    """The trees' leaves stacked along a new leading axis (broadcast to one shape first)."""
+    return jax.tree.map(lambda *leaves: jnp.stack(jnp.broadcast_arrays(*leaves)), *trees)
+
+
+def _steps(model, hw, layout, w: WorkloadParams, b, with_light: bool = False) -> _Steps:
+    """The steps a replica of b running requests takes; with_light: also the one-request decode step."""
     isl_eff = w.isl_tokens * (1.0 - w.prefix_hit_rate)
     cached = w.isl_tokens * w.prefix_hit_rate
     room = jnp.maximum(layout.pipeline_parallel_size * layout.max_num_batched_tokens - b, 1.0)
@@ -111,8 +123,14 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     lockstep = ranks > 1
     group_fraction = jnp.where(lockstep, 1.0 - jnp.power(1.0 - fraction, ranks), fraction)
     chunk_ranks = jnp.maximum(ranks * fraction / jnp.maximum(group_fraction, 1e-9), 1.0)
-    decode_s = step_time_s(model, hw, layout, decode)
-    chunk_s = step_time_s(model, hw, layout, with_chunk, jnp.where(lockstep, ranks * b + chunk_ranks * chunk, (b + chunk) * ranks))
+    # The steps in one call (`step_times_s`); a decode step's expert layers see every rank's decodes.
+    batches = [decode, with_chunk]
+    group_tokens = [decode.decode_tokens * ranks, jnp.where(lockstep, ranks * b + chunk_ranks * chunk, (b + chunk) * ranks)]
+    if with_light:
+        batches.append(_light_batch(w, b))
+        group_tokens.append(batches[-1].decode_tokens * ranks)
+    times = step_times_s(model, hw, layout, _stacked(*batches), _stacked(*group_tokens))
+    decode_s, chunk_s = times[0], times[1]
     fraction = group_fraction
     mean_s = fraction * chunk_s + (1.0 - fraction) * decode_s
     # Every chunk step pays the decode step's cost; the prefill work itself is paid once over all
@@ -124,7 +142,7 @@ def _steps(model, hw, layout, w: WorkloadParams, b) -> _Steps:
     # The slot time (and with it b, throughput and TPOT) counts a step's prefill capacity; the first
     # token waits for the prompt's own chunks, one budget per step (equal to prefill_s without PP).
     latency_s = ste_ceil(isl_eff / own_chunk) * decode_s + work_s
-    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s, chunk, prompt_chunk_steps, work_s)
+    return _Steps(mean_s, decode_s, chunk_s, fraction, prefill_s, latency_s, chunk, prompt_chunk_steps, work_s, times[2] if with_light else None)
 
 
 def slot_time_s(steps: _Steps, w: WorkloadParams):
@@ -346,8 +364,7 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
     batch costs s(1) per step until the longest output is done (OSL x `longest_output_factor` steps)
     plus s1 per output token beyond one a step (b x OSL tokens, at least one a step). A steady state of b running requests, which
     leaves out the drain, is 2-3x too fast for a burst of ShareGPT prompts (A100 runs in ../shared)."""
-    light = StepBatch.decode_only(1.0 + 0.0 * b, w.isl_tokens + 0.5 * w.osl_tokens)
-    light_s = step_time_s(model, hw, layout, light)
+    light_s = steps.light_s if steps.light_s is not None else step_time_s(model, hw, layout, _light_batch(w, b))
     line_s = jnp.maximum(requests - b, 0.0) * slot_time_s(steps, w) / jnp.maximum(b, 1e-3)
     # Every drain step holds the longest request, so its steps carry at least as many tokens as there
     # are steps: light_s per step plus s1 = (s(b) - s(1)) / (b - 1) per token beyond one a step. The
@@ -367,7 +384,7 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
 def run_drain_s(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams, b):
     """Seconds until the b requests a replica holds (`Estimate.concurrency_per_replica`) are done once
     no more arrive: the end of a finite open-loop run, timed as `wave_makespan_s` of b requests."""
-    return wave_makespan_s(model, hw, layout, w, _steps(model, hw, layout, w, b), b, b)
+    return wave_makespan_s(model, hw, layout, w, _steps(model, hw, layout, w, b, with_light=True), b, b)
 
 
 def _p99_share(wave):
@@ -407,7 +424,7 @@ def estimate(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParams,
     b = jnp.where(poisson, b_poisson, b_closed)
     bound = jnp.where(b < 0.999 * b_max, BOUND_DEMAND, bound)
 
-    steps = _steps(model, hw, layout, w, b)
+    steps = _steps(model, hw, layout, w, b, with_light=True)
     slot_s = slot_time_s(steps, w)
     utilization = jnp.where(poisson, rate * full_slot_s / b_max, b / b_max)
 

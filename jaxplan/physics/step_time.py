@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from jaxplan.physics.batch import StepBatch
@@ -307,3 +308,10 @@ def step_cost(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch,
 def step_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatch, group_batch_tokens=None):
     """Seconds per step (the replay's and stage 4's clock)."""
     return step_cost(model, hw, layout, batch, group_batch_tokens).total_s
+
+
+def step_times_s(model: ModelShape, hw: Hardware, layout: Layout, batches: StepBatch, group_batch_tokens):
+    """`step_time_s` of K batches of one replica at once: batches' fields and group_batch_tokens carry
+    a leading axis [K, ...]; result [K, ...]. One traced step function instead of K: the step is most
+    of a compiled kernel's code, and XLA's compilation time grows with it."""
+    return jax.vmap(step_time_s, in_axes=(None, None, None, 0, 0))(model, hw, layout, batches, group_batch_tokens)

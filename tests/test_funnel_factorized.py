@@ -10,7 +10,7 @@ import pytest
 
 from jaxplan.funnel.chunk import evaluate_digits
 from jaxplan.funnel.reasons import Reason
-from jaxplan.funnel.sweep import build_context, stream
+from jaxplan.funnel.sweep import build_context, evaluate_blocks, stream
 from jaxplan.grid import Grid, layout_index
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 
@@ -20,7 +20,7 @@ def test_factorised_stream_matches_flat_evaluation(model_name, workload_name):
     grid = Grid(parse_gpu_list("h100_sxm,a100_sxm"), load_space("small"))
     ctx = build_context(grid, load_model(model_name), load_workload(workload_name))
     digits = np.array(list(itertools.product(*(range(n) for n in grid.sizes))), np.int32)  # index order
-    flat = jax.device_get(evaluate_digits(ctx, digits))
+    flat = evaluate_blocks(ctx, digits)
     part = stream(grid, ctx, chunk_size=1024)
 
     # Same per-reason counts (PADDING is not a candidate).
@@ -41,7 +41,7 @@ def test_factorised_stream_matches_flat_evaluation(model_name, workload_name):
 def test_report_rows_in_blocks_equal_one_evaluation_of_every_row():
     """`rows_for` prices its rows in blocks of REPORT_ROWS (one program): more rows than a block, and
     per-row workloads cut with them (the winner map's), give each row what pricing it alone gives."""
-    from jaxplan.funnel.sweep import REPORT_ROWS, evaluate_blocks, report_rows, rows_for
+    from jaxplan.funnel.sweep import REPORT_ROWS, report_rows, rows_for
     from jaxplan.physics.traffic import WorkloadParams
 
     grid = Grid(parse_gpu_list("h100_sxm,a100_sxm"), load_space("small"))

@@ -1,4 +1,4 @@
-"""Hand-picked candidates through the funnel's stages 1-4 (`evaluate_digits`), with the expected
+"""Hand-picked candidates through the funnel's stages 1-4 (`evaluate_blocks`, the report rows' program), with the expected
 first-failing sieve worked out by hand from the model's config and the GPU's spec sheet."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxplan.funnel.chunk import evaluate_digits
 from jaxplan.funnel.reasons import Reason
-from jaxplan.funnel.sweep import build_context
+from jaxplan.funnel.sweep import build_context, evaluate_blocks
 from jaxplan.grid import AXES, Grid
 from jaxplan.specs import load_gpu, load_model, load_workload
 from jaxplan.specs.space import SearchSpace
@@ -68,8 +67,8 @@ def llama_results():
     rows = [{**BASE, **change} for _, change, _ in CASES] + [{**BASE, **change} for _, change in PASSES_STAGES_1_2]
     digits = jnp.asarray(np.array([digits_for(grid, **row) for row in rows], np.int32))
     model, workload = load_model("llama-3.1-70b"), load_workload("coding")
-    single_node = evaluate_digits(build_context(grid, model, workload), digits)
-    multi_node = evaluate_digits(build_context(multi, model, workload), digits)
+    single_node = evaluate_blocks(build_context(grid, model, workload), digits)
+    multi_node = evaluate_blocks(build_context(multi, model, workload), digits)
     names = [label for label, _, _ in CASES] + [label for label, _ in PASSES_STAGES_1_2]
     return {name: (int(a), int(b)) for name, a, b in zip(names, np.asarray(single_node.reason), np.asarray(multi_node.reason))}
 

@@ -125,11 +125,11 @@ def test_rows_of_another_dp_range_are_priced_without_compiling(sweeps):
     DP axis padded too (`chunk.rows_context`): after the sweeps above, the rows of a sweep whose DP
     axis has another length compile nothing, and they are the rows that sweep's own streaming priced."""
     from jaxplan.funnel import run_sweep
-    from jaxplan.funnel.chunk import evaluate_digits
+    from jaxplan.funnel.sweep import evaluate_blocks
     from jaxplan.funnel.replay_stage import finalist_inputs
 
     a, _ = sweeps
-    evaluate_digits(a.context, jnp.asarray([r["digits"] for r in a.shortlist[:1]] * 8, jnp.int32))
+    evaluate_blocks(a.context, np.asarray([r["digits"] for r in a.shortlist[:1]] * 8, np.int32))
     finalist_inputs(a, a.shortlist[:1])
     space = load_space("small")
     wider = space.replace(data_parallel_size=(1, 2, 3, 4, 6, 8))
@@ -137,7 +137,7 @@ def test_rows_of_another_dp_range_are_priced_without_compiling(sweeps):
     other = run_sweep(load_model("llama-3.1-8b"), parse_gpu_list("h100_sxm,a100_sxm"), load_workload("chat"), wider, top_k=5)
     rows = other.shortlist[:1] * 8
     with count_compilations() as events:
-        ev = jax.device_get(evaluate_digits(other.context, jnp.asarray([r["digits"] for r in rows], jnp.int32)))
+        ev = evaluate_blocks(other.context, np.asarray([r["digits"] for r in rows], np.int32))
         config, _ = finalist_inputs(other, other.shortlist[:1])
     assert not events, f"{events.count(COMPILE)} compilations and {events.count(TRACE)} traces"
     assert float(ev.score[0]) == pytest.approx(other.shortlist[0]["score"], rel=1e-5)

@@ -1,6 +1,6 @@
 """The jitted funnel against stages 1-4 evaluated one candidate at a time on float64 scalars.
 
-`evaluate_digits` (stages 1-4 of explicit candidates, the program behind a sweep's report rows)
+`evaluate_blocks` (stages 1-4 of explicit candidates: the program behind a sweep's report rows)
 decodes each candidate's digits inside jit and prices it in float32 with the vectorised solver;
 `scalar_stage4` gives each candidate its stage 1-3 reason from the plain-Python reference funnel and
 runs stage 4's source eagerly on Python or NumPy scalars. They must agree on every reason and on
@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scalar_stage4 import SHIMS, Problem, check_agreement, reason_1_to_3, run_baseline
 
-from jaxplan.funnel.chunk import evaluate_digits
 from jaxplan.funnel.reasons import Reason
-from jaxplan.funnel.sweep import build_context
+from jaxplan.funnel.sweep import build_context, evaluate_blocks
 from jaxplan.grid import AXES, Grid
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 from jaxplan.specs.workload import Arrival
@@ -68,7 +66,7 @@ def test_jitted_funnel_matches_scalar_evaluation(model_name, gpus, workload_name
     assert sample.size == ROWS
 
     digits = np.stack([grid.digits_of(int(i)) for i in sample]).astype(np.int32)
-    jitted = evaluate_digits(ctx, jnp.asarray(digits))
+    jitted = evaluate_blocks(ctx, digits)  # the report rows' program, in its blocks (shared with other tests)
     _, scalar = run_baseline(problem, sample, SHIMS[shim])
 
     counts, reached_stage4 = check_agreement(scalar, jitted, rtol=2e-3)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 
-from jaxplan.funnel.chunk import evaluate_digits
 from jaxplan.funnel.reasons import Reason
-from jaxplan.funnel.sweep import build_context
+from jaxplan.funnel.sweep import build_context, evaluate_blocks
 from jaxplan.grid import Grid
 from jaxplan.specs import load_model, load_space, load_workload, parse_gpu_list
 from jaxplan.winner_map import winner_map
@@ -48,7 +46,7 @@ def test_winner_flips_where_the_cheaper_candidate_stops_keeping_up():
         feasible = []
         for r in wmap.axes[0].values:
             ctx = build_context(grid, MODEL, dataclasses.replace(CODING, request_rate_per_s=r))
-            ev = evaluate_digits(ctx, jnp.asarray(digits))
+            ev = evaluate_blocks(ctx, digits)
             feasible.append(int(ev.reason[0]) == Reason.ADMITTED)
         ok[dp_digit + 1] = np.array(feasible)
     assert ok[1].any() and not ok[1].all(), "the rate range must straddle where one replica stops keeping up"

@@ -313,5 +313,5 @@ def step_time_s(model: ModelShape, hw: Hardware, layout: Layout, batch: StepBatc
 def step_times_s(model: ModelShape, hw: Hardware, layout: Layout, batches: StepBatch, group_batch_tokens):
     """`step_time_s` of K batches of one replica at once: batches' fields and group_batch_tokens carry
     a leading axis [K, ...]; result [K, ...]. One traced step function instead of K: the step is most
-    of a compiled kernel's code, and XLA's compilation time grows with it."""
+    of stage 4's code, and the compilation's HLO passes and emitters grow with it (bench/README.md)."""
     return jax.vmap(step_time_s, in_axes=(None, None, None, 0, 0))(model, hw, layout, batches, group_batch_tokens)

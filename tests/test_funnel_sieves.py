@@ -1,5 +1,6 @@
-"""Hand-picked candidates through the funnel's stages 1-4 (`evaluate_blocks`, the report rows' program), with the expected
-first-failing sieve worked out by hand from the model's config and the GPU's spec sheet."""
+"""Hand-picked candidates through the funnel's stages 1-4 (`evaluate_blocks`, the report rows'
+program), with the expected first-failing sieve worked out by hand from the model's config and the
+GPU's spec sheet."""
 
 from __future__ import annotations
 

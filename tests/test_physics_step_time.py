@@ -737,7 +737,7 @@ def test_stage_four_prices_its_steps_in_one_call_as_one_by_one(shapes, hardware,
     chunk = decode.merged(StepBatch.prefill_chunk(3000.0 + 0.0 * b))
     # A lock-step group's step carries a chunk when any rank's does, 1 - (1 - f)^D of the steps; its
     # expert layers then see the decodes of every rank and the chunks of D f / (1 - (1 - f)^D) ranks.
-    own = b / 500.0  # f: prompts a rank starts per step over the chunks a step carries
+    own = b / 500.0  # f = b / OSL x ISL / chunk: the share of a rank's steps with a chunk (ISL = chunk here)
     carrying = jnp.maximum(ranks * own / (1.0 - (1.0 - own) ** ranks), 1.0)
     np.testing.assert_array_equal(steps.chunk_tokens, 3000.0)
     np.testing.assert_allclose(steps.decode_s, step_time_s(m, hw, layout, decode), rtol=1e-5)  # float32 rounding

@@ -99,6 +99,7 @@ def model_shape(model: ModelSpec) -> ModelShape:
         (model.experts_per_token + model.num_shared_experts) * model.moe_intermediate_size,
     )
     softmax_layers = model.full_attention_layers + model.sliding_window_layers
+    upprojection_in, upprojection_out = model.context_upprojection_widths()
     values = dict(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -140,8 +141,8 @@ def model_shape(model: ModelSpec) -> ModelShape:
         indexer_flops_per_pair_per_layer=2 * model.indexer_heads * model.indexer_head_dim,
         indexer_bytes_per_token_per_layer=model.indexer_bytes_per_token_per_layer(),
         fp8_kv_extra_bytes_per_token_per_layer=model.fp8_kv_extra_bytes_per_token_per_layer(),
-        context_upprojection_in_per_token=model.kv_lora_rank if model.context_upprojection_params_per_layer() else 0,
-        context_upprojection_out_per_token=model.context_upprojection_params_per_layer() // max(model.kv_lora_rank, 1),
+        context_upprojection_in_per_token=upprojection_in,
+        context_upprojection_out_per_token=upprojection_out,
     )
     return ModelShape(**{k: float(v) for k, v in values.items()})
 

@@ -243,14 +243,15 @@ class ModelSpec:
         the joint KV latent's with the RoPE key."""
         return self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
 
-    def context_upprojection_params_per_layer(self) -> int:
-        """MLA's key/value up-projection (kv_b_proj: latent -> every head's no-RoPE key and value), which
-        dense MLA prefill applies again to the cached context of a prompt chunk at every chunk (vLLM's
-        MLA chunked-context path attends in the heads' space, not the latent one). 0 for GQA, and for
-        sparse MLA, whose prefill attends in the latent space."""
+    def context_upprojection_widths(self) -> tuple[int, int]:
+        """(input, output) elements per token of MLA's key/value up-projection (kv_b_proj: the latent
+        -> every head's no-RoPE key and value), which dense MLA prefill applies again to the cached
+        context of a prompt chunk at every chunk (vLLM's MLA chunked-context path attends in the
+        heads' space, not the latent one). (0, 0) for GQA, and for sparse MLA, whose prefill attends
+        in the latent space."""
         if not self.is_mla or self.sparse_attention_topk:
-            return 0
-        return self.kv_lora_rank * self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return 0, 0
+        return self.kv_lora_rank, self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim)
 
     def kv_params_per_layer(self) -> int:
         """K and V projection weights of one GQA layer (replicated when TP > KV heads)."""

@@ -91,7 +91,7 @@ def test_burst_makespan_is_the_linear_drain():
     layout = make_layout(tp=1)
     w = workload_params(Workload(name="b", isl_mean_tokens=500, osl_mean_tokens=300, arrival=Arrival.BURST, num_requests=64))
     b = jnp.float32(64.0)
-    steps = _steps(model, hw, layout, w, b)
+    steps = _steps(model, hw, layout, w, b, with_light=True)
     fixed = float(wave_makespan_s(model, hw, layout, w, steps, b, b))
     assert fixed == pytest.approx(64 * float(steps.work_s) + 300 * float(steps.decode_s), rel=1e-4)
     light = float(step_cost(model, hw, layout, StepBatch.decode_only(jnp.float32(1.0), w.isl_tokens + 0.5 * w.osl_tokens)).total_s)

@@ -37,7 +37,7 @@ from jax.custom_derivatives import SymbolicZero
 from jaxplan.physics.batch import StepBatch
 from jaxplan.physics.memory import kv_budget_bytes_per_gpu, smooth_request_kv_bytes_per_gpu
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape
-from jaxplan.physics.step_time import step_time_s, step_times_s
+from jaxplan.physics.step_time import step_times_s
 from jaxplan.physics.traffic import P99_Z, WorkloadParams
 
 SECANT_ITERATIONS = 2  # evaluations of slot_time(b) per Poisson solve, inside the knot interval holding the root
@@ -363,8 +363,9 @@ def wave_makespan_s(model: ModelShape, hw: Hardware, layout: Layout, w: Workload
     one request and b requests, s(n) = s(1) + s1 (n - 1) (step_time_s at both ends), so the shrinking
     batch costs s(1) per step until the longest output is done (OSL x `longest_output_factor` steps)
     plus s1 per output token beyond one a step (b x OSL tokens, at least one a step). A steady state of b running requests, which
-    leaves out the drain, is 2-3x too fast for a burst of ShareGPT prompts (A100 runs in ../shared)."""
-    light_s = steps.light_s if steps.light_s is not None else step_time_s(model, hw, layout, _light_batch(w, b))
+    leaves out the drain, is 2-3x too fast for a burst of ShareGPT prompts (A100 runs in ../shared).
+    `steps`: `_steps(..., with_light=True)`, which prices s(1) with the other steps."""
+    light_s = steps.light_s
     line_s = jnp.maximum(requests - b, 0.0) * slot_time_s(steps, w) / jnp.maximum(b, 1e-3)
     # Every drain step holds the longest request, so its steps carry at least as many tokens as there
     # are steps: light_s per step plus s1 = (s(b) - s(1)) / (b - 1) per token beyond one a step. The

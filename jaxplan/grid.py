@@ -154,11 +154,13 @@ class Grid:
         return {axis: self.labels[axis][int(d)] for axis, d in zip(AXES, digits)}
 
 
-def padded_axis(values) -> np.ndarray:
-    """An axis's values [n] padded to `bucket_size(n)` entries, its last value repeated (no digit
-    reaches the padding), so that axes of other lengths in one bucket share compiled programs."""
+def padded_axis(values, minimum: int | None = None) -> np.ndarray:
+    """An axis's values [n] padded to `bucket_size(n)` entries (at least `minimum`), its last value
+    repeated (no digit reaches the padding), so that axes of other lengths in one bucket share
+    compiled programs."""
     num = len(values)
-    return np.asarray(pad_rows(np.asarray(values), num, bucket_size(num)))
+    size = bucket_size(num) if minimum is None else bucket_size(num, minimum)
+    return np.asarray(pad_rows(np.asarray(values), num, size))
 
 
 def decode(axis_values: tuple[jnp.ndarray, ...], sizes: jnp.ndarray, base_digits: jnp.ndarray, offsets: jnp.ndarray) -> Candidates:

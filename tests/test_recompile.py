@@ -120,27 +120,36 @@ def test_other_gpus_and_axis_lengths_sweep_without_compiling(sweeps):
     assert {r["gpu"] for r in result.shortlist} == {"h200_sxm"} and {r["max_num_seqs"] for r in result.shortlist} <= {128, 512}
 
 
-def test_rows_of_another_dp_range_are_priced_without_compiling(sweeps):
-    """The programs that price explicit rows (the report rows, the finalists' replay arrays) take the
-    DP axis padded too (`chunk.rows_context`): after the sweeps above, the rows of a sweep whose DP
-    axis has another length compile nothing, and they are the rows that sweep's own streaming priced."""
+def test_rows_of_other_axis_lengths_and_scenarios_are_priced_without_compiling(sweeps):
+    """The programs that price explicit rows (the report rows, the finalists' replay arrays) take every
+    axis padded to `chunk.ROWS_AXIS_ENTRIES` and the workload one value a row (`chunk.rows_context`,
+    `per_row_workload`): after the sweeps above, the rows of a sweep whose DP axis and another axis
+    have other lengths (past the chunk kernel's bucket of 8), and rows under a scenario each (the
+    winner map's), compile nothing, and they are the rows that the streaming priced."""
     from jaxplan.funnel import run_sweep
-    from jaxplan.funnel.sweep import evaluate_blocks
     from jaxplan.funnel.replay_stage import finalist_inputs
+    from jaxplan.funnel.sweep import evaluate_blocks
 
     a, _ = sweeps
     evaluate_blocks(a.context, np.asarray([r["digits"] for r in a.shortlist[:1]] * 8, np.int32))
     finalist_inputs(a, a.shortlist[:1])
     space = load_space("small")
-    wider = space.replace(data_parallel_size=(1, 2, 3, 4, 6, 8))
-    assert len(wider.data_parallel_size) != len(space.data_parallel_size)
+    wider = space.replace(data_parallel_size=(1, 2, 3, 4, 6, 8), max_num_seqs=(16, 32, 48, 64, 96, 128, 192, 256, 512, 1024))
+    assert len(wider.data_parallel_size) != len(space.data_parallel_size) and len(wider.max_num_seqs) > 8
     other = run_sweep(load_model("llama-3.1-8b"), parse_gpu_list("h100_sxm,a100_sxm"), load_workload("chat"), wider, top_k=5)
     rows = other.shortlist[:1] * 8
+    digits = np.asarray([r["digits"] for r in rows], np.int32)
+    # the same rows, each under its own prompt length (a winner map's rows): the first keeps the sweep's
+    scenarios = other.context.workload._replace(isl_tokens=other.context.workload.isl_tokens * np.linspace(1.0, 1.35, 8, dtype=np.float32))
     with count_compilations() as events:
-        ev = evaluate_blocks(other.context, np.asarray([r["digits"] for r in rows], np.int32))
+        ev = evaluate_blocks(other.context, digits)
+        per_scenario = evaluate_blocks(other.context._replace(workload=scenarios), digits)
         config, _ = finalist_inputs(other, other.shortlist[:1])
     assert not events, f"{events.count(COMPILE)} compilations and {events.count(TRACE)} traces"
     assert float(ev.score[0]) == pytest.approx(other.shortlist[0]["score"], rel=1e-5)
+    assert float(per_scenario.score[0]) == pytest.approx(float(ev.score[0]), rel=1e-6)
+    ttft = np.asarray(per_scenario.estimate.ttft_mean_s)
+    assert np.all(np.diff(ttft) > 0), "longer prompts must take longer to a first token"
     assert int(config.data_parallel_size[0]) == other.shortlist[0]["data_parallel_size"]
 
 

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from jaxplan import compile_ahead, program_cache
@@ -298,12 +299,24 @@ def chunk_model(ctx: SweepContext, grid_size: int) -> tuple[SweepContext, ModelS
     return ctx._replace(model=None), ctx.model
 
 
+# The programs that price explicit rows read each axis's value by a gather, so an axis's length costs
+# them nothing: every axis is padded to at least this many entries (the bundled spaces' longest axis,
+# `huge`'s DP, has 1,024), so that spaces with axes of other lengths share their programs.
+ROWS_AXIS_ENTRIES = 1024
+
+
 def rows_context(ctx: SweepContext) -> SweepContext:
-    """`ctx` as the programs that price explicit rows (digits) take it: the model traced and the DP
-    axis padded like the others (`Grid.kernel_axis_arrays`; these programs do not factorise over DP
-    and no digit reaches the padding), so one program serves every model and every space."""
-    axis_values = tuple(jnp.asarray(padded_axis(v)) if axis == DP_AXIS else v for axis, v in enumerate(ctx.axis_values))
+    """`ctx` as the programs that price explicit rows (digits) take it: the model traced and every
+    axis padded to ROWS_AXIS_ENTRIES (these programs do not factorise over DP and no digit reaches
+    the padding), so one program serves every model and every space."""
+    axis_values = tuple(jnp.asarray(padded_axis(v, ROWS_AXIS_ENTRIES)) for v in ctx.axis_values)
     return ctx._replace(axis_values=axis_values, model=traced(ctx.model))
+
+
+def per_row_workload(workload: WorkloadParams, num_rows: int) -> WorkloadParams:
+    """Every workload field as [num_rows] float32 (a scalar repeated), so that the report rows of one
+    workload and a winner map's rows, each under its own scenario, share one program."""
+    return WorkloadParams(*(np.broadcast_to(np.asarray(field, np.float32), (num_rows,)) for field in workload))
 
 
 def _evaluate_rows(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
@@ -321,13 +334,15 @@ def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray, *, default_compile: 
     """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports; `rows_context`:
     one program per K serves every model and space). default_compile: the program compiled at XLA's
     defaults instead of the one-shot options."""
+    ctx = rows_context(ctx._replace(workload=per_row_workload(ctx.workload, digits.shape[0])))
     if default_compile:
-        return _evaluate_digits_default(rows_context(ctx), digits)
+        return _evaluate_digits_default(ctx, digits)
     compile_ahead.wait("evaluate_digits")
-    return _evaluate_digits(rows_context(ctx), digits)
+    return _evaluate_digits(ctx, digits)
 
 
 def evaluate_digits_ahead(ctx: SweepContext, num_rows: int, num_axes: int) -> None:
     """Start compiling `evaluate_digits` for [num_rows, num_axes] digits in the background (the
     reports' rows come after the chunks, and their program is as large as the chunk kernel)."""
-    compile_ahead.ahead("evaluate_digits", _evaluate_digits, rows_context(ctx), jax.ShapeDtypeStruct((num_rows, num_axes), jnp.int32))
+    ctx = rows_context(ctx._replace(workload=per_row_workload(ctx.workload, num_rows)))
+    compile_ahead.ahead("evaluate_digits", _evaluate_digits, ctx, jax.ShapeDtypeStruct((num_rows, num_axes), jnp.int32))

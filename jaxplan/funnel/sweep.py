@@ -462,13 +462,14 @@ def report_rows(num_rows: int) -> int:
 def evaluate_blocks(ctx: SweepContext, digits: np.ndarray, *, default_compile: bool = False):
     """`evaluate_digits` of candidates given by digits [K, A] (K >= 1), on the host: padded to
     `report_rows(K)` and priced in blocks of REPORT_ROWS (one program for every K), cut back to K.
-    Workload fields with one value per row ([K], `winner_map.rows_under`) are padded with their first
+    Workload fields with one value per row ([K], `winner_map.rows_under`) are padded with their last
     value and cut with the rows. default_compile: see `evaluate_digits`."""
     num, total = digits.shape[0], report_rows(digits.shape[0])
     padded = np.zeros((total, digits.shape[1]), np.int32)
     padded[:num] = digits
     per_row = lambda f: np.ndim(f) > 0 and np.shape(f)[0] == num  # noqa: E731
-    workload = jax.tree.map(lambda f: jnp.concatenate([f, jnp.broadcast_to(f[:1], (total - num,))]) if per_row(f) else f, ctx.workload)
+    # on the host: slicing or padding a device array would compile a program per shape
+    workload = jax.tree.map(lambda f: np.asarray(pad_rows(np.asarray(f), num, total)) if per_row(f) else f, ctx.workload)
 
     def block(start: int):
         stop = start + REPORT_ROWS

@@ -58,7 +58,8 @@ def metrics_of(model: ModelShape, hw: Hardware, layout: Layout, w: WorkloadParam
 
 # It runs once for milliseconds: compiled at -O0 with XLA:CPU's older emitters (LEAN_ONE_SHOT_COMPILE),
 # in about half the time the default emitters take at -O0; its elasticities agree with the default's
-# at -O2 to 2.2e-5 (bench/README.md, "Sensitivity"; checked by tests/test_xla_options.py).
+# at -O2 to 2.2e-5 (bench/README.md, "Sensitivity"; tests/test_xla_options.py with --run-slow, and
+# central differences of an independent program in every run, tests/test_sensitivity.py).
 @jit_with_options(LEAN_ONE_SHOT_COMPILE)
 def _jacobian(model, hw, layout, w, gpu_memory_utilization):
     """(metrics [F, M], d metrics / d θ [F, M, P], θ [P]) for every parameter of PARAMETERS. Traced

@@ -59,10 +59,13 @@ def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
     assert keys and [[r[k] for k in keys] for r in lean] == [[r[k] for k in keys] for r in default]
 
 
+@pytest.mark.slow
 def test_the_lean_jacobian_gives_the_same_elasticities(monkeypatch):
     """The sensitivities' Jacobian compiles at -O0 with the older emitters: its elasticities agree with
     the default emitters' at -O2 (to 2.2e-5 on 600 default-space finalists; here the small space's
-    shortlist). The default emitters take most of this test's time (~25 s), at -O0 as at -O2."""
+    shortlist). Behind --run-slow: the default emitters' Jacobian is the suite's costliest compilation
+    (about a minute of CPU), and the shipped program is checked against central differences of an
+    independent one in every run (`tests/test_sensitivity.py`)."""
     from jaxplan import elasticity
 
     result = _sweep()

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxplan.buckets import bucket_size, pad_rows
+from jaxplan.buckets import MIN_BUCKET_ROWS, bucket_size, pad_rows
 from jaxplan.specs.gpu import GpuSpec
 from jaxplan.specs.formats import BY_NAME, OTHER_BYTES
 from jaxplan.specs.space import DTYPE_BYTES, LAYOUT_KINDS, SearchSpace, parse_kind_label
@@ -154,13 +154,11 @@ class Grid:
         return {axis: self.labels[axis][int(d)] for axis, d in zip(AXES, digits)}
 
 
-def padded_axis(values, minimum: int | None = None) -> np.ndarray:
-    """An axis's values [n] padded to `bucket_size(n)` entries (at least `minimum`), its last value
-    repeated (no digit reaches the padding), so that axes of other lengths in one bucket share
-    compiled programs."""
+def padded_axis(values, minimum: int = MIN_BUCKET_ROWS) -> np.ndarray:
+    """An axis's values [n] padded to `bucket_size(n, minimum)` entries, its last value repeated (no
+    digit reaches the padding), so that axes of other lengths in one bucket share compiled programs."""
     num = len(values)
-    size = bucket_size(num) if minimum is None else bucket_size(num, minimum)
-    return np.asarray(pad_rows(np.asarray(values), num, size))
+    return np.asarray(pad_rows(np.asarray(values), num, bucket_size(num, minimum)))
 
 
 def decode(axis_values: tuple[jnp.ndarray, ...], sizes: jnp.ndarray, base_digits: jnp.ndarray, offsets: jnp.ndarray) -> Candidates:

@@ -716,7 +716,6 @@ def test_the_fixed_cost_of_a_step_grows_with_the_models_depth(shapes, hardware):
             assert code_step_time(m, per_step, h200, lay, batch)[0] - base == pytest.approx(1e-3, rel=1e-3)
 
 
-
 @pytest.mark.parametrize("model", ["llama-3.1-70b", "gpt-oss-120b", "deepseek-r1"])
 def test_stage_four_prices_its_steps_in_one_call_as_one_by_one(shapes, hardware, model):
     """`_steps` prices its decode, chunk and one-request steps in one vmapped call (`step_times_s`);

@@ -319,6 +319,11 @@ def per_row_workload(workload: WorkloadParams, num_rows: int) -> WorkloadParams:
     return WorkloadParams(*(np.broadcast_to(np.asarray(field, np.float32), (num_rows,)) for field in workload))
 
 
+def _report_context(ctx: SweepContext, num_rows: int) -> SweepContext:
+    """`rows_context` with `per_row_workload`: the context the report rows' program takes."""
+    return rows_context(ctx._replace(workload=per_row_workload(ctx.workload, num_rows)))
+
+
 def _evaluate_rows(ctx: SweepContext, digits: jnp.ndarray) -> Evaluated:
     c = candidates_from_digits(ctx.axis_values, digits, jnp.ones(digits.shape[0], bool))
     return evaluate(ctx, c)
@@ -334,7 +339,7 @@ def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray, *, default_compile: 
     """Stages 1-4 for explicit candidates given by their digits [K, A] (for reports; `rows_context`:
     one program per K serves every model and space). default_compile: the program compiled at XLA's
     defaults instead of the one-shot options."""
-    ctx = rows_context(ctx._replace(workload=per_row_workload(ctx.workload, digits.shape[0])))
+    ctx = _report_context(ctx, digits.shape[0])
     if default_compile:
         return _evaluate_digits_default(ctx, digits)
     compile_ahead.wait("evaluate_digits")
@@ -344,5 +349,5 @@ def evaluate_digits(ctx: SweepContext, digits: jnp.ndarray, *, default_compile: 
 def evaluate_digits_ahead(ctx: SweepContext, num_rows: int, num_axes: int) -> None:
     """Start compiling `evaluate_digits` for [num_rows, num_axes] digits in the background (the
     reports' rows come after the chunks, and their program is as large as the chunk kernel)."""
-    ctx = rows_context(ctx._replace(workload=per_row_workload(ctx.workload, num_rows)))
+    ctx = _report_context(ctx, num_rows)
     compile_ahead.ahead("evaluate_digits", _evaluate_digits, ctx, jax.ShapeDtypeStruct((num_rows, num_axes), jnp.int32))

@@ -26,7 +26,7 @@ needs_shared = pytest.mark.skipif(not SPECS_DATA.is_dir(), reason="../shared/dat
 
 # name/aliases/source describe where a spec came from; hf_id comes from `_name_or_path`,
 # which published config.json files do not carry.
-PROVENANCE = {"name", "aliases", "source", "hf_id"}
+PROVENANCE = {"name", "aliases", "source", "hf_id", "named_checkpoint"}
 
 
 def _architecture(spec: ModelSpec) -> dict:

@@ -11,12 +11,14 @@ they may be fractional for variable-length datasets such as ShareGPT).
 `serving_arrays` converts rows to numpy arrays in SI units (seconds).
 
 Column meanings:
-  model                      bundled jaxplan model name (HF ids and aliases are resolved), or a config path
+  model                      bundled jaxplan model name (HF ids and aliases are resolved, and a quantised checkpoint's
+                             id of a bundled model, e.g. Qwen/Qwen3-32B-FP8), or a config path
   gpu                        jaxplan GPU name (h100_sxm, h200_sxm, a100_sxm, b200_sxm, l40s, mi300x)
   tensor_parallel_size, pipeline_parallel_size, data_parallel_size   vLLM's flags: DP ranks are replicas; for a
                              MoE model they step together and share the expert layers (vLLM's --data-parallel-size)
   enable_expert_parallel     true | false (default): vLLM's --enable-expert-parallel (EP = DP x TP; MoE models only)
-  weight_dtype               bf16 | fp8 | nvfp4 | mxfp4 | int4 (mxfp4, int4: a MoE model's experts; the rest bf16)
+  weight_dtype               bf16 | fp8 | nvfp4 | mxfp4 | int4 (mxfp4, int4: a MoE model's experts; the rest bf16);
+                             blank: the checkpoint's stored format (gpt-oss mxfp4, an -FP8 checkpoint fp8), else bf16
   kv_cache_dtype             auto (= model dtype, bf16) | fp8
   isl, osl                   mean input / output tokens per request
   concurrency                closed loop: requests kept in flight (whole deployment)
@@ -146,11 +148,19 @@ INT_MAX = 10_000_000
 
 
 def _canonical_model(value: str) -> str:
-    """Bundled name for a bundled name / HF id / alias; config paths are kept as given."""
+    """Bundled name for a bundled name / HF id / alias (a quantised checkpoint's id too: its format
+    is the row's weight_dtype); config paths are kept as given."""
     spec = load_model(value)
     if value.endswith((".json", ".toml")) or Path(value).expanduser().exists():
         return value
     return spec.name
+
+
+def stored_weight_dtype(model: str) -> str:
+    """The weight format a row of `model` is priced in when it does not say: its checkpoint's stored
+    format, as vLLM serves it (gpt-oss: mxfp4; an -FP8 checkpoint: fp8), else bf16."""
+    stored = load_model(model).checkpoint_weight_format
+    return stored if stored in WEIGHT_DTYPES else "bf16"
 
 
 def check_row(row: dict, where: str) -> dict:
@@ -163,6 +173,7 @@ def check_row(row: dict, where: str) -> dict:
         column = sorted(unknown)[0]
         close = difflib.get_close_matches(column, COLUMNS, n=1)
         raise PlanError(f"{where}: unknown column {short_repr(column)}" + (f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(COLUMNS)}"))
+    weight_dtype_given = row.get("weight_dtype") not in (None, "")
     for column in COLUMNS:
         if row.get(column) is None:
             row[column] = DEFAULTS.get(column)
@@ -177,6 +188,8 @@ def check_row(row: dict, where: str) -> dict:
         if row[column] and any(ord(ch) < 32 and ch != "\t" or ord(ch) == 127 for ch in row[column]):
             raise bad_value(column, row[column], "contains a control character (NUL, line break, ...); remove it", where=where)
     try:
+        if not weight_dtype_given:
+            row["weight_dtype"] = stored_weight_dtype(row["model"])
         row["model"] = _canonical_model(row["model"])
         row["gpu"] = load_gpu(row["gpu"]).name
     except PlanError as err:

@@ -585,9 +585,10 @@ def read_vllm_bench_json(
             if isinstance(config[field], str):  # --metadata values arrive as text
                 number = _number(config, field, path, where)
                 config[field] = int(number) if field not in _FLOAT_KEYS and number.is_integer() else number
-        resolved = map_model(str(config["model"]))
-        if resolved is None and not str(config["model"]).endswith((".json", ".toml")):
-            raise PlanError(f"{path}: model {short_repr(config['model'])} is not a bundled model or known HF id: {_FIX['model']}")
+        try:  # any model jaxplan can load: its bundled ones (MoE too), their quantised checkpoints' ids, config paths
+            load_model(str(config["model"]))
+        except PlanError:
+            raise PlanError(f"{path}: model {short_repr(config['model'])} is not a bundled model, a known HF id or a config path: {_FIX['model']}") from None
         completed = _number(record, "completed", path, where)
         if not completed:
             raise PlanError(f"{path}: {where}: completed = {short_repr(record.get('completed'))}: no request finished, nothing to calibrate on; rerun the benchmark")

@@ -16,6 +16,8 @@ ModelOpt NVFP4), recorded in `checkpoint_weight_format`. Unknown extra fields ar
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import re
@@ -368,4 +370,4 @@ def model_from_hf_file(path: Path) -> ModelSpec:
     named = str(raw.get("_name_or_path", "")) if isinstance(raw, dict) else ""
     # `_name_or_path` is often the publisher's local folder ("/fsx/ckpt/..."): only an "org/name" is an id.
     hf_id = named if HF_ID.fullmatch(named) else ""
-    return model_from_hf_dict(raw, name, hf_id=hf_id, source=str(path))
+    return dataclasses.replace(model_from_hf_dict(raw, name, hf_id=hf_id, source=str(path)), named_checkpoint=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import tomllib
 
 from jaxplan.errors import PlanError, bad_value, short_repr, unknown_name
+from jaxplan.specs import checkpoints
 from jaxplan.specs.gpu import GpuSpec
 from jaxplan.specs.hf_config import HF_ID, model_from_hf_file
 from jaxplan.specs.lengths import read_lengths, resolve_against
@@ -182,12 +183,27 @@ def load_model(name: str) -> ModelSpec:
         return model_from_hf_file(target)
     resolved = _model_aliases().get(name.lower(), name)
     if resolved not in _bundled("models") and HF_ID.fullmatch(name) and not name.endswith(".toml"):
+        quantised = _quantised_checkpoint(name.strip())
+        if quantised is not None:
+            return quantised
         # jaxplan does not download: an unbundled Hugging Face id needs its config.json on disk
         raise PlanError(
             f"{unknown_name('model', name, _bundled('models'), releases=True)}. jaxplan reads models offline: for {name}, save "
             f"https://huggingface.co/{name}/resolve/main/config.json and pass its path (--model path/to/config.json)"
         )
     return _load_named("models", ModelSpec, resolved, "model")
+
+
+def _quantised_checkpoint(hf_id: str) -> ModelSpec | None:
+    """The bundled model a quantised checkpoint's id names (`checkpoints.resolve`), served as that
+    checkpoint in its stored format; None if the id is not one."""
+    found = checkpoints.resolve(hf_id, _model_aliases())
+    if found is None:
+        return None
+    name, fmt = found
+    base = _load_named("models", ModelSpec, name, "model")
+    source = f"{base.source}; {hf_id}: its {fmt} checkpoint, recognised by name (the shape is {base.hf_id}'s)"
+    return dataclasses.replace(base, hf_id=hf_id, aliases=(), checkpoint_weight_format=fmt, named_checkpoint=True, source=source)
 
 
 @functools.cache

@@ -116,6 +116,9 @@ class ModelSpec:
     num_shared_experts: int = 0
     first_dense_layers: int = 0
     checkpoint_weight_format: str = ""
+    # The user named this very checkpoint (a quantised checkpoint's id, or a config.json): vLLM serves
+    # it in its stored format, which the sweep then plans by default (`SearchSpace.for_model`).
+    named_checkpoint: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:

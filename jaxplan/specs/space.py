@@ -94,8 +94,9 @@ class SearchSpace:
     def for_model(self, model) -> "SearchSpace":
         """This space for `model` (a ModelSpec): the layout kinds default to every kind a MoE model has
         and `tp` for a dense one; a dense model refuses expert layouts and expert-only formats, and a
-        checkpoint stored as MXFP4 or INT4 (gpt-oss, Kimi-K2.5) is planned in that format unless the
-        space names others (vLLM serves such a checkpoint as it is stored)."""
+        checkpoint stored as MXFP4 or INT4 (gpt-oss, Kimi-K2.5), or a quantised one the user named (by
+        its id or config.json), is planned in its stored format unless the space names others (vLLM
+        serves such a checkpoint as it is stored; a BF16 one it may also quantise to FP8 as it loads)."""
         where = f"space {self.name!r} for model {model.name!r}"
         kinds = self.layout_kind or (LAYOUT_KINDS if model.is_moe else ("tp",))
         dtypes = self.weight_dtype
@@ -107,6 +108,9 @@ class SearchSpace:
                 raise bad_value("weight_dtype", expert_only[0], "quantises only a MoE model's experts; use bf16, fp8 or nvfp4", where=where)
         elif model.checkpoint_weight_format in EXPERT_ONLY and dtypes == DEFAULT_WEIGHT_DTYPES:
             dtypes = (model.checkpoint_weight_format,)
+        stored = model.checkpoint_weight_format
+        if model.named_checkpoint and dtypes == DEFAULT_WEIGHT_DTYPES and stored in WEIGHT_DTYPES and stored != "bf16" and (model.is_moe or stored not in EXPERT_ONLY):
+            dtypes = (stored,)
         resolved = self.replace(layout_kind=tuple(kinds), weight_dtype=dtypes)
         if not resolved.layout_kind_labels():
             raise bad_value("layout_kind", list(kinds), "lock-step kinds need a data_parallel_size above 1; add tp or ep, or DP values > 1", where=where)

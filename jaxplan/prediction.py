@@ -136,7 +136,7 @@ def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec, gpus: 
             if value < 1 or value != int(value):
                 raise bad_value(field, row.get(field), "must be a positive integer", where=where)
             sizes[field] = value
-        fmt = FORMAT_BY_NAME[str(row.get("weight_dtype") or "bf16")]
+        fmt = FORMAT_BY_NAME[weight_dtype_of(row)]
         expert_parallel = _flag(row, "enable_expert_parallel", where)
         if not model.is_moe and expert_parallel:
             raise bad_value("enable_expert_parallel", row.get("enable_expert_parallel"), f"{model.name} is dense: expert parallelism needs a mixture-of-experts model; use false", where=where)
@@ -155,6 +155,12 @@ def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec, gpus: 
         columns["lockstep_ranks"].append(sizes["data_parallel_size"] if model.is_moe else 1)
         columns["expert_parallel"].append(1.0 if expert_parallel else 0.0)
     return Layout(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in columns.items()})
+
+
+def weight_dtype_of(row: dict) -> str:
+    """A row's weight format: as given, else what vLLM serves its checkpoint in (`served_weight_dtype`)."""
+    given = row.get("weight_dtype")
+    return str(given) if given not in (None, "") else load_model(str(row["model"]).strip()).served_weight_dtype
 
 
 def _flag(row: dict, field: str, where: str) -> bool:
@@ -266,7 +272,7 @@ def weight_only_note(gpu, weight_dtype: str) -> str:
 
 
 def _row_note(batch: RowBatch, k: int, row: dict) -> str:
-    return weight_only_note(batch.gpus[int(batch.gpu_index[k])], str(row.get("weight_dtype") or "bf16"))
+    return weight_only_note(batch.gpus[int(batch.gpu_index[k])], weight_dtype_of(row))
 
 
 def capped_rate(row: dict) -> bool:

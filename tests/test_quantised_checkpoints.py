@@ -121,3 +121,12 @@ def test_a_quantised_checkpoint_is_served_as_stored():
     assert argv[2] == "Qwen/Qwen3-32B" and argv[argv.index("--quantization") + 1] == "fp8"
     bf16 = shlex.split(vllm_serve_command(load_model("Qwen/Qwen3-32B-FP8"), dict(row, weight_dtype="bf16")))
     assert bf16[2] == "<bf16 checkpoint of Qwen/Qwen3-32B-FP8>"  # vLLM cannot dequantise it
+
+
+def test_the_python_api_prices_a_row_without_weight_dtype_as_the_cli_does():
+    from jaxplan import api
+
+    row = dict(model="Qwen/Qwen3-32B-FP8", gpu="h100_sxm", tensor_parallel_size=2, isl=2000, osl=200, concurrency=8, num_prompts=80)
+    blank, fp8, bf16 = api.predict([row, dict(row, weight_dtype="fp8"), dict(row, weight_dtype="bf16")], method="analytical")
+    assert blank["tpot_ms_mean"] == fp8["tpot_ms_mean"] and blank["ttft_ms_mean"] == fp8["ttft_ms_mean"]
+    assert bf16["tpot_ms_mean"] > 1.2 * fp8["tpot_ms_mean"]  # twice the weight bytes a decode step streams

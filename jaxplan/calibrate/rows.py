@@ -156,13 +156,6 @@ def _canonical_model(value: str) -> str:
     return spec.name
 
 
-def stored_weight_dtype(model: str) -> str:
-    """The weight format a row of `model` is priced in when it does not say: its checkpoint's stored
-    format, as vLLM serves it (gpt-oss: mxfp4; an -FP8 checkpoint: fp8), else bf16."""
-    stored = load_model(model).checkpoint_weight_format
-    return stored if stored in WEIGHT_DTYPES else "bf16"
-
-
 def check_row(row: dict, where: str) -> dict:
     """Validate one typed row in place (fills defaults, canonical model/GPU names, COLUMNS order); returns it.
 
@@ -189,7 +182,7 @@ def check_row(row: dict, where: str) -> dict:
             raise bad_value(column, row[column], "contains a control character (NUL, line break, ...); remove it", where=where)
     try:
         if not weight_dtype_given:
-            row["weight_dtype"] = stored_weight_dtype(row["model"])
+            row["weight_dtype"] = load_model(row["model"]).served_weight_dtype
         row["model"] = _canonical_model(row["model"])
         row["gpu"] = load_gpu(row["gpu"]).name
     except PlanError as err:

@@ -191,6 +191,12 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def served_weight_dtype(self) -> str:
+        """The weight format vLLM serves this checkpoint in when no other is asked for: the one it is
+        stored in (gpt-oss: mxfp4; an -FP8 checkpoint: fp8), bf16 where that is not recorded or priced."""
+        return self.checkpoint_weight_format if self.checkpoint_weight_format not in ("", "other") else "bf16"
+
+    @property
     def q_heads_dim(self) -> int:
         """Query width of one attention layer (heads x per-head query dim)."""
         per_head = self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim

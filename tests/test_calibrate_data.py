@@ -408,6 +408,26 @@ def test_vllm_bench_json_detailed_lengths_are_replayed_from_the_file(tmp_path):
     assert override["gpu"] == "h200_sxm" and override["tensor_parallel_size"] == 4
 
 
+def test_vllm_bench_json_reads_the_moe_layout_and_engine_metadata(tmp_path):
+    # vllm bench serve --metadata enable_expert_parallel=true block_size=32 ...: each lands as text
+    path = tmp_path / "run.json"
+    meta = dict(gpu="h200_sxm", tensor_parallel_size="4", enable_expert_parallel="true", block_size="32", gpu_memory_utilization="0.85", vllm_version="0.12.0")
+    path.write_text(json.dumps(bench_record(model_id="MiniMaxAI/MiniMax-M2.5", **meta)))
+    (row,) = serving.read_vllm_bench_json(path)
+    assert (row["model"], row["weight_dtype"], row["enable_expert_parallel"]) == ("minimax-m2.5", "fp8", True)
+    assert (row["block_size"], row["gpu_memory_utilization"], row["vllm_version"]) == (32, 0.85, "0.12.0")
+    path.write_text(json.dumps(bench_record(model_id="MiniMaxAI/MiniMax-M2.5", **dict(meta, enable_expert_parallel="false"))))
+    assert serving.read_vllm_bench_json(path)[0]["enable_expert_parallel"] is False
+    (row,) = serving.read_vllm_bench_json(path, defaults={"enable_expert_parallel": True})  # the file's own metadata wins
+    assert row["enable_expert_parallel"] is False
+    path.write_text(json.dumps(bench_record(model_id="MiniMaxAI/MiniMax-M2.5", gpu="h200_sxm", tp=4)))
+    assert serving.read_vllm_bench_json(path, defaults={"enable_expert_parallel": True})[0]["enable_expert_parallel"] is True
+    assert serving.read_vllm_bench_json(path)[0]["enable_expert_parallel"] is False  # vLLM's default
+    path.write_text(json.dumps(bench_record(model_id="MiniMaxAI/MiniMax-M2.5", **dict(meta, enable_expert_parallel="maybe"))))
+    with pytest.raises(PlanError, match="enable_expert_parallel = 'maybe': must be true or false"):
+        serving.read_vllm_bench_json(path)
+
+
 def test_vllm_bench_json_defaults_fill_what_the_file_does_not_record(tmp_path):
     # a run benchmarked without --metadata, served from a local path: `jaxplan calibrate --model ... --gpu ...`
     path = tmp_path / "run.json"

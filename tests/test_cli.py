@@ -216,6 +216,12 @@ def test_predict_measured_vllm_bench_runs(runner, tmp_path):
     assert (row["model"], row["gpu"], row["tensor_parallel_size"], row["kv_cache_dtype"], row["concurrency"]) == ("llama-3.1-8b", "h100_sxm", "2", "fp8", "8")
     assert float(row["measured_ttft_ms_mean"]) == 60.0 and float(row["measured_tpot_ms_mean"]) == 8.5
     assert 0 < float(row["tpot_ms_mean"]) < 100 and row["status"].startswith("ok")
+    moe = tmp_path / "moe.json"  # a MoE run's expert parallelism, named on the command line
+    moe.write_text(json.dumps(dict(record, model_id="MiniMaxAI/MiniMax-M2.5")))
+    result = runner.invoke(app, ["predict", str(moe), "-o", str(out_path), "--method", "analytical", "--gpu", "h200_sxm", "--tensor-parallel-size", "4", "--enable-expert-parallel"])
+    assert result.exit_code == 0, result.output
+    (row,) = list(csv.DictReader(out_path.open()))
+    assert (row["model"], row["weight_dtype"], row["enable_expert_parallel"]) == ("minimax-m2.5", "fp8", "true")
     rows_csv = tmp_path / "rows.csv"
     rows_csv.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,1000,200,8\n")
     result = runner.invoke(app, ["predict", str(rows_csv), "-o", str(out_path), "--gpu", "h100_sxm"])

@@ -460,8 +460,14 @@ _JSON_KEYS = {
     "osl_spread": ("osl_spread",),
     "gpu_hbm_bytes_override": ("gpu_hbm_bytes_override",),
     "gpu_hbm_bandwidth_bytes_per_s_override": ("gpu_hbm_bandwidth_bytes_per_s_override",),
+    "enable_expert_parallel": ("enable_expert_parallel",),
+    "block_size": ("block_size",),
+    "gpu_memory_utilization": ("gpu_memory_utilization",),
+    "vllm_version": ("vllm_version",),
 }
-_FLOAT_KEYS = ("prefix_hit_rate", "isl_spread", "osl_spread", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override")
+_FLOAT_KEYS = ("prefix_hit_rate", "isl_spread", "osl_spread", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override", "gpu_memory_utilization")
+_INT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "block_size")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _FIX = {
     "model": "name it with --model path/to/config.json (the model's Hugging Face config), a bundled name (jaxplan list) or a known HF id (jaxplan calibrate or predict; in Python read_vllm_bench_json(model=...))",
     "gpu": "rerun vllm bench serve with --metadata gpu=h100_sxm, or name it with --gpu h100_sxm (jaxplan calibrate or predict; in Python read_vllm_bench_json(gpu=...))",
@@ -469,8 +475,8 @@ _FIX = {
 }
 # Engine settings `jaxplan calibrate` and `predict` can give for JSON files that do not record them (`cli.engine_settings`).
 JSON_DEFAULT_FIELDS = (
-    "model", "gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "weight_dtype", "kv_cache_dtype",
-    "max_num_seqs", "max_num_batched_tokens",
+    "model", "gpu", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel", "weight_dtype",
+    "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens",
 )
 
 
@@ -521,6 +527,10 @@ def read_vllm_bench_json(
     osl_spread: float | None = None,
     gpu_hbm_bytes_override: float | None = None,
     gpu_hbm_bandwidth_bytes_per_s_override: float | None = None,
+    enable_expert_parallel: bool | None = None,
+    block_size: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    vllm_version: str | None = None,
     backend: str = "vllm",
     dataset: str = "vllm_bench_serve",
     defaults: Mapping[str, object] | None = None,
@@ -534,8 +544,9 @@ def read_vllm_bench_json(
     input_lens / output_lens of a --save-detailed file (-> `lengths_file`: the replay sends those very
     requests, unless the length columns are given), and any `--metadata KEY=VALUE` config keys
     (gpu, tensor_parallel_size/tp, pipeline_parallel_size/pp, data_parallel_size/dp,
-    weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens, prefix_hit_rate, and for a GPU that
-    differs from the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
+    enable_expert_parallel, weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
+    block_size, gpu_memory_utilization, vllm_version, prefix_hit_rate, and for a GPU that differs from
+    the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
     Keyword arguments override the file; `defaults` (field -> value, JSON_DEFAULT_FIELDS) fill what
     it does not record (its --metadata keys win; a `defaults` model wins over the served model_id,
     which is often a local path). The engine config (GPU, TP, ...) is not in the file unless passed
@@ -550,6 +561,8 @@ def read_vllm_bench_json(
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "prefix_hit_rate": prefix_hit_rate,
         "gpu_hbm_bytes_override": gpu_hbm_bytes_override, "gpu_hbm_bandwidth_bytes_per_s_override": gpu_hbm_bandwidth_bytes_per_s_override,
         "isl_distribution": isl_distribution, "isl_spread": isl_spread, "osl_distribution": osl_distribution, "osl_spread": osl_spread,
+        "enable_expert_parallel": enable_expert_parallel, "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
+        "vllm_version": vllm_version,
     }
     unknown = sorted(set(defaults or {}) - set(JSON_DEFAULT_FIELDS))
     if unknown:
@@ -581,10 +594,17 @@ def read_vllm_bench_json(
                 spread = _coefficient_of_variation(inputs if side == "isl" else outputs)
                 if spread is not None:
                     config[f"{side}_distribution"], config[f"{side}_spread"] = "lognormal", spread
-        for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", *_FLOAT_KEYS):
+        for field in (*_INT_KEYS, *_FLOAT_KEYS):
             if isinstance(config[field], str):  # --metadata values arrive as text
                 number = _number(config, field, path, where)
                 config[field] = int(number) if field not in _FLOAT_KEYS and number.is_integer() else number
+        if isinstance(config["enable_expert_parallel"], str):
+            text = config["enable_expert_parallel"].strip().lower()
+            if text not in _TRUE + _FALSE:
+                raise bad_value("enable_expert_parallel", config["enable_expert_parallel"], "must be true or false (--metadata enable_expert_parallel=true)", where=f"{path}: {where}")
+            config["enable_expert_parallel"] = text in _TRUE
+        if config["vllm_version"] is not None:
+            config["vllm_version"] = str(config["vllm_version"])
         try:  # any model jaxplan can load: its bundled ones (MoE too), their quantised checkpoints' ids, config paths
             load_model(str(config["model"]))
         except PlanError:

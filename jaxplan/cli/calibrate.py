@@ -13,7 +13,7 @@ from jaxplan.cli import engine_settings
 from jaxplan.cli.common import app, check_writable, clean_errors, out, progress_bar
 from jaxplan.cli.engine_settings import (
     DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
-    PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
+    ExpertParallelSetting, PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
 )  # fmt: skip
 from jaxplan.errors import PlanError, bad_value
 
@@ -37,6 +37,7 @@ def calibrate(
     tensor_parallel_size: TensorParallelSetting = None,
     pipeline_parallel_size: PipelineParallelSetting = None,
     data_parallel_size: DataParallelSetting = None,
+    enable_expert_parallel: ExpertParallelSetting = None,
     weight_dtype: WeightDtypeSetting = None,
     kv_cache_dtype: KvCacheDtypeSetting = None,
     max_num_seqs: MaxNumSeqsSetting = None,

@@ -12,7 +12,7 @@ from jaxplan.cli import engine_settings
 from jaxplan.cli.common import ParamsOption, ReplayMaxSecondsOption, Routing, RoutingOption, VllmVersionOption, app, check_writable, clean_errors, err, out, progress_bar, write_plots
 from jaxplan.cli.engine_settings import (
     DataParallelSetting, GpuSetting, KvCacheDtypeSetting, MaxNumBatchedTokensSetting, MaxNumSeqsSetting, ModelSetting,
-    PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
+    ExpertParallelSetting, PipelineParallelSetting, TensorParallelSetting, WeightDtypeSetting,
 )  # fmt: skip
 from jaxplan.deadline import check_limit
 from jaxplan.errors import bad_value
@@ -39,6 +39,7 @@ def predict(
     tensor_parallel_size: TensorParallelSetting = None,
     pipeline_parallel_size: PipelineParallelSetting = None,
     data_parallel_size: DataParallelSetting = None,
+    enable_expert_parallel: ExpertParallelSetting = None,
     weight_dtype: WeightDtypeSetting = None,
     kv_cache_dtype: KvCacheDtypeSetting = None,
     max_num_seqs: MaxNumSeqsSetting = None,

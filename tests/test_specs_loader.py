@@ -70,7 +70,7 @@ def test_a_later_release_of_a_bundled_model_is_not_suggested_as_that_model(name)
 
 def test_the_later_release_rule_is_for_models_alone():
     """A GPU or workload name followed by a digit is a typo, not a release: the match is offered."""
-    assert "Did you mean 'h100_sxm'?" in _one_line_error(load_gpu, "h100_sxm5")
+    assert "Did you mean 'h100_sxm'?" in _one_line_error(load_gpu, "h100_sxm7")
     assert "Did you mean 'chat'?" in _one_line_error(load_workload, "chat2")
 
 
@@ -257,7 +257,8 @@ def test_parse_gpu_list():
     assert "twice" in _one_line_error(parse_gpu_list, "h100_sxm,h100_sxm")
     # the same GPU under two spellings was accepted twice before
     assert "twice" in _one_line_error(parse_gpu_list, "h100_sxm,H100-SXM")
-    assert "Did you mean 'h200_sxm'?" in _one_line_error(parse_gpu_list, "h100_sxm,h200")
+    assert "twice" in _one_line_error(parse_gpu_list, "h100_sxm,NVIDIA H100 80GB HBM3")  # an alias is the same GPU
+    assert "Did you mean 'h200_sxm'?" in _one_line_error(parse_gpu_list, "h100_sxm,h200_sx")
 
 
 # ---- errors.py ------------------------------------------------------------------------------
@@ -282,3 +283,29 @@ def test_plan_error_is_always_one_line():
 def test_unknown_name_with_a_huge_name():
     message = str(unknown_name("model", "z" * 100_000, ["a", "b"]))
     assert len(message) < 300 and "Known: a, b" in message
+
+
+@pytest.mark.parametrize(("label", "gpu"), [
+    ("NVIDIA H100 80GB HBM3", "h100_sxm"),  # nvidia-smi's name of the SXM part
+    ("H100-SXM", "h100_sxm"),
+    ("nvidia h200", "h200_sxm"),
+    ("b200", "b200_sxm"),  # a B200 is an SXM part; gb200 is another product
+    ("NVIDIA A100-SXM4-40GB", "a100_sxm_40gb"),
+    ("AMD Instinct MI355X", "mi355x"),
+])
+def test_gpus_are_found_by_the_names_their_tools_print(label, gpu):
+    assert load_gpu(label).name == gpu
+
+
+def test_a_gpu_name_of_two_parts_is_not_guessed():
+    with pytest.raises(PlanError, match=r"unknown GPU 'h100'. Did you mean 'h100_sxm'\?"):  # H100 PCIe is another part
+        load_gpu("h100")
+
+
+def test_gpu_aliases_name_one_gpu_each():
+    from jaxplan.specs.loader import _bundled, _gpu_key, read_toml
+
+    seen = {}
+    for name, path in _bundled("gpus").items():
+        for alias in (name, *read_toml(path).get("aliases", [])):
+            assert seen.setdefault(_gpu_key(alias), name) == name, alias

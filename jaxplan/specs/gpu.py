@@ -57,6 +57,9 @@ class GpuSpec:
     gpus_per_host: int = 0
     visible_hbm_fraction: float = 0.99
     display_name: str = ""
+    # Other names it goes by: what nvidia-smi / amd-smi print (`NVIDIA H100 80GB HBM3`), which benchmark
+    # logs record, and short names that name one part only (`b200`; not `h100`, which has a PCIe part).
+    aliases: tuple[str, ...] = ()
     source: str = ""
 
     def __post_init__(self) -> None:

@@ -206,9 +206,26 @@ def _quantised_checkpoint(hf_id: str) -> ModelSpec | None:
     return dataclasses.replace(base, hf_id=hf_id, aliases=(), checkpoint_weight_format=fmt, named_checkpoint=True, source=source)
 
 
+def _gpu_key(name: str) -> str:
+    """A GPU name as looked up: lower case, spaces and hyphens as underscores."""
+    return "_".join(name.strip().lower().replace("-", " ").replace("_", " ").split())
+
+
+@functools.cache
+def _gpu_aliases() -> dict[str, str]:
+    """GPU name or alias (as `_gpu_key` writes it) -> bundled GPU name."""
+    table = {}
+    for name, path in _bundled("gpus").items():
+        for key in (name, *read_toml(path).get("aliases", [])):
+            table[_gpu_key(key)] = name
+    return table
+
+
 @functools.cache
 def load_gpu(name: str) -> GpuSpec:
-    return _load_named("gpus", GpuSpec, name.lower().replace("-", "_") if not name.endswith(".toml") else name, "GPU")
+    if name.endswith(".toml"):
+        return _load_named("gpus", GpuSpec, name, "GPU")
+    return _load_named("gpus", GpuSpec, _gpu_aliases().get(_gpu_key(name), name.lower().replace("-", "_")), "GPU")
 
 
 @functools.cache

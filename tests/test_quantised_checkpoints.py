@@ -1,5 +1,6 @@
-"""Quantised checkpoints named by their Hugging Face ids: the bundled model they quantise, the format
-their weights are stored in, and what a row, a sweep and a serve line make of them."""
+"""Checkpoints named by their Hugging Face ids (quantised and chat releases of a bundled model): the
+model they are, the format their weights are stored in, and what a row, a sweep and a serve line make
+of them."""
 
 from __future__ import annotations
 
@@ -33,8 +34,11 @@ from jaxplan.specs.space import DEFAULT_WEIGHT_DTYPES
     ("Qwen/Qwen3-30B-A3B-Instruct-2507-FP8", "qwen3-30b-a3b", "fp8"),
     ("someone/Qwen3-32B-AWQ", "qwen3-32b", "int4"),
     ("RedHatAI/Qwen3-32B-W8A8-FP8", "qwen3-32b", "fp8"),
+    ("meta-llama/Meta-Llama-3.1-70B-Instruct", "llama-3.1-70b", "bf16"),  # a chat release: the model's own format
+    ("Qwen/Qwen3-30B-A3B-Thinking-2507", "qwen3-30b-a3b", "bf16"),
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "qwen3-235b-a22b", "fp8"),
 ])
-def test_a_quantised_checkpoint_resolves_to_the_model_it_quantises(hf_id, model, fmt):
+def test_a_checkpoint_resolves_to_the_model_it_is(hf_id, model, fmt):
     spec = load_model(hf_id)
     assert (spec.name, spec.checkpoint_weight_format, spec.hf_id, spec.named_checkpoint) == (model, fmt, hf_id, True)
     base = load_model(model)
@@ -48,7 +52,7 @@ def test_a_quantised_checkpoint_resolves_to_the_model_it_quantises(hf_id, model,
     "Qwen/Qwen3-14B-FP8",  # not a bundled model
     "Qwen/Qwen3-32B-INT8",  # a format jaxplan does not price
     "someone/Qwen3-32B-FP8-AWQ",  # two formats: which one is stored is not clear
-    "someone/Qwen3-32B-Base",  # no format at all
+    "someone/Qwen3-32B-Distill",  # another model made from it: not its shape
     "someone/FP8",  # nothing left to match
 ])
 def test_other_ids_are_not_guessed(hf_id):

@@ -1,11 +1,13 @@
-"""Quantised checkpoints of a bundled model, recognised by their Hugging Face ids.
+"""Checkpoints of a bundled model under other ids: its quantised and fine-tuned releases.
 
 Publishers and quantisers name a model's quantised checkpoints after it, with the format last:
 `Qwen/Qwen3-32B-FP8`, `RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8`, `nvidia/Llama-3.3-70B-Instruct-FP4`
-(ModelOpt's NVFP4), `amd/Llama-3.3-70B-Instruct-FP8-KV`, `nvidia/Kimi-K2.5-NVFP4`. These are what
-`vllm bench serve` records as `model_id` and what users type. Such an id has the shape of the model it
-quantises, so it resolves to that bundled model, with its own id (what `vllm serve` is given) and
-the format its weights are stored in (what vLLM serves, and what a row without `weight_dtype` prices).
+(ModelOpt's NVFP4), `amd/Llama-3.3-70B-Instruct-FP8-KV`, `nvidia/Kimi-K2.5-NVFP4`; and its chat
+releases with a suffix (`meta-llama/Meta-Llama-3.1-70B-Instruct`, `Qwen/Qwen3-30B-A3B-Thinking-2507`).
+These are what `vllm bench serve` records as `model_id` and what users type. Such an id has the
+shape of the model it names, so it resolves to that bundled model, with its own id (what `vllm
+serve` is given) and the format its weights are stored in (what vLLM serves, and what a row without
+`weight_dtype` prices).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ FORMAT_PARTS = {
 # scales), FP8-KV (KV-cache scales included; vLLM's cache dtype is still set by --kv-cache-dtype),
 # W8A8-FP8, -Preview releases.
 QUALIFIER_PARTS = frozenset({"dynamic", "static", "kv", "block", "w8a8", "preview"})
-# Fine-tune suffixes of one architecture: Llama-3.1-70B and Llama-3.1-70B-Instruct share a config's shape.
-VARIANT_SUFFIXES = ("-instruct", "-it", "-chat")
+# Releases of one architecture: Llama-3.1-70B and Llama-3.1-70B-Instruct share a config's shape, as do
+# Qwen3-30B-A3B and its 2507 Instruct and Thinking releases.
+VARIANT_SUFFIXES = ("-instruct", "-it", "-chat", "-base", "-instruct-2507", "-thinking-2507")
 _SPLIT = re.compile(r"[-_]")
 
 
@@ -44,9 +47,9 @@ def _bases(repo: str) -> tuple[str, ...]:
     return (name,) if stripped is None else (name, stripped)
 
 
-def split_format(hf_id: str) -> tuple[str, str] | None:
-    """(the repo name before its format parts, the format) of an `org/name-FORMAT...` id; None when
-    the name does not end in a known format (or names two)."""
+def split_format(hf_id: str) -> tuple[str, str | None] | None:
+    """(the repo name before its format parts, the format, None if it names none) of an
+    `org/name[-FORMAT...]` id; None when it is not `org/name` or names two formats."""
     if hf_id.count("/") != 1:
         return None
     parts = _SPLIT.split(hf_id.split("/")[1])
@@ -55,9 +58,9 @@ def split_format(hf_id: str) -> tuple[str, str] | None:
         part = parts.pop().lower()
         if part in FORMAT_PARTS:
             formats.add(FORMAT_PARTS[part])
-    if len(formats) != 1:
+    if len(formats) > 1:
         return None
-    return "-".join(parts), formats.pop()
+    return "-".join(parts), (formats.pop() if formats else None)
 
 
 def base_names(known_ids: dict[str, str]) -> dict[str, str]:
@@ -72,8 +75,8 @@ def base_names(known_ids: dict[str, str]) -> dict[str, str]:
     return {base: models.pop() for base, models in table.items() if len(models) == 1}
 
 
-def resolve(hf_id: str, known_ids: dict[str, str]) -> tuple[str, str] | None:
-    """(bundled model, stored weight format) of a quantised checkpoint's id, or None."""
+def resolve(hf_id: str, known_ids: dict[str, str]) -> tuple[str, str | None] | None:
+    """(bundled model, stored weight format; None: the model's own) of a checkpoint's id, or None."""
     split = split_format(hf_id)
     if split is None:
         return None

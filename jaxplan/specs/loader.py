@@ -183,9 +183,9 @@ def load_model(name: str) -> ModelSpec:
         return model_from_hf_file(target)
     resolved = _model_aliases().get(name.lower(), name)
     if resolved not in _bundled("models") and HF_ID.fullmatch(name) and not name.endswith(".toml"):
-        quantised = _quantised_checkpoint(name.strip())
-        if quantised is not None:
-            return quantised
+        named = _named_checkpoint(name.strip())
+        if named is not None:
+            return named
         # jaxplan does not download: an unbundled Hugging Face id needs its config.json on disk
         raise PlanError(
             f"{unknown_name('model', name, _bundled('models'), releases=True)}. jaxplan reads models offline: for {name}, save "
@@ -194,15 +194,17 @@ def load_model(name: str) -> ModelSpec:
     return _load_named("models", ModelSpec, resolved, "model")
 
 
-def _quantised_checkpoint(hf_id: str) -> ModelSpec | None:
-    """The bundled model a quantised checkpoint's id names (`checkpoints.resolve`), served as that
-    checkpoint in its stored format; None if the id is not one."""
+def _named_checkpoint(hf_id: str) -> ModelSpec | None:
+    """The bundled model another checkpoint's id names (`checkpoints.resolve`: a quantised or chat
+    release), served as that checkpoint, in its stored format; None if the id is not one."""
     found = checkpoints.resolve(hf_id, _model_aliases())
     if found is None:
         return None
     name, fmt = found
     base = _load_named("models", ModelSpec, name, "model")
-    source = f"{base.source}; {hf_id}: its {fmt} checkpoint, recognised by name (the shape is {base.hf_id}'s)"
+    fmt = fmt or base.checkpoint_weight_format
+    what = f"its {fmt} checkpoint" if fmt != base.checkpoint_weight_format else "a release of it"
+    source = f"{base.source}; {hf_id}: {what}, recognised by name (the shape is {base.hf_id}'s)"
     return dataclasses.replace(base, hf_id=hf_id, aliases=(), checkpoint_weight_format=fmt, named_checkpoint=True, source=source)
 
 

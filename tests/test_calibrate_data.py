@@ -747,9 +747,11 @@ def test_dtypes_take_vllms_spellings_in_any_case(tmp_path):
         "llama-3.1-8b,h100_sxm,1,FP8,fp8_e4m3,1000,100,4\n"
         "llama-3.1-8b,h100_sxm,1,bfloat16,Auto,1000,100,4\n"
         "llama-3.1-8b,h100_sxm,1,modelopt_fp4,fp8_e5m2,1000,100,4\n"
+        "llama-3.1-8b,h100_sxm,1,modelopt,auto,1000,100,4\n"  # vLLM's --quantization names
+        "kimi-k2.5,h100_sxm,8,AWQ,auto,1000,100,4\n"
     )
     rows = R.read_predict_csv(path)
-    assert [(r["weight_dtype"], r["kv_cache_dtype"]) for r in rows] == [("fp8", "fp8"), ("bf16", "auto"), ("nvfp4", "fp8")]
+    assert [(r["weight_dtype"], r["kv_cache_dtype"]) for r in rows] == [("fp8", "fp8"), ("bf16", "auto"), ("nvfp4", "fp8"), ("fp8", "auto"), ("int4", "auto")]
     path.write_text("model,gpu,tensor_parallel_size,weight_dtype,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,int8,1000,100,4\n")
     with pytest.raises(PlanError, match="weight_dtype = 'int8'"):
         R.read_predict_csv(path)

@@ -64,7 +64,11 @@ from jaxplan.vllm_release import parse_release
 
 # vLLM's names for the dtypes a row may give (its --dtype, --quantization and --kv-cache-dtype values):
 # FP16 weights cost what BF16 ones do (2 bytes, the same tensor-core rate).
-WEIGHT_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "half": "bf16", "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4", "int4_wo": "int4", "w4a16": "int4"}
+# vLLM's --dtype and --quantization names too: ModelOpt's FP8 ("modelopt") and FP4 ("modelopt_fp4"), AWQ and GPTQ (INT4 weight-only).
+WEIGHT_DTYPE_ALIASES = {
+    "bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "half": "bf16", "fp8_e4m3": "fp8", "modelopt": "fp8", "modelopt_fp4": "nvfp4",
+    "int4_wo": "int4", "w4a16": "int4", "awq": "int4", "awq_marlin": "int4", "gptq": "int4", "gptq_marlin": "int4",
+}  # fmt: skip
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "auto", "bfloat16": "auto"}
 from jaxplan.specs.workload import MAX_LENGTH_SPREAD, SPREAD_RANGE, length_fields
 

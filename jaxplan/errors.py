@@ -4,6 +4,7 @@ past its time limit (TimeLimitExceeded) and a search that left nothing (NothingS
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 MAX_VALUE_CHARS = 120  # a fuzzed 1 MB string must not become a 1 MB error line
@@ -49,8 +50,21 @@ def unknown_name(kind: str, name: str, known: Iterable[str], *, releases: bool =
     after it ('deepseek-v3.2', 'glm-5.1'): a later release, which may differ in architecture."""
     known = sorted(known)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.4) if len(name) <= 200 else []
-    hint = f" Did you mean {close[0]!r}?" if close and not (releases and _later_release(name, close[0])) else ""
+    hint = f" Did you mean {close[0]!r}?" if close and not (releases and (_later_release(name, close[0]) or _other_size(name, close[0]))) else ""
     return PlanError(f"unknown {kind} {short_repr(name)}.{hint} Known: {', '.join(known)}")
+
+
+_SIZE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)b(?![a-z])")  # a parameter count: '8b' in 'qwen3-8b', not 'a22b'
+
+
+def _other_size(name: str, known: str) -> bool:
+    """Whether `name`, a Hugging Face id, states another parameter count than `known`
+    ('Qwen/Qwen3-8B' against 'qwen3-32b'): another published model of the family, not a
+    misspelling (a bare name may be one: 'llama-3.1-7b')."""
+    if "/" not in name:
+        return False
+    sizes = [set(_SIZE.findall(text.lower().rsplit("/", 1)[-1].replace("_", "-"))) for text in (name, known)]
+    return all(sizes) and sizes[0] != sizes[1]
 
 
 def _later_release(name: str, known: str) -> bool:

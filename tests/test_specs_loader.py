@@ -309,3 +309,10 @@ def test_gpu_aliases_name_one_gpu_each():
     for name, path in _bundled("gpus").items():
         for alias in (name, *read_toml(path).get("aliases", [])):
             assert seen.setdefault(_gpu_key(alias), name) == name, alias
+
+
+def test_a_model_of_another_size_is_not_offered_as_a_misspelling():
+    message = _one_line_error(load_model, "Qwen/Qwen3-8B")  # Qwen3-32B is another model, not what was meant
+    assert "Did you mean" not in message and "config.json" in message
+    assert "Did you mean 'qwen3-32b'?" in _one_line_error(load_model, "qwen3-32")  # a typo keeps its match
+    assert "Did you mean 'qwen3-30b-a3b'?" in _one_line_error(load_model, "qwen3-30b-a3")  # 'a3b' is not a size

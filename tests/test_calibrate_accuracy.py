@@ -364,3 +364,64 @@ def test_rows_csv_holds_the_predictions_behind_the_report(tmp_path):
     result = CliRunner().invoke(app, args + ["--no-replay-check"])
     assert result.exit_code == 0, result.output
     assert {r["replay_ttft_ms_mean"] for r in csv.DictReader(table_path.open())} == {""}  # no replay: blank, not stale
+
+
+# Llama-3.1-8B FP8 on one H200, 2,000 / 100 at 64 clients: the shared campaign's row that measured 9.74 ms TPOT.
+IMPOSSIBLE = dict(model="llama-3.1-8b", gpu="h200_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+                  weight_dtype="fp8", kv_cache_dtype="fp8", isl=2000, osl=100, concurrency=64, num_prompts=640, backend="vllm",
+                  dataset="user", measured_ttft_ms_mean=122.0, measured_tpot_ms_mean=9.74)
+
+
+def test_a_row_that_cannot_have_run_uncached_is_scored_not_fitted():
+    """Its linear layers alone need 97% of the FP8 peak at its measured TPOT: 64 x (1 + 2,000 / 100) tokens
+    a step x 2 x 8.0e9 weights over 1,978 TFLOP/s in 9.74 ms, by hand 0.97 (the kernel tables' best FP8
+    GEMMs reach 0.77-0.85). A user's run like it is left out of their fit with the reason; the same row
+    with a slower TPOT, a stated prefix hit rate or an open loop is fitted."""
+    from jaxplan.calibrate import run
+    from jaxplan.specs import load_model
+
+    by_hand = 64 * (1 + 2000 / 100) * 2 * load_model("llama-3.1-8b").layer_params(active=True) / 1.978e15 / 9.74e-3
+    assert run.implied_peak_fraction(IMPOSSIBLE) == pytest.approx(by_hand, rel=1e-12) and 0.96 < by_hand < 0.98
+    assert run.fit_excluded(IMPOSSIBLE) == run.UNCACHED_IMPOSSIBLE
+    assert run.fit_excluded(dict(IMPOSSIBLE, measured_tpot_ms_mean=12.0)) is None  # 0.79: possible
+    assert run.fit_excluded(dict(IMPOSSIBLE, prefix_hit_rate=0.8)) is None  # 64 x (1 + 0.2 x 20) tokens a step: 0.23
+    assert run.fit_excluded(dict(IMPOSSIBLE, concurrency=None, request_rate=5.0)) is None  # no closed-loop batch to bound
+    shared = dict(IMPOSSIBLE, dataset="aiconfigurator_silicon")
+    assert run.fit_excluded(shared) == run.FIT_EXCLUDED[("aiconfigurator_silicon", "llama-3.1-8b")]  # its campaign's reason first
+
+
+def test_calibrate_says_which_rows_it_left_out_and_refuses_when_none_is_left(tmp_path, monkeypatch):
+    """The command line names each left-out group with its reason (the fit itself replaced by what
+    it reports of them: `not_fitted_groups`, as `run.calibrate` does), and refuses a file whose every
+    row is left out, with the reason, before fitting."""
+    from typer.testing import CliRunner
+
+    from jaxplan.calibrate import run
+    from jaxplan.cli import app
+    from jaxplan.physics.params import load_efficiency
+
+    def fake(rows, **_):
+        groups = run.not_fitted_groups(run.evaluated_rows(rows))
+        report = {"fit_backend": run.FIT_BACKEND, "fit_rows": len(rows), "fit_rows_kv_fits": len(rows),
+                  "not_fitted": {key: {"reason": run.fit_excluded(group[0]), "rows": len(group)} for key, group in groups.items()}}
+        return dict(load_efficiency()), report
+
+    monkeypatch.setattr(run, "calibrate", fake)
+
+    fine = [dict(IMPOSSIBLE, measured_tpot_ms_mean=tpot, concurrency=c, num_prompts=10 * c) for tpot, c in ((9.0, 4), (14.0, 16))]
+    path = tmp_path / "measured.csv"
+    columns = list(IMPOSSIBLE)
+
+    def write(rows):
+        path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
+
+    args = ["calibrate", "--measurements", str(path), "--no-shared-data", "--no-replay-check", "-o", str(tmp_path / "p.toml")]
+    write([IMPOSSIBLE, *fine])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "warning: 1 row(s) of h200_sxm/user/llama-3.1-8b not fitted: its measured TPOT leaves the linear layers" in said
+    write([IMPOSSIBLE])
+    result = CliRunner().invoke(app, args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "measured_tpot_ms_mean = 9.74: no measured vllm row is left to fit, this one's and every other's is left out: its measured TPOT" in said

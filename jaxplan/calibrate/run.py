@@ -23,6 +23,7 @@ but not fitted.
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,7 +40,7 @@ from jaxplan.calibrate.moe_kernels import all_fields as moe_kernel_fields
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
-from jaxplan.physics.shapes import hardware_table, model_shape, take
+from jaxplan.physics.shapes import hardware_table, take
 from jaxplan.prediction import predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
 from jaxplan.tomlio import toml_value
@@ -382,24 +383,45 @@ def held_out_models(evaluated: list[dict], train: list[dict], priors: dict[str, 
     return out
 
 
+# A closed-loop row whose measured TPOT needs more of the GPU's dense peak than this for its linear
+# layers alone (`implied_peak_fraction`) cannot have run its stated workload uncached: the kernel
+# tables' best GEMMs reach 0.77-0.85 of it, and attention, weight reads and step costs come on top.
+IMPOSSIBLE_PEAK_FRACTION = 0.9
+UNCACHED_IMPOSSIBLE = (
+    f"its measured TPOT leaves the linear layers of its stated workload (each step b decodes and b / OSL prompts) "
+    f"over {IMPOSSIBLE_PEAK_FRACTION:.0%} of the GPU's dense peak, more than the kernel tables' best GEMMs reach: its prompts "
+    f"were served from the prefix cache (the same vllm bench serve --seed run again against a server that stayed up "
+    f"sends the same prompts) or were shorter than stated; give its prefix_hit_rate or rerun it with its own --seed"
+)
+
+
 def fit_excluded(row: dict) -> str | None:
-    """Why `row` is evaluated but not fitted (None: it is fitted)."""
-    return FIT_EXCLUDED.get((row.get("dataset"), row.get("model")))
+    """Why `row` is evaluated but not fitted (None: it is fitted): its campaign is (FIT_EXCLUDED), or
+    it is a closed-loop row that cannot have run its stated workload uncached (UNCACHED_IMPOSSIBLE)."""
+    campaign = FIT_EXCLUDED.get((row.get("dataset"), row.get("model")))
+    if campaign is not None:
+        return campaign
+    closed = row.get("concurrency") and row.get("request_rate") in (None, math.inf) and row.get("measured_tpot_ms_mean")
+    if closed and implied_peak_fraction(row) > IMPOSSIBLE_PEAK_FRACTION:
+        return UNCACHED_IMPOSSIBLE
+    return None
 
 
 def implied_peak_fraction(row: dict) -> float:
     """Fraction of the GPU's dense peak (FP8 / FP4 for FP8 / NVFP4 weights) that the linear layers alone need to run
-    one step of a closed-loop row in its measured TPOT: b (1 + ISL / OSL) tokens per step (b decodes
-    and b / OSL new prompts), 2 x parameters FLOPs per token, spread over TP GPUs. A row above the
-    best GEMM efficiency in the kernel tables cannot have run its stated workload uncached."""
+    one step of a closed-loop row in its measured TPOT: b (1 + (1 - prefix hit rate) ISL / OSL) tokens
+    per step (b decodes and b / OSL new prompts, less their cached part), 2 x the weights a token uses (a MoE model's active experts) FLOPs per
+    token, spread over every GPU of the row (TP x PP x DP, perfectly overlapped: a lower bound). A
+    row above the best GEMM efficiency in the kernel tables cannot have run its stated workload
+    uncached."""
     from jaxplan.specs import load_gpu, load_model
 
     gpu, model = load_gpu(row["gpu"]), load_model(row["model"])
     peak = gpu.tensor_core_flops_per_s(row.get("weight_dtype") or "bf16") or gpu.bf16_flops_per_s
-    shape = model_shape(model)
-    linear_params = float(shape.softmax_layers * shape.attn_params_per_layer + shape.dense_mlp_layers * shape.dense_mlp_params_per_layer)
-    tokens = float(row["concurrency"]) * (1.0 + float(row["isl"]) / float(row["osl"]))
-    need_s = 2.0 * linear_params * tokens / (peak * float(row.get("tensor_parallel_size") or 1))
+    gpus = float(row.get("tensor_parallel_size") or 1) * float(row.get("pipeline_parallel_size") or 1) * float(row.get("data_parallel_size") or 1)
+    uncached = 1.0 - float(row.get("prefix_hit_rate") or 0.0)
+    tokens = float(row["concurrency"]) * (1.0 + uncached * float(row["isl"]) / float(row["osl"]))
+    need_s = 2.0 * float(model.layer_params(active=True)) * tokens / (peak * gpus)
     return need_s / (float(row["measured_tpot_ms_mean"]) * 1e-3)
 
 

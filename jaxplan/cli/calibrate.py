@@ -79,7 +79,12 @@ def calibrate(
     rows, capped = resolve_capped_rates(rows)  # --request-rate with --max-concurrency: the regime that binds, by the selected parameters (--params is not an option here: $JAXPLAN_PARAMS, else the bundled file)
     if capped:
         out.print(f"{len(capped)} run(s) with both max_concurrency and a finite request_rate: each fitted as the regime that binds (jaxplan predict says which)", highlight=False)
-    if not [r for r in evaluated_rows(rows) if not fit_excluded(r)]:
+    evaluated = evaluated_rows(rows)
+    if evaluated and all(fit_excluded(r) for r in evaluated):
+        first = evaluated[0]
+        raise bad_value("measured_tpot_ms_mean", first.get("measured_tpot_ms_mean"), f"no measured {FIT_BACKEND} row is left to fit, this one's and every other's is left out: {fit_excluded(first)}",
+                        where=", ".join(map(str, paths)) or None)  # fmt: skip
+    if not evaluated:
         backends = sorted({str(r.get("backend")) for r in measured_rows(rows)})
         raise bad_value("backend", ",".join(backends), f"no measured {FIT_BACKEND} row to fit: jaxplan fits vLLM's serving; give {FIT_BACKEND} rows (an empty backend counts as {FIT_BACKEND})", where=", ".join(map(str, paths)) or None)
     with progress_bar() as progress:
@@ -109,6 +114,8 @@ def calibrate(
         progress.update(task, completed=steps_total)  # a GPU with no fittable row skips its steps
     for gpu, reason in report.get("gpus_not_fitted", {}).items():
         out.print(f"warning: {gpu} not fitted: {reason}", highlight=False)
+    for key, entry in report.get("not_fitted", {}).items():  # scored, left out of the fit
+        out.print(f"warning: {entry.get('rows', '?')} row(s) of {key} not fitted: {entry['reason']}", highlight=False)
     out.print(json.dumps(report, indent=2, default=str))
     if report_path:
         report_path.write_text(json.dumps(report, indent=2, default=str))

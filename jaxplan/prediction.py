@@ -21,6 +21,7 @@ from jaxplan.buckets import bucket_size, pad_rows, unpad_rows
 from jaxplan.engine_defaults import batch_knobs
 from jaxplan.engine_rules import invalid_rows
 from jaxplan.errors import bad_value
+from jaxplan.measured import too_fast_uncached
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
 from jaxplan.physics.params import efficiency_for, load_efficiency
 from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
@@ -272,7 +273,12 @@ def weight_only_note(gpu, weight_dtype: str) -> str:
 
 
 def _row_note(batch: RowBatch, k: int, row: dict) -> str:
-    return weight_only_note(batch.gpus[int(batch.gpu_index[k])], weight_dtype_of(row))
+    note = weight_only_note(batch.gpus[int(batch.gpu_index[k])], weight_dtype_of(row))
+    too_fast = too_fast_uncached(row)
+    if too_fast is not None:
+        note += (f"; measured TPOT too fast for this workload uncached (its linear layers alone would need {too_fast:.0%} "
+                 "of the GPU's dense peak): its prompts were likely served from the prefix cache")
+    return note
 
 
 def capped_rate(row: dict) -> bool:

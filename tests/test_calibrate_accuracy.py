@@ -377,11 +377,12 @@ def test_a_row_that_cannot_have_run_uncached_is_scored_not_fitted():
     a step x 2 x 8.0e9 weights over 1,978 TFLOP/s in 9.74 ms, by hand 0.97 (the kernel tables' best FP8
     GEMMs reach 0.77-0.85). A user's run like it is left out of their fit with the reason; the same row
     with a slower TPOT, a stated prefix hit rate or an open loop is fitted."""
+    from jaxplan import measured
     from jaxplan.calibrate import run
     from jaxplan.specs import load_model
 
     by_hand = 64 * (1 + 2000 / 100) * 2 * load_model("llama-3.1-8b").layer_params(active=True) / 1.978e15 / 9.74e-3
-    assert run.implied_peak_fraction(IMPOSSIBLE) == pytest.approx(by_hand, rel=1e-12) and 0.96 < by_hand < 0.98
+    assert measured.implied_peak_fraction(IMPOSSIBLE) == pytest.approx(by_hand, rel=1e-12) and 0.96 < by_hand < 0.98
     assert run.fit_excluded(IMPOSSIBLE) == run.UNCACHED_IMPOSSIBLE
     assert run.fit_excluded(dict(IMPOSSIBLE, measured_tpot_ms_mean=12.0)) is None  # 0.79: possible
     assert run.fit_excluded(dict(IMPOSSIBLE, prefix_hit_rate=0.8)) is None  # 64 x (1 + 0.2 x 20) tokens a step: 0.23
@@ -425,3 +426,11 @@ def test_calibrate_says_which_rows_it_left_out_and_refuses_when_none_is_left(tmp
     result = CliRunner().invoke(app, args)
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and "measured_tpot_ms_mean = 9.74: no measured vllm row is left to fit, this one's and every other's is left out: its measured TPOT" in said
+
+
+def test_predict_notes_a_measured_run_too_fast_for_its_workload_uncached():
+    from jaxplan.prediction import predict_rows
+
+    noted, fine = predict_rows([IMPOSSIBLE, dict(IMPOSSIBLE, measured_tpot_ms_mean=12.0)], source="measurements")
+    assert noted["status"].startswith("ok; measured TPOT too fast for this workload uncached (its linear layers alone would need 97% of")
+    assert fine["status"] == "ok"

@@ -156,10 +156,10 @@ def test_only_the_inconsistent_campaign_is_left_out_of_the_fit():
     at the measured TPOT; the 70B rows at most 37%. The A100-40GB rows (vLLM 0.8.3) are fitted, with
     their own spec values: every dense vLLM row but the 8B campaign's."""
     needs_data()
-    from jaxplan.calibrate.run import implied_peak_fraction, unseen_gpu_groups
-    from jaxplan.calibrate.serving import SILICON, VLLM_A100
-
     from jaxplan.calibrate.inferencemax import INFERENCEMAX_AMD
+    from jaxplan.calibrate.run import unseen_gpu_groups
+    from jaxplan.calibrate.serving import SILICON, VLLM_A100
+    from jaxplan.measured import implied_peak_fraction
 
     rows = vllm_rows()
     small = [r for r in rows if r["model"] == "llama-3.1-8b"]

@@ -38,7 +38,8 @@ def test_the_8b_campaigns_sglang_rows_are_consistent_where_its_vllm_rows_are_not
     where 5 of its 21 vLLM runs need over 70% (up to 97%); and the physics that prices the vLLM rows'
     TPOT at a median 1.9x measured prices the SGLang rows' at 0.85x."""
     needs_data()
-    from jaxplan.calibrate.run import implied_peak_fraction, measured_rows
+    from jaxplan.calibrate.run import measured_rows
+    from jaxplan.measured import implied_peak_fraction
     from jaxplan.calibrate.serving import load_serving_rows
 
     rows = [r for r in measured_rows(load_serving_rows()) if r["model"] == "llama-3.1-8b" and r["gpu"] == "h200_sxm"]

@@ -23,7 +23,6 @@ but not fitted.
 from __future__ import annotations
 
 import datetime
-import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,6 +39,7 @@ from jaxplan.calibrate.moe_kernels import all_fields as moe_kernel_fields
 from jaxplan.errors import PlanError, bad_value
 from jaxplan.physics.memory import kv_blocks_per_replica
 from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
+from jaxplan.measured import IMPOSSIBLE_PEAK_FRACTION, too_fast_uncached
 from jaxplan.physics.shapes import hardware_table, take
 from jaxplan.prediction import predict_rows, replay_predict_rows, row_batches
 from jaxplan.specs import known
@@ -383,10 +383,6 @@ def held_out_models(evaluated: list[dict], train: list[dict], priors: dict[str, 
     return out
 
 
-# A closed-loop row whose measured TPOT needs more of the GPU's dense peak than this for its linear
-# layers alone (`implied_peak_fraction`) cannot have run its stated workload uncached: the kernel
-# tables' best GEMMs reach 0.77-0.85 of it, and attention, weight reads and step costs come on top.
-IMPOSSIBLE_PEAK_FRACTION = 0.9
 UNCACHED_IMPOSSIBLE = (
     f"its measured TPOT leaves the linear layers of its stated workload (each step b decodes and b / OSL prompts) "
     f"over {IMPOSSIBLE_PEAK_FRACTION:.0%} of the GPU's dense peak, more than the kernel tables' best GEMMs reach: its prompts "
@@ -397,32 +393,11 @@ UNCACHED_IMPOSSIBLE = (
 
 def fit_excluded(row: dict) -> str | None:
     """Why `row` is evaluated but not fitted (None: it is fitted): its campaign is (FIT_EXCLUDED), or
-    it is a closed-loop row that cannot have run its stated workload uncached (UNCACHED_IMPOSSIBLE)."""
+    it is a closed-loop row that cannot have run its stated workload uncached (`measured.too_fast_uncached`)."""
     campaign = FIT_EXCLUDED.get((row.get("dataset"), row.get("model")))
     if campaign is not None:
         return campaign
-    closed = row.get("concurrency") and row.get("request_rate") in (None, math.inf) and row.get("measured_tpot_ms_mean")
-    if closed and implied_peak_fraction(row) > IMPOSSIBLE_PEAK_FRACTION:
-        return UNCACHED_IMPOSSIBLE
-    return None
-
-
-def implied_peak_fraction(row: dict) -> float:
-    """Fraction of the GPU's dense peak (FP8 / FP4 for FP8 / NVFP4 weights) that the linear layers alone need to run
-    one step of a closed-loop row in its measured TPOT: b (1 + (1 - prefix hit rate) ISL / OSL) tokens
-    per step (b decodes and b / OSL new prompts, less their cached part), 2 x the weights a token uses (a MoE model's active experts) FLOPs per
-    token, spread over every GPU of the row (TP x PP x DP, perfectly overlapped: a lower bound). A
-    row above the best GEMM efficiency in the kernel tables cannot have run its stated workload
-    uncached."""
-    from jaxplan.specs import load_gpu, load_model
-
-    gpu, model = load_gpu(row["gpu"]), load_model(row["model"])
-    peak = gpu.tensor_core_flops_per_s(row.get("weight_dtype") or "bf16") or gpu.bf16_flops_per_s
-    gpus = float(row.get("tensor_parallel_size") or 1) * float(row.get("pipeline_parallel_size") or 1) * float(row.get("data_parallel_size") or 1)
-    uncached = 1.0 - float(row.get("prefix_hit_rate") or 0.0)
-    tokens = float(row["concurrency"]) * (1.0 + uncached * float(row["isl"]) / float(row["osl"]))
-    need_s = 2.0 * float(model.layer_params(active=True)) * tokens / (peak * gpus)
-    return need_s / (float(row["measured_tpot_ms_mean"]) * 1e-3)
+    return UNCACHED_IMPOSSIBLE if too_fast_uncached(row) is not None else None
 
 
 def kv_holds_concurrency(rows: list[dict], efficiency: dict[str, dict[str, float]]) -> list[bool]:

@@ -32,10 +32,15 @@ def implied_peak_fraction(row: dict) -> float:
 
 def too_fast_uncached(row: dict) -> float | None:
     """`implied_peak_fraction` of a closed-loop row with a measured TPOT where it passes
-    IMPOSSIBLE_PEAK_FRACTION, else None."""
-    rate = row.get("request_rate")
-    closed = row.get("concurrency") not in (None, "") and (rate in (None, "") or float(rate) == math.inf)
-    if not (closed and row.get("measured_tpot_ms_mean")):
+    IMPOSSIBLE_PEAK_FRACTION, else None (also where a field it reads is not a number: a row that
+    passes through `predict` unvalidated is not this check's to refuse)."""
+    try:
+        rate = row.get("request_rate")
+        closed = row.get("concurrency") not in (None, "") and (rate in (None, "") or float(rate) == math.inf)
+        tpot_ms = float(row.get("measured_tpot_ms_mean") or 0.0)
+        if not (closed and math.isfinite(tpot_ms) and tpot_ms > 0):
+            return None
+        fraction = implied_peak_fraction(row)
+    except (TypeError, ValueError, ZeroDivisionError):
         return None
-    fraction = implied_peak_fraction(row)
     return fraction if fraction > IMPOSSIBLE_PEAK_FRACTION else None

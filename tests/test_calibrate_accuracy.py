@@ -434,3 +434,5 @@ def test_predict_notes_a_measured_run_too_fast_for_its_workload_uncached():
     noted, fine = predict_rows([IMPOSSIBLE, dict(IMPOSSIBLE, measured_tpot_ms_mean=12.0)], source="measurements")
     assert noted["status"].startswith("ok; measured TPOT too fast for this workload uncached (its linear layers alone would need 97% of")
     assert fine["status"] == "ok"
+    (odd,) = predict_rows([dict(IMPOSSIBLE, measured_tpot_ms_mean="n/a")], source="measurements")  # a passthrough column
+    assert odd["status"] == "ok"

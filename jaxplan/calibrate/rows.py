@@ -123,7 +123,6 @@ DEFAULTS: dict[str, Any] = {
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
     "enable_expert_parallel": False,
-    "weight_dtype": "bf16",
     "kv_cache_dtype": "auto",
     "prefix_hit_rate": 0.0,
     "measured_output_tok_s_derived": False,
@@ -170,7 +169,6 @@ def check_row(row: dict, where: str) -> dict:
         column = sorted(unknown)[0]
         close = difflib.get_close_matches(column, COLUMNS, n=1)
         raise PlanError(f"{where}: unknown column {short_repr(column)}" + (f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(COLUMNS)}"))
-    weight_dtype_given = row.get("weight_dtype") not in (None, "")
     for column in COLUMNS:
         if row.get(column) is None:
             row[column] = DEFAULTS.get(column)
@@ -185,7 +183,7 @@ def check_row(row: dict, where: str) -> dict:
         if row[column] and any(ord(ch) < 32 and ch != "\t" or ord(ch) == 127 for ch in row[column]):
             raise bad_value(column, row[column], "contains a control character (NUL, line break, ...); remove it", where=where)
     try:
-        if not weight_dtype_given:
+        if row["weight_dtype"] in (None, ""):  # what vLLM serves the checkpoint in
             row["weight_dtype"] = load_model(row["model"]).served_weight_dtype
         row["model"] = _canonical_model(row["model"])
         row["gpu"] = load_gpu(row["gpu"]).name
@@ -301,6 +299,15 @@ def _significant(value, digits: int = 6):
     return value
 
 
+def parse_bool(column: str, text: str, where: str) -> bool:
+    """A true/false cell or --metadata value as text (true/1/yes, false/0/no, any case)."""
+    if text.strip().lower() in ("true", "1", "yes"):
+        return True
+    if text.strip().lower() in ("false", "0", "no"):
+        return False
+    raise bad_value(column, text, "must be true or false", where=where)
+
+
 def _parse_cell(column: str, text: str, where: str):
     text = text.strip()
     if text == "":
@@ -308,11 +315,7 @@ def _parse_cell(column: str, text: str, where: str):
     if column in STRING_COLUMNS:
         return text
     if column in BOOL_COLUMNS:
-        if text.lower() in ("true", "1", "yes"):
-            return True
-        if text.lower() in ("false", "0", "no"):
-            return False
-        raise bad_value(column, text, "must be true or false", where=where)
+        return parse_bool(column, text, where)
     if column in INT_COLUMNS:
         try:
             number = float(text)

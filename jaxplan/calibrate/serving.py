@@ -33,6 +33,7 @@ from jaxplan.calibrate.rows import (
     ServingArrays,
     check_row,
     make_row,
+    parse_bool,
     read_predict_csv,
     serving_arrays,
     write_predict_csv,
@@ -467,7 +468,6 @@ _JSON_KEYS = {
 }
 _FLOAT_KEYS = ("prefix_hit_rate", "isl_spread", "osl_spread", "gpu_hbm_bytes_override", "gpu_hbm_bandwidth_bytes_per_s_override", "gpu_memory_utilization")
 _INT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "block_size")
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _FIX = {
     "model": "name it with --model path/to/config.json (the model's Hugging Face config), a bundled name (jaxplan list) or a known HF id (jaxplan calibrate or predict; in Python read_vllm_bench_json(model=...))",
     "gpu": "rerun vllm bench serve with --metadata gpu=h100_sxm, or name it with --gpu h100_sxm (jaxplan calibrate or predict; in Python read_vllm_bench_json(gpu=...))",
@@ -599,10 +599,7 @@ def read_vllm_bench_json(
                 number = _number(config, field, path, where)
                 config[field] = int(number) if field not in _FLOAT_KEYS and number.is_integer() else number
         if isinstance(config["enable_expert_parallel"], str):
-            text = config["enable_expert_parallel"].strip().lower()
-            if text not in _TRUE + _FALSE:
-                raise bad_value("enable_expert_parallel", config["enable_expert_parallel"], "must be true or false (--metadata enable_expert_parallel=true)", where=f"{path}: {where}")
-            config["enable_expert_parallel"] = text in _TRUE
+            config["enable_expert_parallel"] = parse_bool("enable_expert_parallel", config["enable_expert_parallel"], f"{path}: {where}")
         if config["vllm_version"] is not None:
             config["vllm_version"] = str(config["vllm_version"])
         try:  # any model jaxplan can load: its bundled ones (MoE too), their quantised checkpoints' ids, config paths

@@ -17,7 +17,6 @@ ModelOpt NVFP4), recorded in `checkpoint_weight_format`. Unknown extra fields ar
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import re

@@ -106,10 +106,9 @@ class SearchSpace:
             expert_only = [d for d in dtypes if d in EXPERT_ONLY]
             if expert_only:
                 raise bad_value("weight_dtype", expert_only[0], "quantises only a MoE model's experts; use bf16, fp8 or nvfp4", where=where)
-        elif model.checkpoint_weight_format in EXPERT_ONLY and dtypes == DEFAULT_WEIGHT_DTYPES:
-            dtypes = (model.checkpoint_weight_format,)
         stored = model.checkpoint_weight_format
-        if model.named_checkpoint and dtypes == DEFAULT_WEIGHT_DTYPES and stored in WEIGHT_DTYPES and stored != "bf16" and (model.is_moe or stored not in EXPERT_ONLY):
+        priceable = stored in WEIGHT_DTYPES and stored != "bf16" and (model.is_moe or stored not in EXPERT_ONLY)
+        if dtypes == DEFAULT_WEIGHT_DTYPES and priceable and (model.named_checkpoint or stored in EXPERT_ONLY):
             dtypes = (stored,)
         resolved = self.replace(layout_kind=tuple(kinds), weight_dtype=dtypes)
         if not resolved.layout_kind_labels():

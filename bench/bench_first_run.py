@@ -87,7 +87,7 @@ def run_once(args: list[str], cache_dir: str) -> dict:
     row = {"wall_s": wall, "cpu_s": cpu, "import_s": events["import_s"], "peak_rss_gib": events["peak_rss_gib"]}
     row.update({key: events.get(name, 0.0) for key, name in EVENTS.items()})
     programs = events["programs"]
-    for name in ("sweep_chunk", "evaluate_digits", "advance", "summarize", "finish", "start"):
+    for name in ("sweep_chunk", "evaluate_digits", "advance", "finish", "start"):
         row[f"{name}_s"] = sum(v for k, v in programs.items() if k.removeprefix("jit(").rstrip(")").lstrip("_") == name)
     row["first_chunk_s"] = plan["compile_s"]  # the chunk kernel's compilation (or cache load) and one chunk
     row["stream_s"] = plan["run_s"]

@@ -55,29 +55,24 @@ def on_host(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
 
 
-def ahead(name: str, jitted, *args, then=None, **static) -> Future | None:
+def ahead(name: str, jitted, *args, **static) -> Future | None:
     """Start compiling `jitted(*args, **static)` on a worker thread; the future's result is the
-    `Compiled` (None when turned off). `name` groups the compilations `wait` waits for.
-    then: called on the worker with the `Compiled` (its `out_info` gives the output shapes), e.g. to
-    start compiling the program that consumes them."""
+    `Compiled` (None when turned off). `name` groups the compilations `wait` waits for."""
     global _pool
     if not enabled():
         return None
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="jaxplan-compile")
-        future = _pool.submit(_compile, jitted, args, static, then)
+        future = _pool.submit(_compile, jitted, args, static)
         _pending.setdefault(name, []).append(future)
     return future
 
 
-def _compile(jitted, args, static, then):
+def _compile(jitted, args, static):
     stored = getattr(jitted, "compiled", None)  # a program_cache.CachedProgram: its stored program
     program = stored(*args, **static) if stored is not None else None
-    compiled = program.compile(args, {}) if program is not None else jitted.lower(*args, **static).compile()
-    if then is not None:
-        then(compiled)
-    return compiled
+    return program.compile(args, {}) if program is not None else jitted.lower(*args, **static).compile()
 
 
 def wait(name: str) -> None:

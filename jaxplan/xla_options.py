@@ -8,7 +8,7 @@ with the same results to the bit. The replay's loop keeps the default: it runs f
 
 `ONE_SHOT_COMPILE` is LLVM's -O0 for the programs that run once a command on small arrays: the
 report rows' kernel (`funnel.chunk.evaluate_digits`, which compiles beside the chunk kernel on a
-first run), the finalists' arrays, and the replay's start, merge and summary. Their code runs
+first run), the finalists' arrays, and the replay's start and merge. Their code runs
 slower but they run for milliseconds, and most of their compilation is optimising it. They keep
 XLA's default emitters: -O0 with the older emitters (which compiles the report rows' kernel in
 about 2.3 s instead of 4.7-5.3 s) gave two of 512 gpt-oss-120b report rows a wrong steady state

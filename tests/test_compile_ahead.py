@@ -45,7 +45,7 @@ def test_the_call_after_wait_reuses_the_background_compilation():
 
 
 def test_a_jit_with_compiler_options_reuses_it_too():
-    """The replay's start, merge and summary are `xla_options.OptionJit`s, resolved at first use: the
+    """The replay's start and merge are `xla_options.OptionJit`s, resolved at first use: the
     worker's compilation is still the one the later call runs."""
     from jaxplan.xla_options import LEAN_COMPILE, jit_with_options
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 import pytest
 
@@ -267,6 +268,28 @@ def test_metrics_agree_with_trace(chat):
         gaps = np.where(osl > 1, osl - 1, 0)
         assert float(metrics.itl.mean_s[f]) == pytest.approx(np.sum((np.asarray(trace.e2e_s)[f] - ttft[f])[osl > 1]) / gaps.sum(), rel=1e-5)
         assert float(metrics.itl.p50_s[f]) <= float(metrics.itl.p99_s[f])
+
+
+def test_the_summary_runs_on_the_host_and_compiles_nothing(chat):
+    """`summarize` is NumPy: summaries of other finalist and request counts (each of which a compiled
+    summary would have traced and compiled again) trace and compile no program, and a finalist's
+    metrics do not depend on the others summarised beside it."""
+    _, _, _, workload, trace, metrics = chat
+    events = []
+    listener = lambda name, *_, **__: events.append(name) if name.startswith("/jax/core/compile/") else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for f, r in ((slice(1, 3), NUM_R), (slice(0, 4), NUM_R - 7), (slice(2, 3), 13)):
+            cut = trace._replace(**{name: np.asarray(value)[f] for name, value in trace._asdict().items() if name not in ("prompt_tokens", "output_tokens")})
+            cut = cut._replace(**{name: np.asarray(getattr(cut, name))[..., :r] for name in ("first_token_step", "finish_step", "preemptions", "arrival_s", "admit_s", "ttft_s", "e2e_s", "replica", "prompt_tokens", "output_tokens")})
+            part = summarize(cut, workload)
+            if r == NUM_R:
+                np.testing.assert_array_equal(part.ttft.p99_s, np.asarray(metrics.ttft.p99_s)[f])
+                np.testing.assert_array_equal(part.completed, np.asarray(metrics.completed)[f])
+            assert isinstance(part.tpot.mean_s, np.ndarray) and part.tpot.mean_s.dtype == np.float32
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert events == []
 
 
 # --- compilation --------------------------------------------------------------------------------

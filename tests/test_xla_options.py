@@ -1,6 +1,6 @@
 """`xla_options.LEAN_COMPILE`, `ONE_SHOT_COMPILE` and `LEAN_ONE_SHOT_COMPILE` change how XLA:CPU
 compiles a program, never what it computes: the chunk kernel compiled both ways gives the same tables
-bit for bit, the one-shot programs at -O0 (start, merge, summary; the report rows) give the same
+bit for bit, the one-shot programs at -O0 (the replay's start and merge; the report rows) give the same
 metrics as at -O2, and the Jacobian at -O0 with the older emitters the same elasticities."""
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def test_the_lean_chunk_kernel_gives_the_same_tables(monkeypatch):
 def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
     from jaxplan.funnel import replay_stage
     from jaxplan.funnel.replay_stage import replay_rows
-    from jaxplan.replay import driver, metrics
+    from jaxplan.replay import driver
 
     result = _sweep()
     rows = result.shortlist[:4]
     lean = replay_rows(result, rows, num_requests=200)
     # the same programs compiled with XLA's default emitters at -O2
-    one_shot = (replay_stage, "_finalist_arrays", ()), (driver, "_start_lanes", ("num_slots", "max_dp", "policy")), (driver, "_finish", ("policy",)), (metrics, "_summarize", ("series_points",))
+    one_shot = (replay_stage, "_finalist_arrays", ()), (driver, "_start_lanes", ("num_slots", "max_dp", "policy")), (driver, "_finish", ("policy",))
     for module, name, static in one_shot:
         assert getattr(module, name)._options == ONE_SHOT_COMPILE, name
         monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=accepted(DEFAULT_COMPILE) or None))

@@ -20,7 +20,7 @@ from jaxplan.buckets import bucket_size
 from jaxplan.replay.driver import DEFAULT_WINDOW, replica_work, slot_rows
 from jaxplan.replay.routing import routing_policy
 
-# Seconds to trace and compile one more replay call's programs (loop, start, merge, summary) on the
+# Seconds to trace and compile one more replay call's programs (loop, start, merge) on the
 # 2-core VM; a warm run loads them in about 0.2 s, so a call this pays for also pays there.
 CALL_COMPILE_S = 5.0
 # A loop iteration over independent replicas: ITERATION_S, plus per lane on a device LANE_ITERATION_S

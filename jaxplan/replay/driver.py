@@ -51,7 +51,7 @@ from jaxplan.buckets import bucket_size
 from jaxplan.errors import bad_value
 from jaxplan.replay import memory
 from jaxplan.replay.config import ReplayConfig
-from jaxplan.replay.metrics import ReplayMetrics, summarize, summarize_ahead
+from jaxplan.replay.metrics import ReplayMetrics, summarize
 from jaxplan.replay.routing import RoutingPolicy, call_policy, routing_policy
 from jaxplan.replay.scheduler import LaneInput
 from jaxplan.replay.split import LANE_OVERHEAD as LANE_OVERHEAD
@@ -362,7 +362,6 @@ def simulate_trace(
     max_replicas_per_lane: int | None = None,
     initial_slots: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    compile_summary: Callable | None = None,
 ) -> ReplayTrace:
     """Replay `requests` on every finalist; raw per-request and per-replica results.
 
@@ -401,9 +400,6 @@ def simulate_trace(
     progress: called as progress(output tokens produced, output tokens of the whole call) after
         every loop call, which are then short (see the module docstring); it may raise (e.g. a
         `jaxplan.deadline.Deadline` past its limit) to stop the replay. Results do not depend on it.
-    compile_summary: called (on a worker thread) with the trace's shapes (a ReplayTrace of
-        ShapeDtypeStructs) while the loop compiles, to compile what consumes the trace meanwhile
-        (`simulate` compiles its summary). Results do not depend on it.
     """
     if not isinstance(configs, ReplayConfig):
         raise bad_value("configs", type(configs).__name__, "must be a ReplayConfig (use ReplayConfig.create)")
@@ -450,7 +446,7 @@ def simulate_trace(
     run = functools.partial(
         _replay, padded, num_r, workload, step_time_fn, closed=closed, window=window, max_iterations=max_iterations, chunk=chunk,
         num_slots=num_slots, max_dp=max_dp, policy=policy, devices=devices, initial_slots=initial_slots or INITIAL_SLOTS,
-        tokens_per_finalist=tokens_per_finalist, compile_summary=compile_summary,
+        tokens_per_finalist=tokens_per_finalist,
     )  # fmt: skip
     parts_total = -(-num_f // per_call) * per_call * tokens_per_finalist  # finalists padded to whole calls
 
@@ -514,7 +510,7 @@ def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
 
 
-def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, policy: RoutingPolicy, devices, initial_slots, tokens_per_finalist: int, compile_summary=None, progress=None) -> ReplayTrace:
+def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, policy: RoutingPolicy, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
     """One replay call over configs [F] on the lanes of `split` (see simulate_trace) of the first
     `num_r` of the padded requests `reqs` (the trace has those only), sharded over
     `devices` local devices when the lanes split evenly over them; `progress(done, total)` in output
@@ -535,11 +531,11 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     step_params = jax.device_put(step_params, None if mesh is None else NamedSharding(mesh, P("lanes")))
     dp = jnp.asarray(policy.routed_replicas(configs.data_parallel_size, closed), jnp.int32)
     loop_options = dict(step_time_fn=step_time_fn, window=window, block_size=configs.block_size, policy=policy, mesh=mesh)
-    # While the loop compiles (its first call), the merge and then the summary compile on worker
-    # threads: the loop's state keeps its shapes, so the merge's arguments (the lanes' tables as
-    # fetched to the host) are known now. The loop is traced first, alone (`CachedProgram.prepare`).
+    # While the loop compiles (its first call), the merge compiles on a worker thread: the loop's
+    # state keeps its shapes, so the merge's arguments (the lanes' tables as fetched to the host)
+    # are known now. The loop is traced first, alone (`CachedProgram.prepare`).
     program_cache.prepare(_advance, inputs, state, step_params, np.int32(1), np.bool_(False), **loop_options)
-    compile_ahead.ahead("replay_finish", _finish, reqs, compile_ahead.on_host(inputs), compile_ahead.on_host(state), position, split, dp, policy=policy, then=compile_summary and (lambda c: compile_summary(c.out_info)))
+    compile_ahead.ahead("replay_finish", _finish, reqs, compile_ahead.on_host(inputs), compile_ahead.on_host(state), position, split, dp, policy=policy)
     used = 0
     total_tokens = configs.num_finalists * tokens_per_finalist
     per_call = chunk if progress is None else min(chunk, PROGRESS_FIRST_ITERATIONS)
@@ -580,8 +576,5 @@ def simulate(
     **kwargs,
 ) -> ReplayMetrics:
     """Replay and summarise: ReplayMetrics with leading axis [F] (see simulate_trace for arguments)."""
-    def compile_summary(trace_info):
-        summarize_ahead(trace_info, workload, series_points=series_points)
-
-    trace = simulate_trace(configs, requests, workload, step_time_fn, step_params, window=window, max_iterations=max_iterations, compile_summary=compile_summary, **kwargs)
+    trace = simulate_trace(configs, requests, workload, step_time_fn, step_params, window=window, max_iterations=max_iterations, **kwargs)
     return summarize(trace, workload, series_points=series_points)

@@ -17,7 +17,7 @@ from jaxplan.replay.traffic import request_bucket
 from jaxplan.system import available_memory_bytes
 
 MEMORY_FRACTION = 0.5  # default limit: this fraction of the machine's available memory
-SERIES_POINTS = 64  # summarize's queue-length samples ([F, P, R] comparisons)
+SERIES_POINTS = 64  # summarize's queue-length samples
 
 
 class ReplayShape(NamedTuple):

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # int32 columns of a slot table
 K, PROMPT, OSL, HIT, COMP, OUT, STEP_FIRST, NPRE = range(8)
@@ -197,8 +198,8 @@ def itl_bin(gap_s):
     return jnp.clip((bits >> (23 - ITL_SUB_BITS)) - base, 0, ITL_BINS - 1)
 
 
-def itl_bin_value(index):
-    """Geometric centre (almost) of ITL bin `index`, seconds."""
+def itl_bin_value(index) -> np.ndarray:
+    """Geometric centre (almost) of ITL bin `index` (NumPy, on the host), float32 seconds."""
     base = (127 + ITL_MIN_EXP) << ITL_SUB_BITS
-    bits = ((jnp.asarray(index, jnp.int32) + base) << (23 - ITL_SUB_BITS)) | (1 << (22 - ITL_SUB_BITS))
-    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+    bits = ((np.asarray(index, np.int32) + base) << (23 - ITL_SUB_BITS)) | (1 << (22 - ITL_SUB_BITS))
+    return bits.astype(np.int32).view(np.float32)

@@ -140,7 +140,7 @@ def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec, gpus: 
         fmt = FORMAT_BY_NAME[weight_dtype_of(row)]
         expert_parallel = _flag(row, "enable_expert_parallel", where)
         if not model.is_moe and expert_parallel:
-            raise bad_value("enable_expert_parallel", row.get("enable_expert_parallel"), f"{model.name} is dense: expert parallelism needs a mixture-of-experts model; use false", where=where)
+            raise bad_value("enable_expert_parallel", row.get("enable_expert_parallel"), f"{model.name} is dense: expert parallelism needs a mixture-of-experts model; set it false (or leave out --enable-expert-parallel)", where=where)
         if not model.is_moe and fmt.name in EXPERT_ONLY:
             raise bad_value("weight_dtype", fmt.name, f"quantises only a MoE model's experts and {model.name} is dense; use bf16, fp8 or nvfp4", where=where)
         columns["tensor_parallel_size"].append(sizes["tensor_parallel_size"])

@@ -222,6 +222,8 @@ def test_predict_measured_vllm_bench_runs(runner, tmp_path):
     assert result.exit_code == 0, result.output
     (row,) = list(csv.DictReader(out_path.open()))
     assert (row["model"], row["weight_dtype"], row["enable_expert_parallel"]) == ("minimax-m2.5", "fp8", "true")
+    result = runner.invoke(app, [*args, "--enable-expert-parallel"])  # a dense model's run: the option is named in the refusal
+    assert result.exit_code == 1 and "llama-3.1-8b is dense" in result.output and "--enable-expert-parallel" in result.output, result.output
     rows_csv = tmp_path / "rows.csv"
     rows_csv.write_text("model,gpu,tensor_parallel_size,isl,osl,concurrency\nllama-3.1-8b,h100_sxm,1,1000,200,8\n")
     result = runner.invoke(app, ["predict", str(rows_csv), "-o", str(out_path), "--gpu", "h100_sxm"])

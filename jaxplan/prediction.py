@@ -356,6 +356,15 @@ def overloaded_status(rate: float, capacity: float, num_prompts: float, slots: f
     return f"{head}; output_tok_s and request_s are that capacity; no TTFT: {run} (--method replay times such a run)"
 
 
+@jax.jit
+def _kv_blocks(model: ModelShape, hw: Hardware, layout: Layout, gpu_memory_utilization, block_size_tokens, mean_context_tokens):
+    """(`kv_blocks_per_replica`, `replay_kv_blocks`) of a batch's rows [N], as one program: evaluated
+    op by op, their few dozen operations each compiled and lowered a program of its own, about a
+    tenth of a warm `predict`."""
+    args = (model, hw, layout, gpu_memory_utilization, block_size_tokens)
+    return kv_blocks_per_replica(*args), replay_kv_blocks(*args, mean_context_tokens)
+
+
 def _predict_rows(rows: list[dict], params_path: str | None, source: str, efficiency: dict | None) -> tuple[list[dict], dict[int, str]]:
     """(results, all_at_once): the rows with their stage-4 predictions, and the overloaded open-loop
     rows whose prompts all fit in the slots (index -> status), for `predict_rows` to predict as bursts."""
@@ -365,7 +374,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
         hw = row_hardware(batch, params_path, efficiency)
         est, drain = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization))
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
-        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
+        blocks, _ = jax.device_get(_kv_blocks(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, batch.workload.isl_tokens))
         one_token = np.asarray(batch.workload.osl_tokens) <= 1.0
         for k, i in enumerate(batch.row_ids):
             if i in invalid:
@@ -475,9 +484,8 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
     for batch in row_batches(rows, source):
         hw_all = row_hardware(batch, params_path, efficiency)
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
-        blocks = np.asarray(kv_blocks_per_replica(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens))
         context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens
-        scheduler_blocks = np.asarray(replay_kv_blocks(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, context))
+        blocks, scheduler_blocks = jax.device_get(_kv_blocks(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, context))
         for k, i in enumerate(batch.row_ids):
             if i in invalid:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, status=invalid[i])

@@ -24,7 +24,7 @@ from jaxplan.errors import bad_value
 from jaxplan.measured import too_fast_uncached
 from jaxplan.physics.memory import kv_blocks_per_replica, replay_kv_blocks
 from jaxplan.physics.params import efficiency_for, load_efficiency
-from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, take, traced
+from jaxplan.physics.shapes import Hardware, Layout, ModelShape, hardware_table, model_shape, traced
 from jaxplan.physics.steady_state import estimate, run_drain_s
 from jaxplan.physics.traffic import WorkloadParams, length_shape, longest_output_factor
 from jaxplan.row_gpu import given as _given
@@ -155,7 +155,7 @@ def _layout_arrays(rows: list[dict], wheres: list[str], model: ModelSpec, gpus: 
         columns["expert_weight_format"].append(fmt.code)
         columns["lockstep_ranks"].append(sizes["data_parallel_size"] if model.is_moe else 1)
         columns["expert_parallel"].append(1.0 if expert_parallel else 0.0)
-    return Layout(**{k: jnp.asarray(np.asarray(v, np.float32)) for k, v in columns.items()})
+    return Layout(**{k: jax.device_put(np.asarray(v, np.float32)) for k, v in columns.items()})
 
 
 def weight_dtype_of(row: dict) -> str:
@@ -207,11 +207,13 @@ def row_hardware(batch: RowBatch, params_path: str | None = None, efficiency: di
     parameters)."""
     names = [g.name for g in batch.gpus]
     chosen = {n: efficiency[n] for n in names} if efficiency is not None else efficiency_for(names, params_path)
-    hw = take(hardware_table(batch.gpus, chosen), jnp.asarray(batch.gpu_index))
+    # gathered on the host: on the device each field's gather compiled a program of its own
+    rows = np.asarray(batch.gpu_index)
+    hw = jax.tree.map(lambda field: jax.device_put(np.asarray(field)[rows]), hardware_table(batch.gpus, chosen))
     releases = batch.releases or (vllm_release.selected(),) * len(batch.row_ids)
     lookup = {**(efficiency if efficiency is not None else load_efficiency(params_path)), **chosen}
     cost = [vllm_release.pipeline_seq_overhead_s(lookup, batch.gpus[g].name, r) for g, r in zip(np.asarray(batch.gpu_index), releases)]
-    return hw._replace(pipeline_seq_overhead_s=jnp.asarray(cost, jnp.float32))
+    return hw._replace(pipeline_seq_overhead_s=jax.device_put(np.asarray(cost, np.float32)))
 
 
 def row_batches(rows: list[dict], source: str = "input") -> list[RowBatch]:

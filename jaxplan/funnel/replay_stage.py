@@ -46,7 +46,7 @@ def physics_params(model: ModelShape, hw: Hardware, layout: Layout):
     """`physics_step`'s params for finalists [F]: hardware and layout [F], and the model shape traced
     (float32) and repeated per finalist, since every leaf of the replay's params has a finalist axis."""
     num = int(np.shape(layout.tensor_parallel_size)[0])
-    return hw, layout, jax.tree.map(lambda v: jnp.full((num,), v, jnp.float32), model)
+    return hw, layout, jax.tree.map(lambda v: jax.device_put(np.full((num,), np.asarray(v), np.float32)), model)  # host-made: no program per shape
 
 
 def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):

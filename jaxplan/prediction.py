@@ -367,6 +367,13 @@ def _kv_blocks(model: ModelShape, hw: Hardware, layout: Layout, gpu_memory_utili
     return kv_blocks_per_replica(*args), replay_kv_blocks(*args, mean_context_tokens)
 
 
+def batch_kv_blocks(batch: RowBatch, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
+    """(KV blocks one replica holds, the replay scheduler's blocks at the rows' mean context ISL + OSL / 2)
+    [N] of a batch's rows on `hw` (`row_hardware`), on the host."""
+    context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens
+    return jax.device_get(_kv_blocks(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, context))
+
+
 def _predict_rows(rows: list[dict], params_path: str | None, source: str, efficiency: dict | None) -> tuple[list[dict], dict[int, str]]:
     """(results, all_at_once): the rows with their stage-4 predictions, and the overloaded open-loop
     rows whose prompts all fit in the slots (index -> status), for `predict_rows` to predict as bursts."""
@@ -376,7 +383,7 @@ def _predict_rows(rows: list[dict], params_path: str | None, source: str, effici
         hw = row_hardware(batch, params_path, efficiency)
         est, drain = jax.device_get(estimate_rows(batch.model, hw, batch.layout, batch.workload, batch.gpu_memory_utilization))
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
-        blocks, _ = jax.device_get(_kv_blocks(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, batch.workload.isl_tokens))
+        blocks, _ = batch_kv_blocks(batch, hw)
         one_token = np.asarray(batch.workload.osl_tokens) <= 1.0
         for k, i in enumerate(batch.row_ids):
             if i in invalid:
@@ -486,8 +493,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
     for batch in row_batches(rows, source):
         hw_all = row_hardware(batch, params_path, efficiency)
         block_tokens = np.broadcast_to(np.asarray(batch.block_size_tokens), (len(batch.row_ids),)).astype(int)
-        context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens
-        blocks, scheduler_blocks = jax.device_get(_kv_blocks(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, context))
+        blocks, scheduler_blocks = batch_kv_blocks(batch, hw_all)
         for k, i in enumerate(batch.row_ids):
             if i in invalid:
                 results[i].update({c: None for c in OUTPUT_COLUMNS}, status=invalid[i])

@@ -28,7 +28,6 @@ from collections import Counter
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxplan.bands import ROWS_FITTED_AS
@@ -37,11 +36,9 @@ from jaxplan.calibrate.accuracy_table import accuracy_table
 from jaxplan.calibrate.metrics import mape, spearman
 from jaxplan.calibrate.moe_kernels import all_fields as moe_kernel_fields
 from jaxplan.errors import PlanError, bad_value
-from jaxplan.physics.memory import kv_blocks_per_replica
-from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
 from jaxplan.measured import IMPOSSIBLE_PEAK_FRACTION, too_fast_uncached
-from jaxplan.physics.shapes import hardware_table, take
-from jaxplan.prediction import predict_rows, replay_predict_rows, row_batches
+from jaxplan.physics.params import BOUNDS, DEFAULTS, PARAMS_ENV, PARAMS_PATH, is_bundled, load_priors, user_params_path
+from jaxplan.prediction import batch_kv_blocks, predict_rows, replay_predict_rows, row_batches, row_hardware
 from jaxplan.specs import known
 from jaxplan.tomlio import toml_value
 
@@ -407,8 +404,8 @@ def kv_holds_concurrency(rows: list[dict], efficiency: dict[str, dict[str, float
     (`num_prompts`), which the shared data does not state."""
     fits = [True] * len(rows)
     for batch in row_batches(rows, source="measurements"):
-        hw = take(hardware_table(batch.gpus, {g.name: efficiency[g.name] for g in batch.gpus}), jnp.asarray(batch.gpu_index))
-        tokens = np.asarray(kv_blocks_per_replica(batch.model, hw, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens)) * batch.block_size_tokens
+        blocks, _ = batch_kv_blocks(batch, row_hardware(batch, efficiency=efficiency))
+        tokens = blocks * batch.block_size_tokens
         w = batch.workload
         demand = np.asarray(w.concurrency) / np.asarray(batch.layout.data_parallel_size) * (np.asarray(w.isl_tokens) + np.asarray(w.osl_tokens))
         closed = np.asarray(w.arrival_code) == 2

@@ -19,10 +19,11 @@ def implied_peak_fraction(row: dict) -> float:
     (a MoE model's active experts) FLOPs per token, spread over every GPU of the row (TP x PP x DP,
     perfectly overlapped: a lower bound). A row above the best GEMM efficiency in the kernel tables
     cannot have run its stated workload uncached."""
+    from jaxplan.prediction import weight_dtype_of  # prediction imports this module
     from jaxplan.specs import load_gpu, load_model
 
     gpu, model = load_gpu(row["gpu"]), load_model(row["model"])
-    peak = gpu.tensor_core_flops_per_s(row.get("weight_dtype") or model.served_weight_dtype) or gpu.bf16_flops_per_s
+    peak = gpu.tensor_core_flops_per_s(weight_dtype_of(row)) or gpu.bf16_flops_per_s
     gpus = float(row.get("tensor_parallel_size") or 1) * float(row.get("pipeline_parallel_size") or 1) * float(row.get("data_parallel_size") or 1)
     uncached = 1.0 - float(row.get("prefix_hit_rate") or 0.0)
     tokens = float(row["concurrency"]) * (1.0 + uncached * float(row["isl"]) / float(row["osl"]))

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.buckets import bucket_size, pad_rows
 from jaxplan.engine_defaults import batch_knobs
 from jaxplan.errors import PlanError
-from jaxplan.funnel.rules import BUDGET_BELOW_SEQS, LAYOUT_RULES
+from jaxplan.funnel.rules import BUDGET_BELOW_SEQS, ENGINE_RULES, LAYOUT_RULES
 from jaxplan.physics.shapes import ModelShape, model_shape
 from jaxplan.row_gpu import gpu_key, row_gpu
 from jaxplan.specs import load_model
@@ -46,6 +49,22 @@ def engine_arguments(rows: list[dict]) -> tuple[np.ndarray, ...]:
     return sizes("tensor_parallel_size"), sizes("pipeline_parallel_size"), knobs[:, 0], knobs[:, 1]
 
 
+@jax.jit
+def _rules_fail(shape: ModelShape, tp, pp, seqs, budget):
+    """[len(ENGINE_RULES), R] bool: each engine rule's verdict on every row. One program for the rules'
+    few dozen operations, which evaluated one by one were as many small programs to compile or load."""
+    return jnp.stack([jnp.broadcast_to(rule.fails(shape, tp, pp, seqs, budget), jnp.shape(tp)) for rule in ENGINE_RULES])
+
+
+def rule_failures(shape: ModelShape, engine: tuple[np.ndarray, ...]) -> dict:
+    """Reason -> [R] bool (NumPy) for every engine rule on the rows' `engine_arguments`: the rows
+    padded to a power of two (at least 8, the last row repeated), so that row counts share programs."""
+    num = len(engine[0])
+    padded = pad_rows(tuple(np.asarray(a, np.float32) for a in engine), num, bucket_size(num, 8))
+    fails = np.asarray(_rules_fail(shape, *padded))[:, :num]
+    return {rule.reason: fails[i] for i, rule in enumerate(ENGINE_RULES)}
+
+
 def invalid_reasons(model: ModelSpec, rows: list[dict]) -> list[str | None]:
     """Per row, why vLLM would refuse its engine or its requests (one line, starting "invalid:"), or None.
     In order: the layout rules (attention heads, KV heads, PP stages), the replay's limits, the token
@@ -54,7 +73,7 @@ def invalid_reasons(model: ModelSpec, rows: list[dict]) -> list[str | None]:
 
     shape: ModelShape = model_shape(model)
     engine = engine_arguments(rows)
-    fails = {rule.reason: np.asarray(rule.fails(shape, *engine)) for rule in (*LAYOUT_RULES, BUDGET_BELOW_SEQS)}
+    fails = rule_failures(shape, engine)
     out: list[str | None] = []
     for k, row in enumerate(rows):
         values = tuple(float(a[k]) for a in engine)

@@ -86,6 +86,42 @@ def test_predict_checks_a_batch_of_rows_like_one_row_at_a_time():
     assert invalid_reasons(model, rows) == [invalid_reasons(model, [row])[0] for row in rows]
 
 
+def test_the_rules_are_one_program_for_every_row_count_of_a_bucket():
+    """`rule_failures` prices every rule in one compiled program, rows padded to 8 and beyond to a power
+    of two: 3, 5 and 8 rows compile it once between them (the rules evaluated one operation at a time
+    compiled a program per operation), and its verdicts are each rule's own, row by row."""
+    import jax
+
+    from jaxplan.engine_rules import engine_arguments, rule_failures
+    from jaxplan.funnel.rules import ENGINE_RULES
+
+    model = spec("gqa-24-4")
+    shape = model_shape(model)
+    rows = [dict(model=model.name, tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=seqs, max_num_batched_tokens=budget)
+            for tp, pp, seqs, budget in ((3, 1, 256, 8192), (5, 1, 256, 8192), (4, 29, 256, 8192), (2, 1, 512, 256), (1, 1, 256, 8192),
+                                         (8, 2, 64, 2048), (6, 1, 128, 128), (2, 4, 256, 8192))]
+    compiles = []
+    listener = lambda name, *_, **__: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None  # noqa: E731
+    rule_failures(shape, engine_arguments(rows[:1]))  # the bucket of 8 rows compiled (or loaded) here
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        verdicts = {n: rule_failures(shape, engine_arguments(rows[:n])) for n in (3, 5, 8)}
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    engine = engine_arguments(rows)
+    for rule in ENGINE_RULES:
+        alone = [bool(rule.fails(shape, *(np.float32(a[k]) for a in engine))) for k in range(len(rows))]
+        for n, fails in verdicts.items():
+            assert fails[rule.reason].tolist() == alone[:n], rule.reason
+    # by hand: TP 3 and 6 divide 24 heads, but neither they nor 4 KV heads divide the other; TP 5 divides
+    # neither head count; 29 stages fit 32 layers; a budget of 256 is below 512 sequences, 128 not below 128
+    assert verdicts[8][Reason.TP_HEADS].tolist() == [False, True, False, False, False, False, False, False]
+    assert verdicts[8][Reason.KV_HEADS].tolist() == [True, True, False, False, False, False, True, False]
+    assert not verdicts[8][Reason.PP_LAYERS].any()
+    assert verdicts[8][Reason.BUDGET_BELOW_SEQS].tolist() == [False, False, False, True, False, False, False, False]
+
+
 def vllm_stage_layers(num_layers: int, pp: int) -> list[int]:
     """vLLM's split: floor(L / PP) per stage, one more on the L mod PP stages before the last."""
     parts = [num_layers // pp] * pp

@@ -52,18 +52,15 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
     `jaxplan simulate` replays them (the row's own workload, one replay per row). step(text) before each row."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
-    from jaxplan.physics.memory import replay_kv_blocks
-    from jaxplan.prediction import _row_workload, row_batches, row_hardware
+    from jaxplan.prediction import _row_workload, batch_kv_blocks, row_batches, row_hardware
     from jaxplan.replay import sample_requests, simulate_trace
 
     out = []
     for batch in row_batches(rows, source):
         hw_all = row_hardware(batch, params_path)
-        context = batch.workload.isl_tokens + 0.5 * batch.workload.osl_tokens  # as predict's replay counts them
-        blocks = np.asarray(replay_kv_blocks(batch.model, hw_all, batch.layout, batch.gpu_memory_utilization, batch.block_size_tokens, context))
+        _, blocks = batch_kv_blocks(batch, hw_all)  # the scheduler's blocks, as predict's replay counts them
         for k, i in enumerate(batch.row_ids):
             step(f"replaying row {int(i) + 1} for its timeline")
             if blocks[k] < 1:

@@ -34,6 +34,11 @@ class ReplayMetrics:
     requests: int  # requests replayed
     routing: str
     score: float  # the funnel's objective on replayed numbers; failing finalists score below passing ones
+    # Under Poisson traffic, whether it keeps up (`jaxplan.replay.backlog`); rows written before these
+    # existed read as keeping up, as stage 4 judged them.
+    falls_behind: bool = False  # its queue stops emptying while requests arrive
+    queue_at_last_arrival: int = 0  # requests never yet admitted when the last one arrives
+    sustained_output_tokens_per_s: float = float("nan")  # output tokens made in the arrivals' last third / its length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +92,10 @@ class Finalist:
         values["digits"] = tuple(int(d) for d in row["digits"])
         replay = None
         if any(n in row for n in replay_names):
-            if lacking := [n for n in replay_names if n not in row]:
+            required = [REPLAY_PREFIX + f.name for f in dataclasses.fields(ReplayMetrics) if f.default is dataclasses.MISSING]
+            if lacking := [n for n in required if n not in row]:
                 raise PlanError(f"a replayed finalist row lacks {', '.join(lacking)}; pass rows a sweep wrote (jaxplan sweep --json)")
-            replay = ReplayMetrics(*(_number(row[n]) for n in replay_names))
+            replay = ReplayMetrics(**{n.removeprefix(REPLAY_PREFIX): _number(row[n]) for n in replay_names if n in row})
         extra = tuple((k, v) for k, v in row.items() if k not in names and k not in replay_names)
         return cls(**values, replay=replay, extra=extra)
 

@@ -283,6 +283,20 @@ def _row_note(batch: RowBatch, k: int, row: dict) -> str:
     return note
 
 
+def _replay_status(m, workload: Workload) -> str:
+    """A replayed row's status: ok, unfinished requests, or, under Poisson arrivals, a queue that stops
+    emptying while requests arrive (`jaxplan.replay.backlog`): the replayed throughput is then the
+    run's, and its TTFT grows with the run's length."""
+    if int(m.unfinished[0]):
+        return f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)"
+    if workload.arrival == Arrival.POISSON and bool(m.falls_behind[0]):
+        sent = workload.request_rate_per_s * workload.osl_mean_tokens
+        return (f"overloaded: the replay's queue stops emptying while requests arrive at {workload.request_rate_per_s:.4g}/s "
+                f"({int(m.queue_at_last_arrival[0]):,} wait at the last arrival); it serves about "
+                f"{float(m.sustained_output_tokens_per_s[0]):,.0f} of the {sent:,.0f} output tok/s sent, and its TTFT grows with the run")
+    return "ok"
+
+
 def capped_rate(row: dict) -> bool:
     """The row gives both `concurrency` and a finite `request_rate`: vllm bench serve's --request-rate
     with --max-concurrency (Poisson arrivals, at most that many in flight)."""
@@ -520,7 +534,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
                 output_tok_s=float(m.output_tokens_per_s[0]),
                 request_s=float(m.request_throughput_per_s[0]),
                 kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]),
-                status=("ok" if int(m.unfinished[0]) == 0 else f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)") + _row_note(batch, k, rows[i]),
+                status=_replay_status(m, workload) + _row_note(batch, k, rows[i]),
             )
             for column in OUTPUT_COLUMNS[:-1]:  # no NaN in an output: TPOT is undefined when every request has 1 output token
                 if results[i][column] is not None and not math.isfinite(results[i][column]):

@@ -48,3 +48,18 @@ def test_an_overloaded_run_whose_prompts_all_fit_is_one_wave(predicted):
     assert wave["ttft_ms_mean"] > alone["ttft_ms_mean"] and wave["ttft_ms_p99"] >= wave["ttft_ms_mean"]
     assert alone["status"] == "ok" and 0.05 * 1.5 < wave["request_s"] < capacity
     assert wave["request_rate"] == 1000 and wave.get("concurrency") is None  # the row as given, not the wave it was predicted as
+
+
+def test_the_replay_says_an_overloaded_run_falls_behind():
+    """--method replay of the same rows: the stable run (20/s) is ok; the one at 60/s, past the
+    capacity the analytical prediction found, has a queue that stops emptying, and says so with the
+    output rate it sustains, near that capacity, and the rate sent."""
+    from jaxplan.prediction import replay_predict_rows
+
+    stable, over = replay_predict_rows([dict(ROW, request_rate=rate, num_prompts=1000) for rate in (20, 60)])
+    capacity = predict_rows([dict(ROW, request_rate=60, num_prompts=1000)])[0]["request_s"] * ROW["osl"]
+    assert stable["status"] == "ok", stable["status"]
+    status = over["status"]
+    assert status.startswith("overloaded: the replay's queue stops emptying while requests arrive at 60/s"), status
+    served = float(status.split("it serves about ")[1].split(" of the ")[0].replace(",", ""))
+    assert 0.7 * capacity < served < 1.3 * capacity and "of the 12,000 output tok/s sent" in status, (served, capacity)

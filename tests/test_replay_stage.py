@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,28 @@ def test_replay_tpot_matches_stage_four_without_queueing(chat_sweep):
         np.testing.assert_allclose(row["replay_tpot_mean_s"], row["tpot_mean_s"], rtol=0.05)
     scores = [r["replay_score"] for r in rows]
     assert scores == sorted(scores, reverse=True)  # re-ranked best first
+
+
+def test_finalists_that_stage_four_finds_overloaded_fall_behind_in_the_replay(chat_sweep):
+    """The replay's queue verdict (`replay.backlog`) against stage 4's utilization: at the chat
+    workload's own rate (utilization <= 0.82) every finalist keeps up, although the finite run's
+    throughput is below the offered rate for all of them; at 3x the rate, those that stage 4 puts at
+    1.2x their capacity or more fall behind, and say so with their queue."""
+    import copy
+
+    from jaxplan.funnel.replay_stage import replay_shortfalls
+
+    own = replay_rows(chat_sweep, chat_sweep.shortlist, num_requests=1000)
+    offered = chat_sweep.workload.request_rate_per_s * chat_sweep.workload.osl_mean_tokens
+    assert all(r["replay_output_tokens_per_s"] < offered for r in own)
+    assert not any(r["replay_falls_behind"] for r in own) and all(r["replay_queue_at_last_arrival"] <= 2 for r in own)
+    tripled = copy.copy(chat_sweep)
+    tripled.workload = dataclasses.replace(chat_sweep.workload, request_rate_per_s=3 * chat_sweep.workload.request_rate_per_s)
+    overloaded = [r for r in replay_rows(tripled, chat_sweep.shortlist, num_requests=1000) if 3 * r["utilization"] >= 1.2]
+    assert len(overloaded) >= 2
+    for r in overloaded:
+        assert r["replay_falls_behind"] and r["replay_queue_at_last_arrival"] > 100 and r["replay_sustained_output_tokens_per_s"] < 0.8 * 3 * offered
+        assert any(m.startswith(f"falls behind the {3 * offered:,.0f} output tok/s sent") for m in replay_shortfalls(r, tripled.workload)), r
 
 
 def test_replay_is_deterministic(chat_sweep):
@@ -98,6 +122,29 @@ def test_replay_shortfalls_name_what_the_workload_misses():
     assert replay_shortfalls(dict(row, replay_unfinished=7), workload) == ["7 requests did not finish"]
     assert replay_score(short, workload) < replay_score(row, workload) - 500
     assert "no finalist meets the workload" in replay_warning(replay_shortfalls(short, workload)) and "2,745 output tok/s" in replay_warning(replay_shortfalls(short, workload))
+
+
+def test_poisson_throughput_is_judged_by_the_queue_not_by_the_finite_run():
+    """Found by a review: `--workload reasoning --target-throughput 5000` (the traffic sends exactly 5,000
+    output tok/s) said no finalist met the workload, since each finite run's throughput, ramp and drain
+    included, was 4,700-5,000. Under Poisson traffic the target is met by keeping up with what is sent
+    (stage 4's OVERLOADED sieve); a deployment whose queue stops emptying misses it, whatever the target."""
+    from jaxplan.funnel.replay_stage import replay_score, replay_shortfalls
+    from jaxplan.specs.workload import Arrival, Workload
+
+    sent = Workload(name="r", isl_mean_tokens=2000, osl_mean_tokens=10000, arrival=Arrival.POISSON, request_rate_per_s=0.5, target_output_tokens_per_s=5000.0)
+    keeps_up = dict(replay_unfinished=0, replay_ttft_p99_s=0.5, replay_tpot_p99_s=0.03, replay_output_tokens_per_s=4835.0, hourly_usd=12.0,
+                    replay_falls_behind=False, replay_queue_at_last_arrival=1, replay_sustained_output_tokens_per_s=5220.0)  # fmt: skip
+    assert replay_shortfalls(keeps_up, sent) == []
+    behind = dict(keeps_up, replay_falls_behind=True, replay_queue_at_last_arrival=121, replay_sustained_output_tokens_per_s=4680.0)
+    message = "falls behind the 5,000 output tok/s sent: its queue stops emptying and holds 121 requests at the last arrival; it serves about 4,680 output tok/s"
+    assert replay_shortfalls(behind, sent) == [message]
+    assert replay_shortfalls(behind, dataclasses.replace(sent, target_output_tokens_per_s=0.0)) == [message]  # no target: still a miss
+    assert replay_score(behind, sent) < replay_score(keeps_up, sent) - 500
+    # The winner map's scenarios may ask more than the traffic sends: no deployment meets that.
+    assert replay_shortfalls(keeps_up, dataclasses.replace(sent, target_output_tokens_per_s=6000.0)) == ["the traffic sends 5,000 output tok/s < target 6,000"]
+    # A row written before the verdict existed reads as keeping up, as stage 4 judged it.
+    assert replay_shortfalls({k: v for k, v in keeps_up.items() if "queue" not in k and "falls" not in k and "sustained" not in k}, sent) == []
 
 
 def test_poisson_finalists_that_meet_the_workload_tie_on_throughput_and_split_on_tpot():

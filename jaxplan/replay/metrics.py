@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxplan.replay.backlog import backlog
 from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
 
@@ -55,6 +56,9 @@ class ReplayMetrics(NamedTuple):
     stalled: np.ndarray  # bool: a replica met a request that can never fit its KV cache
     queue_length: np.ndarray  # [F, P] requests arrived and never yet scheduled, at series_time_s
     series_time_s: np.ndarray  # [F, P] sample times, 0 .. duration_s
+    falls_behind: np.ndarray  # bool: the queue stops emptying while requests arrive (`backlog`)
+    queue_at_last_arrival: np.ndarray  # int: requests never yet admitted when the last one arrives
+    sustained_output_tokens_per_s: np.ndarray  # output tokens made in the arrivals' last third / its length
 
 
 def _percentiles(values, valid, ps):
@@ -116,6 +120,7 @@ def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_
     # requests arrived (admitted) by each sample time: a count in the sorted times (nan, never, sorts last)
     arrived = _count_at_or_before(trace.arrival_s, times)
     admitted = _count_at_or_before(trace.admit_s, times)
+    queue = backlog(trace.arrival_s, trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.output_tokens)
     return ReplayMetrics(
         ttft=stats[0],
         tpot=stats[1],
@@ -139,6 +144,9 @@ def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_
         stalled=np.any(active & trace.replica_stalled, -1),
         queue_length=(arrived - admitted).astype(np.int32),
         series_time_s=times,
+        falls_behind=queue.falls_behind,
+        queue_at_last_arrival=queue.queue_at_last_arrival.astype(np.int32),
+        sustained_output_tokens_per_s=queue.sustained_output_tokens_per_s.astype(f32),
     )
 
 

@@ -162,5 +162,10 @@ def test_poisson_finalists_that_meet_the_workload_tie_on_throughput_and_split_on
     decodes_fast = dict(base, replay_output_tokens_per_s=2303.0, replay_tpot_p99_s=0.0476)
     assert replay_score(decodes_fast, poisson) > replay_score(drains_fast, poisson)
     assert replay_score(dict(decodes_fast, replay_ttft_p99_s=6.0), poisson) < replay_score(drains_fast, poisson) - 500
+    # With a target the same: equally priced finalists that keep up tie on the rate sent, and the p99
+    # TPOT orders them (it was the grid's order).
+    targeted = dataclasses.replace(poisson, target_output_tokens_per_s=2400.0)
+    assert replay_score(decodes_fast, targeted) > replay_score(drains_fast, targeted)
+    assert replay_score(decodes_fast, targeted) < replay_score(dict(drains_fast, hourly_usd=0.99 * base["hourly_usd"]), targeted)  # cost first
     closed = Workload(name="c", isl_mean_tokens=8000, osl_mean_tokens=300, arrival=Arrival.CLOSED, concurrency=64, ttft_slo_s=5.0, tpot_slo_s=0.1)
     assert replay_score(drains_fast, closed) > replay_score(decodes_fast, closed)

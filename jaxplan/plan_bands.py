@@ -60,17 +60,38 @@ def with_bands(rows: list[dict], model_name: str, workload, block_size_tokens: i
     if not rows:
         return []
     values = np.array([_metric_values(r) for r in rows], dtype=np.float64).reshape(len(rows), 3)
+    capacity = poisson_capacity(rows, workload)
+    kept_up = np.isfinite(capacity)
+    # Under Poisson traffic a finalist that keeps up serves what arrives; what is in doubt is its
+    # capacity, so the throughput's band is the capacity's, capped at the rate sent.
+    banded_values = np.where(kept_up[:, None] & (np.arange(3) == 2), capacity[:, None], values)
     low, high, classes = bands.band_arrays(
-        [r["gpu"] for r in rows], [model_name] * len(rows), kv_fits(rows, workload, block_size_tokens), values,
+        [r["gpu"] for r in rows], [model_name] * len(rows), kv_fits(rows, workload, block_size_tokens), banded_values,
         table if table is not None else bands.bands_for(params_path), prior_gpus=load_priors(params_path),
     )  # fmt: skip
     if workload.arrival == Arrival.POISSON:  # no deployment serves more than is offered: cap the throughput's ends there
-        ceiling = np.maximum(values[:, 2], workload.request_rate_per_s * workload.osl_mean_tokens)
+        offered = workload.request_rate_per_s * workload.osl_mean_tokens
+        ceiling = np.where(kept_up, offered, np.maximum(values[:, 2], offered))
         low[:, 2], high[:, 2] = np.minimum(low[:, 2], ceiling), np.minimum(high[:, 2], ceiling)
     out = []
     for i, row in enumerate(rows):
         ends = [None if not math.isfinite(v) else float(v) for pair in zip(low[i], high[i]) for v in pair]
         out.append({**row, **dict(zip(BAND_KEYS, (str(classes[i]), *ends)))})
+    return out
+
+
+def poisson_capacity(rows: list[dict], workload) -> np.ndarray:
+    """[R] output tokens/s each finalist serves at full load under Poisson traffic, as stage 4 prices
+    it (the rate sent / its utilization), where it keeps up (stage 4's utilization below 1 and, if
+    replayed, a queue that keeps emptying: `replay.backlog`); NaN elsewhere and for other traffic."""
+    out = np.full(len(rows), np.nan)
+    if workload.arrival != Arrival.POISSON:
+        return out
+    offered = workload.request_rate_per_s * workload.osl_mean_tokens
+    for i, r in enumerate(rows):
+        utilization = r.get("utilization")
+        if utilization is not None and 0 < utilization < 1 and not r.get("replay_falls_behind"):
+            out[i] = offered / utilization
     return out
 
 
@@ -97,9 +118,11 @@ def band_line(band: dict | None) -> str | None:
         value = band.get(key)
         return "?" if value is None else f"{value * 1e3:,.0f}" if value >= 0.1 else f"{value * 1e3:,.1f}"
 
+    low, high = f"{band['output_tokens_per_s_p10']:,.0f}", f"{band['output_tokens_per_s_p90']:,.0f}"
+    # Both ends at the rate sent: Poisson traffic that even the capacity's p10 keeps up with.
+    throughput = f"{low} output tokens/s at both ends" if low == high else f"{low}-{high} output tokens/s"
     return (f"p10-p90 ({band['band_class']}, docs/uncertainty.md): TTFT mean {ms('ttft_mean_s_p10')}-{ms('ttft_mean_s_p90')} ms, "
-            f"TPOT mean {ms('tpot_mean_s_p10')}-{ms('tpot_mean_s_p90')} ms, "
-            f"{band['output_tokens_per_s_p10']:,.0f}-{band['output_tokens_per_s_p90']:,.0f} output tokens/s")
+            f"TPOT mean {ms('tpot_mean_s_p10')}-{ms('tpot_mean_s_p90')} ms, {throughput}")
 
 
 def _thr(row: dict, end: str) -> float | None:
@@ -131,7 +154,11 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
                     "within the two predictions' p10-p90 bands; measure both before choosing."
                 )
     low_thr = _thr(best, "p10")
-    if target > 0 and low_thr is not None and low_thr < target:
+    offered = workload.request_rate_per_s * workload.osl_mean_tokens if workload.arrival == Arrival.POISSON else math.nan
+    if math.isfinite(poisson_capacity([best], workload)[0]) and low_thr is not None and low_thr < offered * (1 - 1e-6):
+        notes.append(f"At its band's low end (p10) the winner's capacity is {low_thr:,.0f} output tokens/s, below the {offered:,.0f} "
+                     f"that arrive: it would fall behind them; more GPUs (stage 4 runs it at {best['utilization']:.0%} of its capacity) cover it.")
+    elif target > 0 and low_thr is not None and low_thr < target:
         notes.append(f"At its band's low end (p10) the winner serves {low_thr:,.0f} output tokens/s, below the {target:,.0f} target; "
                      "a larger --target-throughput margin or more GPUs covers it.")
     for metric, slo, name in (("ttft", workload.ttft_slo_s, "TTFT"), ("tpot", workload.tpot_slo_s, "TPOT")):

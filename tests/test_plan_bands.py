@@ -63,6 +63,22 @@ def test_poisson_throughput_never_exceeds_what_is_offered():
     assert r["output_tokens_per_s_p10"] == pytest.approx(900) and r["output_tokens_per_s_p90"] == pytest.approx(1000)
 
 
+def test_under_poisson_traffic_the_throughput_band_is_the_capacity_s_capped_at_the_rate_sent():
+    """A finalist that keeps up serves the rate sent; the doubt is whether its capacity (the rate sent /
+    stage 4's utilization) covers it: at utilization 0.8 the capacity's p10 (1,250 x 0.9) is above
+    the 1,000 tokens/s sent, at 0.95 (1,053 x 0.9 = 947) below, and the verdict says so. A replayed
+    finalist that falls behind keeps the band of what its replay served."""
+    poisson = dataclasses.replace(CLOSED, arrival=Arrival.POISSON, request_rate_per_s=2.0)  # 1,000 output tokens/s sent
+    roomy, tight, behind = banded([row(utilization=0.8), row(utilization=0.95),
+                                   row(utilization=0.95, replay_falls_behind=True, replay_output_tokens_per_s=800.0, replay_ttft_mean_s=9.0, replay_tpot_mean_s=0.05)], poisson)  # fmt: skip
+    assert roomy["output_tokens_per_s_p10"] == pytest.approx(1000) and roomy["output_tokens_per_s_p90"] == pytest.approx(1000)
+    assert tight["output_tokens_per_s_p10"] == pytest.approx(1000 / 0.95 * 0.9) and tight["output_tokens_per_s_p90"] == pytest.approx(1000)
+    assert behind["output_tokens_per_s_p10"] == pytest.approx(720) and behind["output_tokens_per_s_p90"] == pytest.approx(880)
+    assert verdict([roomy], poisson).notes == () and band_line(roomy).endswith("1,000 output tokens/s at both ends")
+    (note,) = verdict([tight], poisson).notes
+    assert note.startswith("At its band's low end (p10) the winner's capacity is 947 output tokens/s, below the 1,000 that arrive") and "at 95% of its capacity" in note
+
+
 def test_a_runner_up_inside_the_bands_is_a_close_call():
     # Tokens per dollar: 100 against 95 (5% ahead); the winner's p10 (90) is below the runner-up's p90 (104.5).
     v = verdict(banded([row(tokens_per_s=1000.0), row(tokens_per_s=950.0)]), CLOSED)

@@ -84,3 +84,9 @@ def test_a_banded_row_shows_its_throughput_band_and_an_unbanded_one_has_no_colum
     banded = _render(400, {**ROW, "output_tokens_per_s_p10": 1_000.0, "output_tokens_per_s_p90": 1_500.0})
     assert "1,000-1,500" in banded and "p10-p90" in banded
     assert "p10-p90" not in _render(400, ROW)
+
+
+def test_a_finalist_that_falls_behind_its_traffic_says_so_beside_its_replayed_throughput():
+    text = _render(160, dict(TYPICAL, replay_falls_behind=True))
+    assert "2,311 behind" in text and "…" not in text
+    assert "behind" not in _render(160, dict(TYPICAL, replay_falls_behind=False))

@@ -1,4 +1,4 @@
-"""Short labels for figures: GPU names and (GPU, TP, PP, DP) layouts."""
+"""Short labels for figures and tables: GPU names, (GPU, TP, PP, DP) layouts, replayed throughputs."""
 
 from __future__ import annotations
 
@@ -23,3 +23,9 @@ def layout_label(row: dict) -> str:
 
 def gpus_label(names) -> str:
     return ", ".join(gpu_label(n) for n in names)
+
+
+def replay_tokens_cell(row: dict) -> str:
+    """A finalist's replayed output tokens/s for a table cell, with "behind" where the replay found its
+    queue to stop emptying under Poisson traffic (`replay.backlog`), which ranks it last."""
+    return f"{row['replay_output_tokens_per_s']:,.0f}" + (" behind" if row.get("replay_falls_behind") else "")

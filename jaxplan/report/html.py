@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from jaxplan.errors import bad_value
-from jaxplan.plots.labels import split_label
+from jaxplan.plots.labels import replay_tokens_cell, split_label
 
 SECTIONS = (
     ("inputs", "Inputs"),
@@ -193,7 +193,7 @@ def _rows_table(rows: list[dict], caption: str) -> str:
                  r["max_num_batched_tokens"], f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}",
                  f"{r['output_tokens_per_s_per_gpu']:,.0f}", _ms(r["ttft_p99_s"]), _ms(r["tpot_p99_s"]), f"{r['cost_per_million_output_tokens_usd']:.2f}"]
         if replayed:
-            cells += [f"{r['replay_output_tokens_per_s']:,.0f}", _ms(r["replay_ttft_p99_s"]), _ms(r["replay_tpot_p99_s"]), f"{r['replay_slo_attainment']:.0%}"]
+            cells += [replay_tokens_cell(r), _ms(r["replay_ttft_p99_s"]), _ms(r["replay_tpot_p99_s"]), f"{r['replay_slo_attainment']:.0%}"]
         if banded:
             low, high = r.get("output_tokens_per_s_p10"), r.get("output_tokens_per_s_p90")
             cells += ["-" if low is None or high is None else f"{low:,.0f}-{high:,.0f}", r.get("band_class") or "-"]

@@ -9,7 +9,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from jaxplan.physics.steady_state import BOUND_NAMES
-from jaxplan.plots.labels import split_label
+from jaxplan.plots.labels import replay_tokens_cell, split_label
 
 
 def _ms(seconds: float) -> str:
@@ -61,7 +61,7 @@ def _band(r: dict) -> str:
 
 _BAND_COLUMNS = (("tok/s\np10-p90", "right", lambda i, r: _band(r)),)
 _REPLAY_COLUMNS = (
-    ("replay\ntok/s", "right", lambda i, r: f"{r['replay_output_tokens_per_s']:,.0f}"),
+    ("replay\ntok/s", "right", lambda i, r: replay_tokens_cell(r)),
     ("replay\nTTFT p99", "right", lambda i, r: _ms(r["replay_ttft_p99_s"])),
     ("replay\nTPOT p99", "right", lambda i, r: _ms(r["replay_tpot_p99_s"])),
     ("SLO\nmet", "right", lambda i, r: f"{r['replay_slo_attainment']:.0%}"),

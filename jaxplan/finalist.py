@@ -95,7 +95,7 @@ class Finalist:
             required = [REPLAY_PREFIX + f.name for f in dataclasses.fields(ReplayMetrics) if f.default is dataclasses.MISSING]
             if lacking := [n for n in required if n not in row]:
                 raise PlanError(f"a replayed finalist row lacks {', '.join(lacking)}; pass rows a sweep wrote (jaxplan sweep --json)")
-            replay = ReplayMetrics(**{n.removeprefix(REPLAY_PREFIX): _number(row[n]) for n in replay_names if n in row})
+            replay = ReplayMetrics(**{n.removeprefix(REPLAY_PREFIX): _number(row[n], nan_if_null=n in NULL_IS_NAN) for n in replay_names if n in row})
         extra = tuple((k, v) for k, v in row.items() if k not in names and k not in replay_names)
         return cls(**values, replay=replay, extra=extra)
 
@@ -123,9 +123,14 @@ class Finalist:
         return f"{self.num_gpus} x {self.gpu}: {kind_label(self.to_row())}"
 
 
-def _number(value):
-    """JSON writes inf as null: read it back as inf for a metric (never NaN, never None)."""
-    return float("inf") if value is None else value
+# Replay metrics that are NaN where they do not apply (JSON writes both NaN and inf as null).
+NULL_IS_NAN = frozenset({REPLAY_PREFIX + "sustained_output_tokens_per_s"})
+
+
+def _number(value, nan_if_null: bool = False):
+    """JSON writes inf as null: read it back as inf for a metric (never None), or as NaN for a metric
+    that has no value where it does not apply (`NULL_IS_NAN`)."""
+    return (float("nan") if nan_if_null else float("inf")) if value is None else value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ the lower-level functions it wraps: same values, strict JSON that reads back, on
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 import subprocess
 import sys
@@ -241,6 +242,12 @@ def test_a_finalist_row_round_trips_and_keeps_keys_it_does_not_name(plan):
         Finalist.from_row({k: v for k, v in row.items() if k != "num_gpus"})
     with pytest.raises(PlanError, match="lacks replay_score"):
         Finalist.from_row({k: v for k, v in row.items() if k != "replay_score"})
+    # JSON's null: inf for a metric, NaN for the sustained rate that a non-Poisson replay has none of;
+    # a row written before the queue verdict reads as keeping up.
+    read = Finalist.from_row(dict(row, replay_ttft_p99_s=None, replay_sustained_output_tokens_per_s=None)).replay
+    assert read.ttft_p99_s == math.inf and math.isnan(read.sustained_output_tokens_per_s)
+    older = Finalist.from_row({k: v for k, v in row.items() if k not in ("replay_falls_behind", "replay_queue_at_last_arrival", "replay_sustained_output_tokens_per_s")})
+    assert older.replay.falls_behind is False and older.replay.queue_at_last_arrival == 0
 
 
 @pytest.mark.parametrize("edit, fragment", [

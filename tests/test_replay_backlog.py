@@ -95,3 +95,23 @@ def test_a_deployment_falls_behind_when_most_of_its_replicas_do():
         record = (np.tile(arrival, len(replicas)), *(np.concatenate(x) for x in zip(*replicas)))  # arrival, admit, e2e
         replica = np.repeat(np.arange(len(replicas)), n)
         assert one_replica(*record, replica=replica).falls_behind[0] == falls_behind, len(replicas)
+
+
+def test_only_poisson_traffic_is_judged():
+    """The same engine (4 slots, ~0.3 s a request: about 12 requests/s) sent 300 requests three ways:
+    Poisson at 40/s falls behind; a burst of 300 and a closed loop of 16 clients also keep requests
+    waiting, by design, and get no verdict (False, 0 waiting, no sustained rate)."""
+    from jaxplan.replay import ReplayConfig, sample_requests, simulate
+    from jaxplan.replay.testing import affine_step_time
+    from jaxplan.specs.workload import Arrival, Workload
+
+    config = ReplayConfig.create(max_num_seqs=4, max_num_batched_tokens=512, num_kv_blocks=1000, data_parallel_size=1)
+    params = np.array([[2.0**-6, 2.0**-16, 2.0**-10, 2.0**-20]], np.float32)
+    shape = dict(isl_mean_tokens=100, osl_mean_tokens=20, num_requests=300)
+    for arrival, extra, judged in ((Arrival.POISSON, dict(request_rate_per_s=40.0), True), (Arrival.BURST, {}, False), (Arrival.CLOSED, dict(concurrency=16), False)):
+        workload = Workload(name=str(arrival), arrival=arrival, **shape, **extra)
+        m = simulate(config, sample_requests(workload, seed=0), workload, affine_step_time, params)
+        assert bool(m.falls_behind[0]) == judged and (int(m.queue_at_last_arrival[0]) > 100) == judged, arrival
+        assert np.isfinite(m.sustained_output_tokens_per_s[0]) == judged, arrival
+        if judged:  # 4 slots x 20 tokens a request / (20 steps of ~17 ms): about 240 tokens/s
+            assert 150 < float(m.sustained_output_tokens_per_s[0]) < 300, float(m.sustained_output_tokens_per_s[0])

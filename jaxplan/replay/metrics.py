@@ -15,9 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxplan.replay.backlog import backlog
+from jaxplan.replay.backlog import Backlog, backlog
 from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
+from jaxplan.specs.workload import Arrival
 
 PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -56,7 +57,8 @@ class ReplayMetrics(NamedTuple):
     stalled: np.ndarray  # bool: a replica met a request that can never fit its KV cache
     queue_length: np.ndarray  # [F, P] requests arrived and never yet scheduled, at series_time_s
     series_time_s: np.ndarray  # [F, P] sample times, 0 .. duration_s
-    falls_behind: np.ndarray  # bool: the queue stops emptying while requests arrive (`backlog`)
+    # Poisson arrivals only (else False, 0, NaN): `backlog`'s verdict on the waiting queue.
+    falls_behind: np.ndarray  # bool: the queue stops emptying while requests arrive
     queue_at_last_arrival: np.ndarray  # int: requests never yet admitted when the last one arrives
     sustained_output_tokens_per_s: np.ndarray  # output tokens made in the arrivals' last third / its length
 
@@ -85,9 +87,10 @@ def _hist_quantiles(hist, qs):
     return np.where(total > 0, values, np.float32(np.nan))
 
 
-def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int) -> ReplayMetrics:
+def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int, poisson: bool = False) -> ReplayMetrics:
     """Metrics of a trace of NumPy arrays; `scored` [F, R] bool: the requests the latency
-    distributions count (`clients.scored_requests`). Float32, as the replay's records are; sums and
+    distributions count (`clients.scored_requests`); `poisson`: open-loop arrivals, the only ones
+    whose queue is judged (`backlog`). Float32, as the replay's records are; sums and
     percentiles are taken in float64, so that traces equal but for a last bit here and there (loop
     programs of other widths may round differently) summarise alike. Host arithmetic on arrays of
     F x R: a compiled program would cost more to build than this costs to run."""
@@ -120,7 +123,11 @@ def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_
     # requests arrived (admitted) by each sample time: a count in the sorted times (nan, never, sorts last)
     arrived = _count_at_or_before(trace.arrival_s, times)
     admitted = _count_at_or_before(trace.admit_s, times)
-    queue = backlog(trace.arrival_s, trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.output_tokens)
+    num_f = finished.shape[0]
+    if poisson:
+        queue = backlog(trace.arrival_s, trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.output_tokens)
+    else:  # a burst or closed loop's clients wait by design: there is no rate to keep up with
+        queue = Backlog(np.zeros(num_f, bool), np.zeros(num_f, np.int64), np.full(num_f, np.nan))
     return ReplayMetrics(
         ttft=stats[0],
         tpot=stats[1],
@@ -163,4 +170,5 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
     trace = type(trace)(*(np.asarray(x) for x in trace))
     scored = scored_requests(trace.arrival_s, workload)
     with np.errstate(invalid="ignore", divide="ignore"):  # unfinished requests' nan and inf are masked
-        return _summarize(trace, scored, workload.ttft_slo_s, workload.tpot_slo_s, workload.slo_percentile, series_points=series_points)
+        return _summarize(trace, scored, workload.ttft_slo_s, workload.tpot_slo_s, workload.slo_percentile, series_points=series_points,
+                          poisson=workload.arrival == Arrival.POISSON)

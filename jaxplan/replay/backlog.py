@@ -80,12 +80,12 @@ def backlog(arrival_s, admit_s, ttft_s, e2e_s, replica, output_tokens) -> Backlo
     queue = np.sum(submitted & (arrival <= last) & (admit > last), -1)
     # Output tokens made over [start, last], each request's spread evenly from its first token to its
     # last: finishes alone come in waves where requests were admitted together.
-    made = _tokens_by(last, first_token, finish, output_tokens) - _tokens_by(start, first_token, finish, output_tokens)
+    made = tokens_by(last, first_token, finish, output_tokens) - tokens_by(start, first_token, finish, output_tokens)
     sustained = np.sum(made, -1) / np.maximum(last - start, 1e-30)[:, 0]
     return Backlog(falls_behind, queue.astype(np.int64), np.where(last[:, 0] > start[:, 0], sustained, np.nan))
 
 
-def _tokens_by(t_s, first_token_s, finish_s, output_tokens):
+def tokens_by(t_s, first_token_s, finish_s, output_tokens):
     """[F, R] output tokens each request has made by time `t_s` [F, 1]: its first at `first_token_s`,
     the rest evenly until `finish_s` (inf: unfinished, only the first counted)."""
     out = np.asarray(output_tokens, np.float64)[None, :]

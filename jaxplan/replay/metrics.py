@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxplan.replay.backlog import Backlog, backlog
+from jaxplan.replay.burst import extend_burst
 from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
 from jaxplan.specs.workload import Arrival
@@ -87,35 +88,50 @@ def _hist_quantiles(hist, qs):
     return np.where(total > 0, values, np.float32(np.nan))
 
 
-def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int, poisson: bool = False) -> ReplayMetrics:
+def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int, poisson: bool = False, burst_extension=None) -> ReplayMetrics:
     """Metrics of a trace of NumPy arrays; `scored` [F, R] bool: the requests the latency
     distributions count (`clients.scored_requests`); `poisson`: open-loop arrivals, the only ones
-    whose queue is judged (`backlog`). Float32, as the replay's records are; sums and
+    whose queue is judged (`backlog`); `burst_extension`: the requests of a burst beyond the replayed
+    ones (`burst.extend_burst`), counted in the latencies, throughputs and SLO attainment (not in the
+    ITL, the step and KV figures, `completed` or the queue series, which are the replay's own). Float32, as the replay's records are; sums and
     percentiles are taken in float64, so that traces equal but for a last bit here and there (loop
     programs of other widths may round differently) summarise alike. Host arithmetic on arrays of
     F x R: a compiled program would cost more to build than this costs to run."""
     f32 = np.float32
     finished = trace.finish_step >= 0  # [F, R]
-    osl = trace.output_tokens[None, :].astype(f32)
-    isl = trace.prompt_tokens[None, :].astype(f32)
-    decode_s = trace.e2e_s - trace.ttft_s
+    osl = np.broadcast_to(trace.output_tokens[None, :].astype(f32), finished.shape)
+    isl = np.broadcast_to(trace.prompt_tokens[None, :].astype(f32), finished.shape)
+    ttft_s, e2e_s = trace.ttft_s, trace.e2e_s
+    counted = finished.shape[-1]  # [F] after an extension: all the requests the metrics stand for
+    active = trace.replica_active
+    duration = np.max(np.where(active, trace.replica_clock_s, f32(0.0)), -1)
+    if burst_extension is not None:  # the rest of a burst larger than the replay (`burst.extend_burst`)
+        ext = burst_extension
+        added = np.isfinite(ext.e2e_s)
+        finished = np.concatenate([finished, added], -1)
+        osl = np.concatenate([osl, np.broadcast_to(np.mean(osl, -1, keepdims=True), added.shape)], -1)
+        isl = np.concatenate([isl, np.broadcast_to(np.mean(isl, -1, keepdims=True), added.shape)], -1)
+        ttft_s, e2e_s = (np.concatenate([x, y.astype(f32)], -1) for x, y in ((ttft_s, ext.ttft_s), (e2e_s, ext.e2e_s)))
+        scored = np.concatenate([scored, added], -1)
+        counted = counted + np.sum(added, -1)
+        duration = (duration + ext.extra_duration_s).astype(f32)
+    decode_s = e2e_s - ttft_s
     multi = finished & (osl > 1)
     tpot = decode_s / np.maximum(osl - 1, f32(1))
     # One sort for every per-request distribution: rows TTFT, TPOT, e2e.
-    values = np.stack([trace.ttft_s, tpot, trace.e2e_s], axis=1)  # [F, 3, R]
+    values = np.stack([ttft_s, tpot, e2e_s], axis=1)  # [F, 3, R]
     valid = np.stack([finished, multi, finished], axis=1) & scored[:, None, :]
     n = np.sum(valid, -1)
     means = np.where(n > 0, np.sum(np.where(valid, values, 0.0), -1, dtype=np.float64) / np.maximum(n, 1), np.nan).astype(f32)
     pct = _percentiles(values, valid, PERCENTILES + (float(slo_percentile),))  # [F, 3, 4]
     stats = [LatencyStats(means[:, i], pct[:, i, 0], pct[:, i, 1], pct[:, i, 2]) for i in range(3)]
-    gaps = np.sum(np.where(multi, osl - 1, 0.0), -1, dtype=np.float64)
-    itl_mean = np.where(gaps > 0, np.sum(np.where(multi, decode_s, 0.0), -1, dtype=np.float64) / np.maximum(gaps, 1.0), np.nan).astype(f32)
+    real = slice(0, trace.finish_step.shape[-1])  # the replayed requests (the ITL histogram holds theirs)
+    gaps = np.sum(np.where(multi[:, real], osl[:, real] - 1, 0.0), -1, dtype=np.float64)
+    itl_mean = np.where(gaps > 0, np.sum(np.where(multi[:, real], decode_s[:, real], 0.0), -1, dtype=np.float64) / np.maximum(gaps, 1.0), np.nan).astype(f32)
     itl_q = _hist_quantiles(trace.itl_hist, tuple(q / 100 for q in PERCENTILES))
     itl_stats = LatencyStats(itl_mean, itl_q[:, 0], itl_q[:, 1], itl_q[:, 2])
-    active = trace.replica_active
-    duration = np.max(np.where(active, trace.replica_clock_s, f32(0.0)), -1)
     per_s = 1.0 / np.maximum(duration.astype(np.float64), 1e-30)
-    met = finished & (trace.ttft_s <= f32(ttft_slo_s)) & ((tpot <= f32(tpot_slo_s)) | (osl <= 1))
+    met = finished & (ttft_s <= f32(ttft_slo_s)) & ((tpot <= f32(tpot_slo_s)) | (osl <= 1))
     steps = np.sum(np.where(active, trace.replica_steps, 0), -1).astype(np.int32)
     nsteps = np.maximum(steps, 1)
     kv_cap = trace.num_kv_blocks.astype(np.float64)
@@ -139,15 +155,15 @@ def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_
         total_tokens_per_s=(np.sum(np.where(finished, osl + isl, 0.0), -1, dtype=np.float64) * per_s).astype(f32),
         request_throughput_per_s=(np.sum(finished, -1) * per_s).astype(f32),
         goodput_req_per_s=(np.sum(met, -1) * per_s).astype(f32),
-        slo_attainment=(np.sum(met, -1) / finished.shape[-1]).astype(f32),
+        slo_attainment=(np.sum(met, -1) / counted).astype(f32),
         duration_s=duration,
         mean_batch_size=(np.sum(np.where(active, trace.replica_batch_sum, 0.0), -1, dtype=np.float64) / nsteps).astype(f32),
         kv_utilization_mean=(np.sum(np.where(active, trace.replica_kv_sum, 0.0), -1, dtype=np.float64) / nsteps / kv_cap).astype(f32),
         kv_utilization_peak=(np.max(np.where(active, trace.replica_peak_kv_blocks, 0), -1) / kv_cap).astype(f32),
         num_preemptions=np.sum(np.where(active, trace.replica_preemptions, 0), -1).astype(np.int32),
         num_steps=steps,
-        completed=np.sum(finished, -1).astype(np.int32),
-        unfinished=np.sum(~finished, -1).astype(np.int32),
+        completed=np.sum(finished[:, real], -1).astype(np.int32),
+        unfinished=np.sum(~finished[:, real], -1).astype(np.int32),
         stalled=np.any(active & trace.replica_stalled, -1),
         queue_length=(arrived - admitted).astype(np.int32),
         series_time_s=times,
@@ -170,5 +186,8 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
     trace = type(trace)(*(np.asarray(x) for x in trace))
     scored = scored_requests(trace.arrival_s, workload)
     with np.errstate(invalid="ignore", divide="ignore"):  # unfinished requests' nan and inf are masked
+        extension = None
+        if workload.arrival == Arrival.BURST and workload.num_requests > trace.finish_step.shape[-1]:
+            extension = extend_burst(trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.replica_active, trace.output_tokens, workload.num_requests)
         return _summarize(trace, scored, workload.ttft_slo_s, workload.tpot_slo_s, workload.slo_percentile, series_points=series_points,
-                          poisson=workload.arrival == Arrival.POISSON)
+                          poisson=workload.arrival == Arrival.POISSON, burst_extension=extension)

@@ -1,0 +1,120 @@
+"""A burst of N requests replayed as its first M < N, and extended to N by its steady state.
+
+The sweep replays at most a few thousand requests (`funnel.replay_stage.DEFAULT_REQUESTS`), and a
+burst's latencies grow with its size: every request arrives at t = 0 and waits for the ones ahead
+of it, so a replay of the first 2,000 of a 4,096-request batch sees half its queue (its p99 TTFT
+half the whole batch's, `rl-rollout`). Under first-come-first-served admission the first M
+requests of an N-burst are scheduled as in a burst of M until the M-th is admitted: the requests
+behind them wait without taking a slot. After that the M-replay's batch drains while the N-burst's
+stays full, so the N-burst's later requests are admitted at the rate its replicas admitted requests
+while full: each replica's last admissions (the second half of its requests, by admission time),
+`extend_burst`. Each added request gets its replica's typical prefill wait (admission to first
+token) and decode time (first token to last), from the replica's requests that finished while it was
+still admitting; the whole run lasts each replica's replayed time plus its added admissions'.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxplan.replay.backlog import tokens_by as _tokens_by
+
+
+class BurstExtension(NamedTuple):
+    """The requests a replay of the first M of an N-request burst leaves out, [F, N - M] each (s;
+    NaN where a replica's admissions give no rate), and the run's extra length [F] (s)."""
+
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    extra_duration_s: np.ndarray
+
+
+def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, num_requests: int) -> BurstExtension:
+    """The rest of an N-request (`num_requests`) burst from a replay of its first M: first admission,
+    TTFT and e2e times [F, M] (s; NaN: never), replicas [F, M] and output tokens [M] of the replayed
+    requests, active replicas [F, D]. Requests M .. N-1 go round-robin, as request i goes to replica i mod D."""
+    admit = np.asarray(admit_s, np.float64)
+    ttft = np.asarray(ttft_s, np.float64)
+    e2e = np.asarray(e2e_s, np.float64)
+    rep = np.asarray(replica, np.int64)
+    num_f, num_m = admit.shape
+    extra = int(num_requests) - num_m
+    d_max = np.asarray(replica_active).shape[1]
+    dp = np.maximum(np.sum(replica_active, -1), 1)  # [F]
+    rows = np.arange(num_f)[:, None]
+
+    # Each replica's requests in admission order (never-admitted ones last): the steady admission
+    # rate over the second half of them, the last admission, and the typical prefill and decode times.
+    admitted = np.isfinite(admit)
+    count = np.zeros((num_f, d_max), np.int64)
+    np.add.at(count, (rows, rep), admitted)
+    key = np.where(admitted, admit, np.inf)
+    order = np.lexsort((key, rep), axis=-1)
+    s_admit, s_rep = np.take_along_axis(key, order, -1), np.take_along_axis(rep, order, -1)
+    totals = np.zeros((num_f, d_max), np.int64)  # replayed requests of each replica
+    np.add.at(totals, (rows, rep), 1)
+    start = np.cumsum(totals, -1) - totals  # where each replica's requests begin in the sorted order
+    rank = np.arange(num_m)[None, :] - np.take_along_axis(start, s_rep, -1)  # position within its replica
+    half = np.take_along_axis(count, s_rep, -1) // 2
+    late = np.isfinite(s_admit) & (rank >= half)  # the second half of each replica's admissions
+    last = np.full((num_f, d_max), -np.inf)
+    np.maximum.at(last, (rows, s_rep), np.where(np.isfinite(s_admit), s_admit, -np.inf))
+    mid = np.full((num_f, d_max), np.inf)
+    np.minimum.at(mid, (rows, s_rep), np.where(late, s_admit, np.inf))
+    n_late = np.zeros((num_f, d_max), np.int64)
+    np.add.at(n_late, (rows, s_rep), late)
+    # The rate at which slots free while the batch is full: output tokens made over [mid, last] (each
+    # request's spread evenly from its first token to its last) over the mean output length.
+    # Counting admissions instead follows the waves in which requests admitted together finish.
+    finish_s = np.where(np.isfinite(e2e), e2e, np.inf)  # a burst arrives at 0: e2e is the finish time
+    first_s = np.where(np.isfinite(ttft), ttft, np.inf)
+    window = [np.take_along_axis(x, rep, -1) for x in (mid, last)]
+    made = _tokens_by(window[1], first_s, finish_s, output_tokens) - _tokens_by(window[0], first_s, finish_s, output_tokens)
+    made_by = np.zeros((num_f, d_max))
+    np.add.at(made_by, (rows, rep), np.where(np.isfinite(window[0]), made, 0.0))
+    mean_osl = float(np.mean(output_tokens))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where((n_late >= 2) & (last > mid), made_by / (last - mid) / mean_osl, np.nan)  # requests/s
+
+    # Typical prefill wait and decode time of a replica's requests that finished while it still admitted.
+    done_full = admitted & np.isfinite(e2e) & (e2e - ttft >= 0)
+    finish = np.where(done_full, e2e, np.nan)  # arrival is 0 in a burst: e2e is the finish time
+    steady = done_full & (finish <= np.take_along_axis(last, rep, -1))
+    steady = np.where(np.any(steady, -1, keepdims=True), steady, done_full)
+    prefill_wait = _median_by_replica(ttft - admit, steady, rep, d_max)
+    decode = _median_by_replica(e2e - ttft, steady, rep, d_max)
+
+    # The added requests: overall index g = M + j, replica g mod D, the (g div D - M_d + 1)-th beyond
+    # the replayed ones on that replica.
+    g = num_m + np.arange(max(extra, 0))[None, :]
+    d = g % dp[:, None]
+    beyond = g // dp[:, None] - np.take_along_axis(totals, d, -1) + 1
+    admit_v = np.take_along_axis(last, d, -1) + beyond / np.take_along_axis(rate, d, -1)
+    ttft_v = admit_v + np.take_along_axis(prefill_wait, d, -1)
+    e2e_v = ttft_v + np.take_along_axis(decode, d, -1)
+    # Each replica runs as long as replayed plus its added admissions at its rate.
+    added = np.zeros((num_f, d_max), np.int64)
+    np.add.at(added, (np.broadcast_to(rows, d.shape), d), 1)
+    with np.errstate(invalid="ignore"):
+        extra_s = np.max(np.where(added > 0, added / rate, 0.0), -1, initial=0.0)
+    # A replica that admitted all its replayed requests at once has no rate to go by: such a
+    # finalist's replay stands for its first M requests only.
+    whole = np.all(np.isfinite(e2e_v), -1, keepdims=True)
+    return BurstExtension(np.where(whole, ttft_v, np.nan), np.where(whole, e2e_v, np.nan), np.where(whole[:, 0], extra_s, 0.0))
+
+
+def _median_by_replica(values, mask, rep, d_max):
+    """[F, D] median (the lower middle element) of `values` [F, M] over the entries in `mask` of each
+    replica (NaN where none): one sort by (replica, value)."""
+    num_f = values.shape[0]
+    rows = np.arange(num_f)[:, None]
+    order = np.lexsort((np.where(mask, values, np.inf), np.where(mask, rep, d_max)), axis=-1)
+    sorted_values = np.take_along_axis(np.where(mask, values, np.inf), order, -1)
+    counts = np.zeros((num_f, d_max + 1), np.int64)
+    np.add.at(counts, (rows, np.where(mask, rep, d_max)), 1)
+    counts = counts[:, :d_max]
+    middle = np.cumsum(counts, -1) - counts + np.maximum(counts - 1, 0) // 2
+    picked = np.take_along_axis(sorted_values, np.minimum(middle, values.shape[1] - 1), -1)
+    return np.where(counts > 0, picked, np.nan)

@@ -6,11 +6,11 @@ of it, so a replay of the first 2,000 of a 4,096-request batch sees half its que
 half the whole batch's, `rl-rollout`). Under first-come-first-served admission the first M
 requests of an N-burst are scheduled as in a burst of M until the M-th is admitted: the requests
 behind them wait without taking a slot. After that the M-replay's batch drains while the N-burst's
-stays full, so the N-burst's later requests are admitted at the rate its replicas admitted requests
-while full: each replica's last admissions (the second half of its requests, by admission time),
-`extend_burst`. Each added request gets its replica's typical prefill wait (admission to first
-token) and decode time (first token to last), from the replica's requests that finished while it was
-still admitting; the whole run lasts each replica's replayed time plus its added admissions'.
+stays full, so the N-burst's later requests are admitted at the rate each replica frees slots while
+full: the output tokens it made over the second half of its admissions over the mean output length
+(`extend_burst`). Each added request repeats one of its replica's late admissions, lengths, prefill
+wait (admission to first token) and TPOT, the TPOT scaled to the replica's full batch; the whole run
+lasts each replica's replayed time plus its added admissions'.
 """
 
 from __future__ import annotations
@@ -28,7 +28,13 @@ class BurstExtension(NamedTuple):
 
     ttft_s: np.ndarray
     e2e_s: np.ndarray
+    source: np.ndarray  # int: the replayed request whose lengths each repeats
     extra_duration_s: np.ndarray
+
+
+def half_of(count):
+    """The first of a replica's `count` admissions that counts as late (the second half)."""
+    return count // 2
 
 
 def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, num_requests: int) -> BurstExtension:
@@ -57,7 +63,7 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     np.add.at(totals, (rows, rep), 1)
     start = np.cumsum(totals, -1) - totals  # where each replica's requests begin in the sorted order
     rank = np.arange(num_m)[None, :] - np.take_along_axis(start, s_rep, -1)  # position within its replica
-    half = np.take_along_axis(count, s_rep, -1) // 2
+    half = np.take_along_axis(half_of(count), s_rep, -1)
     late = np.isfinite(s_admit) & (rank >= half)  # the second half of each replica's admissions
     last = np.full((num_f, d_max), -np.inf)
     np.maximum.at(last, (rows, s_rep), np.where(np.isfinite(s_admit), s_admit, -np.inf))
@@ -78,22 +84,34 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = np.where((n_late >= 2) & (last > mid), made_by / (last - mid) / mean_osl, np.nan)  # requests/s
 
-    # Typical prefill wait and decode time of a replica's requests that finished while it still admitted.
-    done_full = admitted & np.isfinite(e2e) & (e2e - ttft >= 0)
-    finish = np.where(done_full, e2e, np.nan)  # arrival is 0 in a burst: e2e is the finish time
-    steady = done_full & (finish <= np.take_along_axis(last, rep, -1))
-    steady = np.where(np.any(steady, -1, keepdims=True), steady, done_full)
-    prefill_wait = _median_by_replica(ttft - admit, steady, rep, d_max)
-    decode = _median_by_replica(e2e - ttft, steady, rep, d_max)
-
     # The added requests: overall index g = M + j, replica g mod D, the (g div D - M_d + 1)-th beyond
-    # the replayed ones on that replica.
+    # the replayed ones on that replica. Each repeats one of its replica's late admissions (in turn):
+    # their lengths are the workload's (first come, first served picks no length), and so is their
+    # prefill wait; each decodes at its source's TPOT scaled to the replica's full-batch TPOT, the
+    # median over the requests that finished before its last admission (later ones decode partly in
+    # the replay's drain, faster).
     g = num_m + np.arange(max(extra, 0))[None, :]
     d = g % dp[:, None]
     beyond = g // dp[:, None] - np.take_along_axis(totals, d, -1) + 1
     admit_v = np.take_along_axis(last, d, -1) + beyond / np.take_along_axis(rate, d, -1)
-    ttft_v = admit_v + np.take_along_axis(prefill_wait, d, -1)
-    e2e_v = ttft_v + np.take_along_axis(decode, d, -1)
+    n_src = np.maximum(np.take_along_axis(n_late, d, -1), 1)
+    position = np.take_along_axis(start + half_of(count), d, -1) + (beyond - 1) % n_src
+    source = np.take_along_axis(order, np.clip(position, 0, num_m - 1), -1)  # [F, E] replayed request each repeats
+    out = np.asarray(output_tokens, np.float64)
+    src_wait = np.take_along_axis(ttft - admit, source, -1)
+    finished_full = admitted & np.isfinite(e2e) & (e2e <= np.take_along_axis(last, rep, -1)) & (out[None, :] > 1)
+    finished_full = np.where(np.any(finished_full, -1, keepdims=True), finished_full, admitted & np.isfinite(e2e) & (out[None, :] > 1))
+    tpot_all = (e2e - ttft) / np.maximum(out[None, :] - 1, 1)
+    full_batch = _mean_by_replica(tpot_all, finished_full, rep, d_max)
+    late_by_request = np.zeros((num_f, num_m), bool)
+    np.put_along_axis(late_by_request, order, late, -1)
+    late_tpot = _mean_by_replica(tpot_all, late_by_request & np.isfinite(tpot_all) & (out[None, :] > 1), rep, d_max)
+    # The source's own TPOT, scaled from the late admissions' level to the full batch's: the spread
+    # between requests stays (a p99 of copies at one median would understate it).
+    shift = np.take_along_axis(np.nan_to_num(full_batch - late_tpot), d, -1)
+    src_tpot = np.take_along_axis(tpot_all, source, -1)
+    ttft_v = admit_v + src_wait
+    e2e_v = ttft_v + (out[source] - 1) * (src_tpot + shift)
     # Each replica runs as long as replayed plus its added admissions at its rate.
     added = np.zeros((num_f, d_max), np.int64)
     np.add.at(added, (np.broadcast_to(rows, d.shape), d), 1)
@@ -102,7 +120,7 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     # A replica that admitted all its replayed requests at once has no rate to go by: such a
     # finalist's replay stands for its first M requests only.
     whole = np.all(np.isfinite(e2e_v), -1, keepdims=True)
-    return BurstExtension(np.where(whole, ttft_v, np.nan), np.where(whole, e2e_v, np.nan), np.where(whole[:, 0], extra_s, 0.0))
+    return BurstExtension(np.where(whole, ttft_v, np.nan), np.where(whole, e2e_v, np.nan), source, np.where(whole[:, 0], extra_s, 0.0))
 
 
 def _median_by_replica(values, mask, rep, d_max):
@@ -118,3 +136,14 @@ def _median_by_replica(values, mask, rep, d_max):
     middle = np.cumsum(counts, -1) - counts + np.maximum(counts - 1, 0) // 2
     picked = np.take_along_axis(sorted_values, np.minimum(middle, values.shape[1] - 1), -1)
     return np.where(counts > 0, picked, np.nan)
+
+
+def _mean_by_replica(values, mask, rep, d_max):
+    """[F, D] mean of `values` [F, M] over the entries in `mask` of each replica (NaN where none)."""
+    num_f = values.shape[0]
+    rows = np.arange(num_f)[:, None]
+    total, count = np.zeros((num_f, d_max)), np.zeros((num_f, d_max))
+    np.add.at(total, (rows, rep), np.where(mask, values, 0.0))
+    np.add.at(count, (rows, rep), mask)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan)

@@ -109,8 +109,8 @@ def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_
         ext = burst_extension
         added = np.isfinite(ext.e2e_s)
         finished = np.concatenate([finished, added], -1)
-        osl = np.concatenate([osl, np.broadcast_to(np.mean(osl, -1, keepdims=True), added.shape)], -1)
-        isl = np.concatenate([isl, np.broadcast_to(np.mean(isl, -1, keepdims=True), added.shape)], -1)
+        osl = np.concatenate([osl, trace.output_tokens[ext.source].astype(f32)], -1)
+        isl = np.concatenate([isl, trace.prompt_tokens[ext.source].astype(f32)], -1)
         ttft_s, e2e_s = (np.concatenate([x, y.astype(f32)], -1) for x, y in ((ttft_s, ext.ttft_s), (e2e_s, ext.e2e_s)))
         scored = np.concatenate([scored, added], -1)
         counted = counted + np.sum(added, -1)

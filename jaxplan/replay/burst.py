@@ -9,8 +9,8 @@ behind them wait without taking a slot. After that the M-replay's batch drains w
 stays full, so the N-burst's later requests are admitted at the rate each replica frees slots while
 full: the output tokens it made over the second half of its admissions over the mean output length
 (`extend_burst`). Each added request repeats one of its replica's late admissions, lengths, prefill
-wait (admission to first token) and TPOT, the TPOT scaled to the replica's full batch; the whole run
-lasts each replica's replayed time plus its added admissions'.
+wait (admission to first token) and TPOT, the TPOT shifted to the replica's full-batch mean; the
+whole run lasts each replica's replayed time plus its added admissions'.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     dp = np.maximum(np.sum(replica_active, -1), 1)  # [F]
     rows = np.arange(num_f)[:, None]
 
-    # Each replica's requests in admission order (never-admitted ones last): the steady admission
-    # rate over the second half of them, the last admission, and the typical prefill and decode times.
+    # Each replica's requests in admission order (never-admitted ones last): its last admission and
+    # the second half of its admissions (`late`), from `mid` on.
     admitted = np.isfinite(admit)
     count = np.zeros((num_f, d_max), np.int64)
     np.add.at(count, (rows, rep), admitted)
@@ -87,9 +87,9 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     # The added requests: overall index g = M + j, replica g mod D, the (g div D - M_d + 1)-th beyond
     # the replayed ones on that replica. Each repeats one of its replica's late admissions (in turn):
     # their lengths are the workload's (first come, first served picks no length), and so is their
-    # prefill wait; each decodes at its source's TPOT scaled to the replica's full-batch TPOT, the
-    # median over the requests that finished before its last admission (later ones decode partly in
-    # the replay's drain, faster).
+    # prefill wait; each decodes at its source's TPOT shifted by the replica's full-batch mean TPOT
+    # (over the requests that finished before its last admission) minus its late admissions' (who
+    # decode partly in the replay's drain, faster).
     g = num_m + np.arange(max(extra, 0))[None, :]
     d = g % dp[:, None]
     beyond = g // dp[:, None] - np.take_along_axis(totals, d, -1) + 1
@@ -106,8 +106,8 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     late_by_request = np.zeros((num_f, num_m), bool)
     np.put_along_axis(late_by_request, order, late, -1)
     late_tpot = _mean_by_replica(tpot_all, late_by_request & np.isfinite(tpot_all) & (out[None, :] > 1), rep, d_max)
-    # The source's own TPOT, scaled from the late admissions' level to the full batch's: the spread
-    # between requests stays (a p99 of copies at one median would understate it).
+    # The source's own TPOT, shifted: the spread between requests stays (a p99 over copies of one
+    # typical TPOT would understate it).
     shift = np.take_along_axis(np.nan_to_num(full_batch - late_tpot), d, -1)
     src_tpot = np.take_along_axis(tpot_all, source, -1)
     ttft_v = admit_v + src_wait
@@ -121,21 +121,6 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     # finalist's replay stands for its first M requests only.
     whole = np.all(np.isfinite(e2e_v), -1, keepdims=True)
     return BurstExtension(np.where(whole, ttft_v, np.nan), np.where(whole, e2e_v, np.nan), source, np.where(whole[:, 0], extra_s, 0.0))
-
-
-def _median_by_replica(values, mask, rep, d_max):
-    """[F, D] median (the lower middle element) of `values` [F, M] over the entries in `mask` of each
-    replica (NaN where none): one sort by (replica, value)."""
-    num_f = values.shape[0]
-    rows = np.arange(num_f)[:, None]
-    order = np.lexsort((np.where(mask, values, np.inf), np.where(mask, rep, d_max)), axis=-1)
-    sorted_values = np.take_along_axis(np.where(mask, values, np.inf), order, -1)
-    counts = np.zeros((num_f, d_max + 1), np.int64)
-    np.add.at(counts, (rows, np.where(mask, rep, d_max)), 1)
-    counts = counts[:, :d_max]
-    middle = np.cumsum(counts, -1) - counts + np.maximum(counts - 1, 0) // 2
-    picked = np.take_along_axis(sorted_values, np.minimum(middle, values.shape[1] - 1), -1)
-    return np.where(counts > 0, picked, np.nan)
 
 
 def _mean_by_replica(values, mask, rep, d_max):

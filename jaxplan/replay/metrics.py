@@ -6,7 +6,9 @@ output token); ITL pools every gap between consecutive tokens of a request
 (its mean is exact; percentiles come from a log-spaced histogram, ~1% bins);
 e2e = last token - arrival. Only finished requests count. Throughputs divide
 finished requests' tokens by the duration (until the last step of any
-replica ended). Goodput counts finished requests meeting both SLOs.
+replica ended). Goodput counts finished requests meeting both SLOs. A burst larger than the
+replay (the workload's num_requests above the replayed count) is extended to its whole size
+(`burst.extend_burst`); a Poisson replay's queue is judged (`backlog`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class ReplayMetrics(NamedTuple):
     kv_utilization_peak: np.ndarray  # most KV blocks in use in one step / num_kv_blocks
     num_preemptions: np.ndarray  # int32, all replicas
     num_steps: np.ndarray  # int32 scheduler steps, all replicas
-    completed: np.ndarray  # int32 finished requests
-    unfinished: np.ndarray  # int32 requests not finished (loop limit, or stalled)
+    completed: np.ndarray  # int32 finished requests (of those replayed)
+    unfinished: np.ndarray  # int32 requests not finished (loop limit, or stalled; of those replayed)
     stalled: np.ndarray  # bool: a replica met a request that can never fit its KV cache
     queue_length: np.ndarray  # [F, P] requests arrived and never yet scheduled, at series_time_s
     series_time_s: np.ndarray  # [F, P] sample times, 0 .. duration_s
@@ -91,12 +93,13 @@ def _hist_quantiles(hist, qs):
 def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int, poisson: bool = False, burst_extension=None) -> ReplayMetrics:
     """Metrics of a trace of NumPy arrays; `scored` [F, R] bool: the requests the latency
     distributions count (`clients.scored_requests`); `poisson`: open-loop arrivals, the only ones
-    whose queue is judged (`backlog`); `burst_extension`: the requests of a burst beyond the replayed
-    ones (`burst.extend_burst`), counted in the latencies, throughputs and SLO attainment (not in the
-    ITL, the step and KV figures, `completed` or the queue series, which are the replay's own). Float32, as the replay's records are; sums and
-    percentiles are taken in float64, so that traces equal but for a last bit here and there (loop
-    programs of other widths may round differently) summarise alike. Host arithmetic on arrays of
-    F x R: a compiled program would cost more to build than this costs to run."""
+    whose queue is judged (`backlog`); `burst_extension`: the requests of a burst beyond the
+    replayed ones (`burst.extend_burst`), counted in the latencies, throughputs and SLO attainment
+    (not in the ITL, the step and KV figures, `completed` or the queue series: the replay's own).
+    Float32, as the replay's records are; sums and percentiles are taken in float64, so that traces
+    equal but for a last bit here and there (loop programs of other widths may round differently)
+    summarise alike. Host arithmetic on arrays of F x R: a compiled program would cost more to build
+    than this costs to run."""
     f32 = np.float32
     finished = trace.finish_step >= 0  # [F, R]
     osl = np.broadcast_to(trace.output_tokens[None, :].astype(f32), finished.shape)

@@ -96,8 +96,10 @@ def test_a_shortened_closed_loop_counts_its_first_wave_at_the_whole_runs_share()
 def test_the_sweeps_shortened_replay_of_a_closed_loop_matches_the_whole_run(monkeypatch):
     """32 clients, a 1,280-request run (first wave 2.5%) replayed at 320 requests, as the sweep caps a
     long run: counted as is, the wave would weigh 10% and the mean TTFT come out ~1.5x the whole
-    run's; thinned to the run's share it is within 15% of it (measured: 137 ms whole, 203 ms counted
-    as is)."""
+    run's (measured: 132 ms whole, 208 ms as is). Extended to the whole run (`replay.burst`: the
+    other 960 repeat late requests at the full loop's completion rate, the first wave then weighs
+    its share) it is within 10% (140 ms), the p99 TTFT, TPOT and throughput within 5% (the
+    throughput 1,026 against 1,002 output tok/s; the 320-request run's own: 991)."""
     import jaxplan.replay as replay
 
     row = dict(model="llama-3.1-8b", gpu="h100_sxm", tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
@@ -108,5 +110,6 @@ def test_the_sweeps_shortened_replay_of_a_closed_loop_matches_the_whole_run(monk
     monkeypatch.setattr(replay, "sample_requests", lambda workload, n, seed: real(workload, 320, seed))
     capped = replay_predict_rows([row])[0]  # 320 replayed of a 1,280-request workload
     assert as_is["ttft_ms_mean"] > 1.3 * whole["ttft_ms_mean"]
-    assert capped["ttft_ms_mean"] == pytest.approx(whole["ttft_ms_mean"], rel=0.15)
-    assert capped["tpot_ms_mean"] == pytest.approx(whole["tpot_ms_mean"], rel=0.05)
+    assert capped["ttft_ms_mean"] == pytest.approx(whole["ttft_ms_mean"], rel=0.10)
+    for column in ("ttft_ms_p99", "tpot_ms_mean", "output_tok_s"):
+        assert capped[column] == pytest.approx(whole[column], rel=0.05), column

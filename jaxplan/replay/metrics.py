@@ -6,9 +6,9 @@ output token); ITL pools every gap between consecutive tokens of a request
 (its mean is exact; percentiles come from a log-spaced histogram, ~1% bins);
 e2e = last token - arrival. Only finished requests count. Throughputs divide
 finished requests' tokens by the duration (until the last step of any
-replica ended). Goodput counts finished requests meeting both SLOs. A burst larger than the
-replay (the workload's num_requests above the replayed count) is extended to its whole size
-(`burst.extend_burst`); a Poisson replay's queue is judged (`backlog`).
+replica ended). Goodput counts finished requests meeting both SLOs. A burst or closed loop
+longer than the replay (the workload's num_requests above the replayed count) is extended to its
+whole length (`burst.extend_burst`); a Poisson replay's queue is judged (`backlog`).
 """
 
 from __future__ import annotations
@@ -190,7 +190,11 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
     scored = scored_requests(trace.arrival_s, workload)
     with np.errstate(invalid="ignore", divide="ignore"):  # unfinished requests' nan and inf are masked
         extension = None
-        if workload.arrival == Arrival.BURST and workload.num_requests > trace.finish_step.shape[-1]:
-            extension = extend_burst(trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.replica_active, trace.output_tokens, workload.num_requests)
+        if workload.arrival != Arrival.POISSON and workload.num_requests > trace.finish_step.shape[-1]:
+            closed = workload.arrival == Arrival.CLOSED
+            extension = extend_burst(trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.replica_active, trace.output_tokens,
+                                     workload.num_requests, arrival_s=trace.arrival_s if closed else None)
+            if closed:  # the added requests dilute the first wave to its share of the run: no thinning
+                scored = np.where(np.all(np.isfinite(extension.e2e_s), -1, keepdims=True), True, scored)
         return _summarize(trace, scored, workload.ttft_slo_s, workload.tpot_slo_s, workload.slo_percentile, series_points=series_points,
                           poisson=workload.arrival == Arrival.POISSON, burst_extension=extension)

@@ -96,7 +96,7 @@ def test_a_shortened_closed_loop_counts_its_first_wave_at_the_whole_runs_share()
 def test_the_sweeps_shortened_replay_of_a_closed_loop_matches_the_whole_run(monkeypatch):
     """32 clients, a 1,280-request run (first wave 2.5%) replayed at 320 requests, as the sweep caps a
     long run: counted as is, the wave would weigh 10% and the mean TTFT come out ~1.5x the whole
-    run's (measured: 132 ms whole, 208 ms as is). Extended to the whole run (`replay.burst`: the
+    run's (measured: 132 ms whole, 208 ms as is). Extended to the whole run (`replay.extension`: the
     other 960 repeat late requests at the full loop's completion rate, the first wave then weighs
     its share) it is within 10% (140 ms), the p99 TTFT, TPOT and throughput within 5% (the
     throughput 1,026 against 1,002 output tok/s; the 320-request run's own: 991)."""

@@ -18,7 +18,7 @@ a choice inside a flat range, not a fit. Only the first wave, which starts
 together, waits for the others' prefills; its weight is concurrency / requests,
 so the request count (`num_prompts`) matters to a benchmark's mean TTFT. Where
 the replay runs fewer requests than the workload's run (the sweep replays at most
-2,000), the run is extended to its whole length (`burst.extend_burst`), which
+2,000), the run is extended to its whole length (`extension.extend_run`), which
 weighs the first wave at its share; where it cannot be (no steady rate to go by),
 `scored_requests` thins the first wave in the latency statistics back to that share.
 """

@@ -8,7 +8,7 @@ e2e = last token - arrival. Only finished requests count. Throughputs divide
 finished requests' tokens by the duration (until the last step of any
 replica ended). Goodput counts finished requests meeting both SLOs. A burst or closed loop
 longer than the replay (the workload's num_requests above the replayed count) is extended to its
-whole length (`burst.extend_burst`); a Poisson replay's queue is judged (`backlog`).
+whole length (`extension.extend_run`); a Poisson replay's queue is judged (`backlog`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxplan.replay.backlog import Backlog, backlog
-from jaxplan.replay.burst import extend_burst
+from jaxplan.replay.extension import extend_run
 from jaxplan.replay.clients import scored_requests
 from jaxplan.replay.state import ITL_BINS, itl_bin_value
 from jaxplan.specs.workload import Arrival
@@ -90,11 +90,11 @@ def _hist_quantiles(hist, qs):
     return np.where(total > 0, values, np.float32(np.nan))
 
 
-def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int, poisson: bool = False, burst_extension=None) -> ReplayMetrics:
+def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_points: int, poisson: bool = False, extension=None) -> ReplayMetrics:
     """Metrics of a trace of NumPy arrays; `scored` [F, R] bool: the requests the latency
     distributions count (`clients.scored_requests`); `poisson`: open-loop arrivals, the only ones
-    whose queue is judged (`backlog`); `burst_extension`: the requests of a burst beyond the
-    replayed ones (`burst.extend_burst`), counted in the latencies, throughputs and SLO attainment
+    whose queue is judged (`backlog`); `extension`: the requests of a burst or closed loop beyond
+    the replayed ones (`extension.extend_run`), counted in the latencies, throughputs and SLO attainment
     (not in the ITL, the step and KV figures, `completed` or the queue series: the replay's own).
     Float32, as the replay's records are; sums and percentiles are taken in float64, so that traces
     equal but for a last bit here and there (loop programs of other widths may round differently)
@@ -108,8 +108,8 @@ def _summarize(trace, scored, ttft_slo_s, tpot_slo_s, slo_percentile, *, series_
     counted = finished.shape[-1]  # [F] after an extension: all the requests the metrics stand for
     active = trace.replica_active
     duration = np.max(np.where(active, trace.replica_clock_s, f32(0.0)), -1)
-    if burst_extension is not None:  # the rest of a burst larger than the replay (`burst.extend_burst`)
-        ext = burst_extension
+    if extension is not None:  # the rest of a run longer than the replay (`extension.extend_run`)
+        ext = extension
         added = np.isfinite(ext.e2e_s)
         finished = np.concatenate([finished, added], -1)
         osl = np.concatenate([osl, trace.output_tokens[ext.source].astype(f32)], -1)
@@ -192,9 +192,9 @@ def summarize(trace, workload, *, series_points: int = 64) -> ReplayMetrics:
         extension = None
         if workload.arrival != Arrival.POISSON and workload.num_requests > trace.finish_step.shape[-1]:
             closed = workload.arrival == Arrival.CLOSED
-            extension = extend_burst(trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.replica_active, trace.output_tokens,
+            extension = extend_run(trace.admit_s, trace.ttft_s, trace.e2e_s, trace.replica, trace.replica_active, trace.output_tokens,
                                      workload.num_requests, arrival_s=trace.arrival_s if closed else None)
             if closed:  # the added requests dilute the first wave to its share of the run: no thinning
                 scored = np.where(np.all(np.isfinite(extension.e2e_s), -1, keepdims=True), True, scored)
         return _summarize(trace, scored, workload.ttft_slo_s, workload.tpot_slo_s, workload.slo_percentile, series_points=series_points,
-                          poisson=workload.arrival == Arrival.POISSON, burst_extension=extension)
+                          poisson=workload.arrival == Arrival.POISSON, extension=extension)

@@ -15,8 +15,8 @@ per-step state, so the series are reconstructed from those times. Approximation:
 * *output tokens/s* is a bin average: a finished request's first token is produced at its
   first-token time and the other output tokens evenly until its last token (unfinished requests
   are left out, as in `ReplayMetrics.output_tokens_per_s`, whose value the series averages to,
-  except for a burst larger than the replay, whose metrics count the requests `burst` adds and
-  whose series show the replayed ones).
+  except for a burst or closed loop longer than the replay, whose metrics count the requests
+  `extension` adds and whose series show the replayed ones).
 
 All quantities sum over replicas. Vectorised: each series is a difference of sorted cumulative
 sums looked up with `searchsorted` (O(R log R) per finalist, no loop over requests).

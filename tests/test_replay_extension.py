@@ -1,4 +1,4 @@
-"""`replay.burst`: a burst or closed loop replayed as its first M requests and extended to all N of them.
+"""`replay.extension`: a burst or closed loop replayed as its first M requests and extended to all N of them.
 
 Checked by hand on a one-slot server whose continuation is known exactly, and against the replay of
 the whole burst (an independent computation: the same scheduler over all N requests) on a
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxplan.replay import ReplayConfig, sample_requests, simulate
-from jaxplan.replay.burst import extend_burst
+from jaxplan.replay.extension import extend_run
 from jaxplan.replay.testing import affine_step_time
 from jaxplan.specs.workload import Arrival, LengthDistribution, Workload
 
@@ -23,7 +23,7 @@ def test_a_one_slot_server_continues_as_it_ran():
     with the same 0.1 s to a first token and 0.9 s of decode, and the run lasts 10 s longer."""
     m, n = 10, 20
     admit = np.arange(m, dtype=np.float64)[None, :]
-    ext = extend_burst(admit, admit + 0.1, admit + 1.0, np.zeros((1, m), np.int64), np.ones((1, 1), bool), np.full(m, 11), n)
+    ext = extend_run(admit, admit + 0.1, admit + 1.0, np.zeros((1, m), np.int64), np.ones((1, 1), bool), np.full(m, 11), n)
     np.testing.assert_allclose(ext.ttft_s[0], np.arange(m, n) + 0.1)
     np.testing.assert_allclose(ext.e2e_s[0], np.arange(m, n) + 1.0)
     np.testing.assert_allclose(ext.extra_duration_s, [10.0])
@@ -32,7 +32,7 @@ def test_a_one_slot_server_continues_as_it_ran():
 def test_requests_that_all_found_a_slot_at_once_give_no_rate_and_no_extension():
     m = 10
     zeros = np.zeros((1, m))
-    ext = extend_burst(zeros, zeros + 0.1, zeros + 1.0, np.zeros((1, m), np.int64), np.ones((1, 1), bool), np.full(m, 11), 30)
+    ext = extend_run(zeros, zeros + 0.1, zeros + 1.0, np.zeros((1, m), np.int64), np.ones((1, 1), bool), np.full(m, 11), 30)
     assert np.isnan(ext.ttft_s).all() and np.isnan(ext.e2e_s).all() and ext.extra_duration_s[0] == 0.0
 
 

@@ -8,7 +8,7 @@ requests of an N-burst are scheduled as in a burst of M until the M-th is admitt
 behind them wait without taking a slot. After that the M-replay's batch drains while the N-burst's
 stays full, so the N-burst's later requests are admitted at the rate each replica frees slots while
 full: the output tokens it made over the second half of its admissions over the mean output length
-(`extend_burst`). Each added request repeats one of its replica's late admissions, lengths, prefill
+(`extend_run`). Each added request repeats one of its replica's late admissions, lengths, prefill
 wait (admission to first token) and TPOT, the TPOT shifted to the replica's full-batch mean; the
 whole run lasts each replica's replayed time plus its added admissions'.
 
@@ -18,6 +18,7 @@ by 12-16% for the chat traffic of 256 clients replayed at 2,000 of 5,000 request
 first wave more: the added requests repeat late ones' latencies as they are, and the run grows by
 the same rate.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -27,8 +28,8 @@ import numpy as np
 from jaxplan.replay.backlog import tokens_by as _tokens_by
 
 
-class BurstExtension(NamedTuple):
-    """The requests a replay of the first M of an N-request burst leaves out, [F, N - M] each (s;
+class RunExtension(NamedTuple):
+    """The requests a replay of the first M of an N-request run leaves out, [F, N - M] each (s;
     NaN where a replica's admissions give no rate), and the run's extra length [F] (s)."""
 
     ttft_s: np.ndarray
@@ -42,7 +43,7 @@ def half_of(count):
     return count // 2
 
 
-def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, num_requests: int, arrival_s=None) -> BurstExtension:
+def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, num_requests: int, arrival_s=None) -> RunExtension:
     """The rest of an N-request (`num_requests`) run from a replay of its first M: first admission,
     TTFT and e2e times [F, M] (s; NaN: never), replicas [F, M] and output tokens [M] of the replayed
     requests, active replicas [F, D]. Requests M .. N-1 go round-robin, as request i goes to replica
@@ -131,7 +132,7 @@ def extend_burst(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens,
     # A replica that admitted all its replayed requests at once has no rate to go by: such a
     # finalist's replay stands for its first M requests only.
     whole = np.all(np.isfinite(e2e_v), -1, keepdims=True)
-    return BurstExtension(np.where(whole, ttft_v, np.nan), np.where(whole, e2e_v, np.nan), source, np.where(whole[:, 0], extra_s, 0.0))
+    return RunExtension(np.where(whole, ttft_v, np.nan), np.where(whole, e2e_v, np.nan), source, np.where(whole[:, 0], extra_s, 0.0))
 
 
 def _mean_by_replica(values, mask, rep, d_max):

@@ -78,3 +78,22 @@ def test_a_closed_loop_replayed_in_part_is_extended_to_its_whole_run():
     for name in ("ttft.mean_s", "tpot.mean_s", "tpot.p99_s", "output_tokens_per_s"):
         get = lambda m, name=name: np.asarray(eval("m." + name), np.float64)  # noqa: E731
         np.testing.assert_allclose(get(extended), get(whole), rtol=0.03, err_msg=name)
+
+
+def test_a_long_run_is_represented_by_an_even_spread_of_its_added_requests(monkeypatch):
+    """A 30x longer run than the 1-slot one above, with at most one added request materialised per
+    replayed one: the added ones are spread evenly over the whole run (the last admitted near its
+    end), and the run's length counts all of them."""
+    import jaxplan.replay.extension as extension
+
+    m, n = 10, 300
+    admit = np.arange(m, dtype=np.float64)[None, :]
+    args = (admit, admit + 0.1, admit + 1.0, np.zeros((1, m), np.int64), np.ones((1, 1), bool), np.full(m, 11), n)
+    whole = extension.extend_run(*args)
+    monkeypatch.setattr(extension, "MAX_ADDED_PER_REPLAYED", 1)
+    spread = extension.extend_run(*args)
+    assert whole.ttft_s.shape == (1, n - m) and spread.ttft_s.shape == (1, m)
+    np.testing.assert_allclose(spread.extra_duration_s, whole.extra_duration_s)  # 290 s either way
+    np.testing.assert_allclose(whole.extra_duration_s, [290.0])
+    # Request 10 + floor((k + 0.5) x 29) of the 290 added, k = 0 .. 9: admitted at 24, 53, ..., 285 (+ 0.1 s to a first token).
+    np.testing.assert_allclose(spread.ttft_s[0], m + np.floor((np.arange(m) + 0.5) * 29) + 0.1)

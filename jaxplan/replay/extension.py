@@ -29,13 +29,20 @@ from jaxplan.replay.backlog import tokens_by as _tokens_by
 
 
 class RunExtension(NamedTuple):
-    """The requests a replay of the first M of an N-request run leaves out, [F, N - M] each (s;
-    NaN where a replica's admissions give no rate), and the run's extra length [F] (s)."""
+    """The requests a replay of the first M of an N-request run leaves out, [F, E] each (s; NaN where
+    a replica's admissions give no rate; E = N - M, or MAX_ADDED_PER_REPLAYED x M of them spread
+    evenly), and the run's extra length [F] (s)."""
 
     ttft_s: np.ndarray
     e2e_s: np.ndarray
     source: np.ndarray  # int: the replayed request whose lengths each repeats
     extra_duration_s: np.ndarray
+
+
+# At most this many added requests per replayed one are materialised; a longer run's added requests
+# are represented by that many spread evenly over them (their latencies then weigh a little less
+# against the replayed ones' than they should: at most 1 / (1 + this) of the run).
+MAX_ADDED_PER_REPLAYED = 64
 
 
 def half_of(count):
@@ -102,7 +109,8 @@ def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, n
     # prefill wait; each decodes at its source's TPOT shifted by the replica's full-batch mean TPOT
     # (over the requests that finished before its last admission) minus its late admissions' (who
     # decode partly in the replay's drain, faster).
-    g = num_m + np.arange(max(extra, 0))[None, :]
+    kept = min(max(extra, 0), MAX_ADDED_PER_REPLAYED * num_m)
+    g = num_m + np.floor((np.arange(kept) + 0.5) * max(extra, 0) / max(kept, 1)).astype(np.int64)[None, :]  # all of them, or evenly spread
     d = g % dp[:, None]
     beyond = g // dp[:, None] - np.take_along_axis(totals, d, -1) + 1
     admit_v = np.take_along_axis(last, d, -1) + beyond / np.take_along_axis(rate, d, -1)
@@ -124,9 +132,10 @@ def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, n
     src_tpot = np.take_along_axis(tpot_all, source, -1)
     ttft_v = admit_v + src_wait if queued else np.take_along_axis(ttft, source, -1)
     e2e_v = ttft_v + (out[source] - 1) * (src_tpot + shift)
-    # Each replica runs as long as replayed plus its added admissions at its rate.
-    added = np.zeros((num_f, d_max), np.int64)
-    np.add.at(added, (np.broadcast_to(rows, d.shape), d), 1)
+    # Each replica runs as long as replayed plus its added admissions at its rate: requests M .. N-1
+    # with index = d mod D, all of them (also those left out of a long run's spread).
+    replica_ids = np.arange(d_max)[None, :]
+    added = np.where(replica_ids < dp[:, None], -(-(int(num_requests) - replica_ids) // dp[:, None]) - -(-(num_m - replica_ids) // dp[:, None]), 0)
     with np.errstate(invalid="ignore"):
         extra_s = np.max(np.where(added > 0, added / rate, 0.0), -1, initial=0.0)
     # A replica that admitted all its replayed requests at once has no rate to go by: such a

@@ -70,7 +70,7 @@ def with_bands(rows: list[dict], model_name: str, workload, block_size_tokens: i
         table if table is not None else bands.bands_for(params_path), prior_gpus=load_priors(params_path),
     )  # fmt: skip
     if workload.arrival == Arrival.POISSON:  # no deployment serves more than is offered: cap the throughput's ends there
-        offered = workload.request_rate_per_s * workload.osl_mean_tokens
+        offered = workload.offered_output_tokens_per_s
         ceiling = np.where(kept_up, offered, np.maximum(values[:, 2], offered))
         low[:, 2], high[:, 2] = np.minimum(low[:, 2], ceiling), np.minimum(high[:, 2], ceiling)
     out = []
@@ -87,7 +87,7 @@ def poisson_capacity(rows: list[dict], workload) -> np.ndarray:
     out = np.full(len(rows), np.nan)
     if workload.arrival != Arrival.POISSON:
         return out
-    offered = workload.request_rate_per_s * workload.osl_mean_tokens
+    offered = workload.offered_output_tokens_per_s
     for i, r in enumerate(rows):
         utilization = r.get("utilization")
         if utilization is not None and 0 < utilization < 1 and not r.get("replay_falls_behind"):
@@ -154,7 +154,7 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
                     "within the two predictions' p10-p90 bands; measure both before choosing."
                 )
     low_thr = _thr(best, "p10")
-    offered = workload.request_rate_per_s * workload.osl_mean_tokens if workload.arrival == Arrival.POISSON else math.nan
+    offered = workload.offered_output_tokens_per_s
     if math.isfinite(poisson_capacity([best], workload)[0]) and low_thr is not None and low_thr < offered * (1 - 1e-6):
         notes.append(f"At its band's low end (p10) the winner's capacity is {low_thr:,.0f} output tokens/s, below the {offered:,.0f} "
                      f"that arrive: it would fall behind them; more GPUs (stage 4 runs it at {best['utilization']:.0%} of its capacity) cover it.")

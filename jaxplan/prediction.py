@@ -290,7 +290,7 @@ def _replay_status(m, workload: Workload) -> str:
     if int(m.unfinished[0]):
         return f"{int(m.unfinished[0])} requests unfinished (stalled or iteration limit)"
     if workload.arrival == Arrival.POISSON and bool(m.falls_behind[0]):
-        sent = workload.request_rate_per_s * workload.osl_mean_tokens
+        sent = workload.offered_output_tokens_per_s
         return (f"overloaded: the replay's queue stops emptying while requests arrive at {workload.request_rate_per_s:.4g}/s "
                 f"({int(m.queue_at_last_arrival[0]):,} wait at the last arrival); it serves about "
                 f"{float(m.sustained_output_tokens_per_s[0]):,.0f} of the {sent:,.0f} output tok/s sent, and its TTFT grows with the run")

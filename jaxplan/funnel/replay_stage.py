@@ -258,7 +258,7 @@ def replay_shortfalls(row: dict, workload) -> list[str]:
     if getattr(workload, "arrival", None) == Arrival.POISSON:
         # The finite run's own throughput (ramp and drain included) is below the offered rate for
         # every deployment, so it cannot say whether one serves what arrives; its queue can.
-        offered = workload.request_rate_per_s * workload.osl_mean_tokens
+        offered = workload.offered_output_tokens_per_s
         if row.get("replay_falls_behind"):
             misses.append(f"falls behind the {offered:,.0f} output tok/s sent: its queue stops emptying and holds "
                           f"{row['replay_queue_at_last_arrival']:,} requests at the last arrival; it serves about "
@@ -283,6 +283,6 @@ def replay_score(row: dict, workload) -> float:
         # A deployment that keeps up with Poisson traffic serves what arrives, as stage 4 prices it. The finite
         # replay's own figure falls short by its ramp and drain, by amounts (0.1-0.3% between such
         # finalists) that would outweigh the objective's tie-break among equally priced layouts.
-        thr = workload.request_rate_per_s * workload.osl_mean_tokens
+        thr = workload.offered_output_tokens_per_s
     score = float(_objective(thr, row["replay_tpot_p99_s"], row["hourly_usd"], workload.target_output_tokens_per_s))
     return score - 1e3 if misses else score

@@ -8,18 +8,21 @@ with the same results to the bit. The replay's loop keeps the default: it runs f
 
 `ONE_SHOT_COMPILE` is LLVM's -O0 for the programs that run once a command on small arrays: the
 report rows' kernel (`funnel.chunk.evaluate_digits`, which compiles beside the chunk kernel on a
-first run), the finalists' arrays, and the replay's start and merge. Their code runs
+first run) and the finalists' arrays. Their code runs
 slower but they run for milliseconds, and most of their compilation is optimising it. They keep
 XLA's default emitters: -O0 with the older emitters (which compiles the report rows' kernel in
 about 2.3 s instead of 4.7-5.3 s) gave two of 512 gpt-oss-120b report rows a wrong steady state
 (0.46 requests in flight per replica where the physics' only root is 0.27) once the attention cost
 gained two terms that are zero for that model: deterministically, in a 512-row call only, and
 right at -O1, with the default emitters, or with XLA's concurrency-optimised scheduler turned off
-(tests/test_stage4_scalar.py, which caught it). The sensitivities' Jacobian alone keeps
-`LEAN_ONE_SHOT_COMPILE` (-O0, older emitters): with the default emitters it compiles in twice the
-time, and its elasticities are checked against the default emitters' at -O2 (to 2.2e-5 on 600
-finalists). The replay's programs give the same results to the bit as at -O2, and the report rows
-differ in the last float32 bits of some values (tests/test_xla_options.py).
+(tests/test_stage4_scalar.py, which caught it). `LEAN_ONE_SHOT_COMPILE` (-O0, older emitters)
+compiles the sensitivities' Jacobian (with the default emitters in twice the time; its elasticities
+are checked against the default emitters' at -O2, to 2.2e-5 on 600 finalists) and the replay's start
+and merge (`_start_lanes`, `_finish`: gathers, scatters and sorts of the lanes' tables, with no
+arithmetic that the steady-state bug above touched; 0.1-0.2 s each on a first run instead of
+0.3-0.5 s, and once per replay shape in the test suite). The replay's programs give the same results
+to the bit as at -O2, and the report rows differ in the last float32 bits of some values
+(tests/test_xla_options.py).
 
 Compiler options are fields of XLA's DebugOptions, and an XLA that lacks a field refuses the whole
 program ("No such compile option"): JAX 0.11.2 on an H200 machine refused `xla_cpu_use_fusion_emitters`.
@@ -39,9 +42,9 @@ LEAN_COMPILE = {"xla_cpu_use_fusion_emitters": False}
 # The default emitters named, so that an XLA_FLAGS that selects the older ones (the test suite's) does
 # not reach these programs: at -O0 the older emitters computed wrong rows (module docstring).
 ONE_SHOT_COMPILE = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 0}
-# The sensitivities' Jacobian only: -O0 with the older emitters, checked against the default
-# emitters at -O2 on every test run (tests/test_xla_options.py); the default emitters at -O0 would
-# double its compilation (15.8 against 28.1 s).
+# The sensitivities' Jacobian and the replay's start and merge: -O0 with the older emitters, checked
+# against the default emitters at -O2 (tests/test_xla_options.py); the default emitters at -O0 would
+# double the Jacobian's compilation (15.8 against 28.1 s).
 LEAN_ONE_SHOT_COMPILE = {**LEAN_COMPILE, "xla_backend_optimization_level": 0}
 
 

@@ -1,7 +1,7 @@
 """`xla_options.LEAN_COMPILE`, `ONE_SHOT_COMPILE` and `LEAN_ONE_SHOT_COMPILE` change how XLA:CPU
 compiles a program, never what it computes: the chunk kernel compiled both ways gives the same tables
-bit for bit, the one-shot programs at -O0 (the replay's start and merge; the report rows) give the same
-metrics as at -O2, and the Jacobian at -O0 with the older emitters the same elasticities."""
+bit for bit, the one-shot programs at -O0 (the finalists' arrays, and the replay's start and merge with
+the older emitters; the report rows) give the same metrics as at -O2, and the Jacobian at -O0 with the older emitters the same elasticities."""
 
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def test_the_replays_one_shot_programs_give_the_same_metrics(monkeypatch):
     rows = result.shortlist[:4]
     lean = replay_rows(result, rows, num_requests=200)
     # the same programs compiled with XLA's default emitters at -O2
-    one_shot = (replay_stage, "_finalist_arrays", ()), (driver, "_start_lanes", ("num_slots", "max_dp", "policy")), (driver, "_finish", ("policy",))
-    for module, name, static in one_shot:
-        assert getattr(module, name)._options == ONE_SHOT_COMPILE, name
+    one_shot = (replay_stage, "_finalist_arrays", (), ONE_SHOT_COMPILE), (driver, "_start_lanes", ("num_slots", "max_dp", "policy"), LEAN_ONE_SHOT_COMPILE), (driver, "_finish", ("policy",), LEAN_ONE_SHOT_COMPILE)
+    for module, name, static, options in one_shot:
+        assert getattr(module, name)._options == options, name
         monkeypatch.setattr(module, name, jax.jit(getattr(module, name).__wrapped__, static_argnames=static, compiler_options=accepted(DEFAULT_COMPILE) or None))
     default = replay_rows(result, rows, num_requests=200)
     keys = [k for k in lean[0] if k.startswith("replay_")]

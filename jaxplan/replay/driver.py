@@ -63,7 +63,7 @@ from jaxplan.replay.split import split_sizes as split_sizes
 from jaxplan.replay.state import LaneState, stream_rows
 from jaxplan.replay.traffic import Requests, pad_requests, request_bucket
 from jaxplan.specs.workload import Arrival, Workload
-from jaxplan.xla_options import ONE_SHOT_COMPILE
+from jaxplan.xla_options import LEAN_ONE_SHOT_COMPILE
 
 DEFAULT_WINDOW = 128
 INITIAL_SLOTS = 32  # slot rows per lane to start with
@@ -150,7 +150,7 @@ def _on_lanes(tree, mesh: Mesh | None):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, lanes), tree)
 
 
-@program_cache.jit(options=ONE_SHOT_COMPILE, static_argnames=("num_slots", "max_dp", "policy"))
+@program_cache.jit(options=LEAN_ONE_SHOT_COMPILE, static_argnames=("num_slots", "max_dp", "policy"))
 def _start_lanes(requests: Requests, num_requests, config: ReplayConfig, closed_concurrency, split: LaneSplit, *, num_slots: int, max_dp: int, policy: RoutingPolicy):
     """Lane inputs and states [L], and each request's stream position [F, R] (its finalist's
     stream), on one device. `requests` [R] are padded; the first `num_requests` are real."""
@@ -249,7 +249,7 @@ def _grow(inputs: LaneInput, state, *, num_slots: int, policy: RoutingPolicy, me
     return _on_lanes(policy.widen(inputs, state, extra), mesh)
 
 
-@program_cache.jit(options=ONE_SHOT_COMPILE, static_argnames=("policy",))
+@program_cache.jit(options=LEAN_ONE_SHOT_COMPILE, static_argnames=("policy",))
 def _finish(requests: Requests, inputs: LaneInput, state, position, split: LaneSplit, dp, *, policy: RoutingPolicy) -> ReplayTrace:
     """The trace [F, ...] of lanes [L], merged back to one per finalist by the policy. Called with
     the lanes' tables fetched to the host: one program on one device, whatever the lanes ran on, that

@@ -283,6 +283,26 @@ def _row_note(batch: RowBatch, k: int, row: dict) -> str:
     return note
 
 
+# A replayed row's status names its preemptions from this share of its requests on (fewer cost little).
+PREEMPTION_NOTE_SHARE = 0.01
+
+
+def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, num_requests: int) -> str:
+    """A note for a replayed row's status ("" if none): where the replay preempted at least PREEMPTION_NOTE_SHARE of its requests, why and how
+    many: vLLM admits a request on its prompt's KV blocks (replay/scheduler.py), so requests admitted
+    together can outgrow the cache, and a preempted one recomputes its prompt and output so far; stage
+    4 does not price that. `kv_blocks` are the scheduler's blocks of one replica (`batch_kv_blocks`)."""
+    count = int(m.num_preemptions[0])
+    if count < max(1.0, PREEMPTION_NOTE_SHARE * num_requests):
+        return ""
+    whole = int(kv_blocks) // max(math.ceil((workload.isl_mean_tokens + workload.osl_mean_tokens) / block_tokens), 1)
+    hold = (f"--max-num-seqs {whole} or fewer would hold every request of the mean lengths whole (a smaller batch: predict both)"
+            if whole >= 1 else "the KV cache holds no request of the mean lengths whole")
+    return (f"; the replay preempted {count:,} times ({count / num_requests:.2g} a request): vLLM admits a request on its "
+            f"prompt's KV blocks, the running requests then outgrew the KV cache, and each preempted one recomputed its "
+            f"prompt and output so far, which --method analytical does not price; {hold}")
+
+
 def _replay_status(m, workload: Workload) -> str:
     """A replayed row's status: ok, unfinished requests, or, under Poisson arrivals, a queue that stops
     emptying while requests arrive (`jaxplan.replay.backlog`): the replayed throughput is then the
@@ -534,7 +554,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
                 output_tok_s=float(m.output_tokens_per_s[0]),
                 request_s=float(m.request_throughput_per_s[0]),
                 kv_cache_tokens=int(blocks[k]) * int(block_tokens[k]),
-                status=_replay_status(m, workload) + _row_note(batch, k, rows[i]),
+                status=_replay_status(m, workload) + _preemption_note(m, workload, scheduler_blocks[k], block_tokens[k], requests.num_requests) + _row_note(batch, k, rows[i]),
             )
             for column in OUTPUT_COLUMNS[:-1]:  # no NaN in an output: TPOT is undefined when every request has 1 output token
                 if results[i][column] is not None and not math.isfinite(results[i][column]):

@@ -40,7 +40,9 @@ def test_requests_beyond_the_kv_capacity_queue_in_stage_4_as_in_the_replay(long_
     recomputes request by request. Without both, stage 4 gives 3.7 s at 64 clients against 69 s."""
     analytical, replayed = long_prompts
     for a, r in zip(analytical, replayed):
-        assert a["status"] == r["status"] == "ok"
+        assert a["status"] == "ok"
+        # The replay preempts where more clients run than the cache holds whole (37 of 8k + 1k tokens), and says so.
+        assert r["status"] == "ok" if a["concurrency"] <= 37 else r["status"].startswith("ok; the replay preempted"), (a["concurrency"], r["status"])
         assert a["ttft_ms_mean"] == pytest.approx(r["ttft_ms_mean"], rel=0.15), a["concurrency"]
     queued = [a["ttft_ms_mean"] for a in analytical]
     assert queued == sorted(queued) and queued[-1] > 10 * queued[0]

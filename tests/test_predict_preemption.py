@@ -34,3 +34,20 @@ def test_the_status_counts_the_preemptions_and_the_batch_the_cache_holds_whole()
     assert counts[0] < counts[1]
     # Stage 4 prices no preemption, and says nothing of it.
     assert all(row["status"] == "ok" for row in predict_rows(rows))
+
+
+def test_simulate_prints_a_long_status_below_its_table(tmp_path):
+    """`jaxplan simulate` shows a status's first word in its table and the whole status on a line of its own below."""
+    from typer.testing import CliRunner
+
+    from jaxplan.cli import app
+
+    rows = tmp_path / "rows.csv"
+    columns = [c for c in BURST if c != "request_rate"]
+    rows.write_text(",".join([*columns, "request_rate", "max_num_seqs"]) + "\n" + ",".join([*(str(BURST[c]) for c in columns), "inf", "16"]) + "\n")
+    result = CliRunner().invoke(app, ["simulate", str(rows)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    note = [line for line in lines if line.startswith("row 1: ")]
+    assert len(note) == 1 and NOTE.match(note[0].removeprefix("row 1: ")), result.output
+    assert any("ok (below)" in line for line in lines) and not any("preempted" in line for line in lines if "│" in line)

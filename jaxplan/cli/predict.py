@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -105,13 +106,21 @@ def simulate(
     short = lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"  # noqa: E731
     # The band in the mean's cell: two more columns would push the class and status out of an 80-column terminal.
     banded = lambda r, m: fmt(r[m]) + ("" if r[f"{m}_p10"] is None else f" ({short(r[f'{m}_p10'])}-{short(r[f'{m}_p90'])})")  # noqa: E731
-    for r in replayed:
+    notes = []
+    for n, r in enumerate(replayed, 1):
+        # A status's first word in the table, its sentences below it: wrapped into the last column they made rows dozens of lines tall.
+        head = re.split(r"[:;]", str(r["status"]), maxsplit=1)[0]
+        if head != r["status"]:
+            notes.append(f"row {n}: {r['status']}")
         table.add_row(
             str(r["model"]), str(r["gpu"]), f"{r['tensor_parallel_size']}x{r.get('pipeline_parallel_size') or 1}x{r.get('data_parallel_size') or 1}",
             f"{r['isl']:g}/{r['osl']:g}", banded(r, "ttft_ms_mean"), fmt(r["ttft_ms_p99"]), banded(r, "tpot_ms_mean"), fmt(r["tpot_ms_p99"]),
-            banded(r, "output_tok_s"), f"{r['kv_cache_tokens']:,}", r["prediction_class"].replace("/", "/ "), r["status"],  # wraps at the slashes
+            banded(r, "output_tok_s"), f"{r['kv_cache_tokens']:,}", r["prediction_class"].replace("/", "/ "),  # wraps at the slashes
+            head if head == r["status"] else f"{head} (below)",
         )
     out.print(table)
+    for note in notes:
+        out.print(note, soft_wrap=True)
     if output:
         write_predict_csv(replayed, output, extra_columns=OUTPUT_COLUMNS + BAND_COLUMNS, drop_blank=True)
         out.print(f"wrote {output}")

@@ -167,8 +167,24 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
         if math.isfinite(slo) and ratio is not None and p99 * ratio > slo:
             notes.append(f"At its band's high end (p90) the winner's p99 {name} would be {p99 * ratio * 1e3:,.0f} ms, past the "
                          f"{slo * 1e3:,.0f} ms SLO.")
+    notes += preemption_notes(best)
     notes += unmeasured_layout_notes(best, rows[1:], workload)
     return Verdict(lead, close, tuple(notes))
+
+
+def preemption_notes(row: dict) -> list[str]:
+    """One line where the winner's replay preempted at least `prediction.PREEMPTION_NOTE_SHARE` of its
+    requests: stage 4 chose its max_num_seqs and token budget without pricing the recomputation, whose
+    cost they decide (docs/accuracy.md, "KV-starved closed loops")."""
+    from jaxplan.prediction import PREEMPTION_NOTE_SHARE
+
+    count, requests = int(row.get("replay_preemptions") or 0), int(row.get("replay_requests") or 0)
+    if requests < 1 or count < max(1.0, PREEMPTION_NOTE_SHARE * requests):
+        return []
+    return [f"The winner's replay preempted {count:,} times ({count / requests:.2g} a request): vLLM admits a request on its prompt's "
+            "KV blocks, and the winner's KV cache cannot hold the batch it admits whole; each preempted request recomputes its prompt "
+            "and output so far, at a cost its --max-num-seqs and --max-num-batched-tokens decide and stage 4, which chose them, does "
+            "not price (docs/accuracy.md): compare settings with `jaxplan predict --method replay` before committing."]
 
 
 # The layout parts no measured run behind the bands checks, as the winner's notes and `size`'s name them.

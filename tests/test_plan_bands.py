@@ -142,3 +142,13 @@ def test_the_note_names_the_best_finalist_without_the_unchecked_part():
     # stage 4 only (no replay): a finalist is one because it passed; the cost per hour where no cost per token is given
     assert pp_note([row(pipeline_parallel_size=2), row(hourly_usd=12.0)], CLOSED).endswith(" The best finalist without it: 1 x h200_sxm as TP1xPP1xDP1, $12.00 an hour against the winner's $10.00, "
                          "p99 TTFT 500 ms, TPOT 30.0 ms.")
+
+
+def test_a_winner_whose_replay_preempts_says_so():
+    """From 1% of the replayed requests preempted on, the verdict says so: stage 4 chose the knobs that decide the cost."""
+    replayed = dict(replay_output_tokens_per_s=900.0, replay_ttft_mean_s=0.3, replay_tpot_mean_s=0.03, replay_requests=2000)
+    notes = lambda preemptions: [n for n in verdict(banded([row(**replayed, replay_preemptions=preemptions)]), CLOSED).notes if "preempted" in n]  # noqa: E731
+    (note,) = notes(4554)
+    assert note.startswith("The winner's replay preempted 4,554 times (2.3 a request): ") and "--max-num-batched-tokens" in note
+    assert notes(19) == [] and notes(20) != []  # 1% of 2,000
+    assert [n for n in verdict(banded([row()]), CLOSED).notes if "preempted" in n] == []  # not replayed

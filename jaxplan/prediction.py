@@ -300,7 +300,8 @@ def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, n
             if whole >= 1 else "the KV cache holds no request of the mean lengths whole")
     return (f"; the replay preempted {count:,} times ({count / num_requests:.2g} a request): vLLM admits a request on its "
             f"prompt's KV blocks, the running requests then outgrew the KV cache, and each preempted one recomputed its "
-            f"prompt and output so far, which --method analytical does not price; {hold}")
+            f"prompt and output so far, which --method analytical does not price (and the replay may price high: "
+            f"docs/accuracy.md); {hold}")
 
 
 def _replay_status(m, workload: Workload) -> str:

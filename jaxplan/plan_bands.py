@@ -183,8 +183,8 @@ def preemption_notes(row: dict) -> list[str]:
         return []
     return [f"The winner's replay preempted {count:,} times ({count / requests:.2g} a request): vLLM admits a request on its prompt's "
             "KV blocks, and the winner's KV cache cannot hold the batch it admits whole; each preempted request recomputes its prompt "
-            "and output so far, at a cost its --max-num-seqs and --max-num-batched-tokens decide, which stage 4, which chose them, "
-            "does not price and the replay may price high (docs/accuracy.md): measure those settings on your vLLM before committing."]
+            "and output so far. That cost depends on its --max-num-seqs and --max-num-batched-tokens, which stage 4 chose without "
+            "pricing it, and the replay may price it high (docs/accuracy.md): measure those settings on your vLLM before committing."]
 
 
 # The layout parts no measured run behind the bands checks, as the winner's notes and `size`'s name them.

@@ -288,10 +288,11 @@ PREEMPTION_NOTE_SHARE = 0.01
 
 
 def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, num_requests: int) -> str:
-    """A note for a replayed row's status ("" if none): where the replay preempted at least PREEMPTION_NOTE_SHARE of its requests, why and how
-    many: vLLM admits a request on its prompt's KV blocks (replay/scheduler.py), so requests admitted
-    together can outgrow the cache, and a preempted one recomputes its prompt and output so far; stage
-    4 does not price that. `kv_blocks` are the scheduler's blocks of one replica (`batch_kv_blocks`)."""
+    """A note for a replayed row's status ("" if none): where the replay preempted at least
+    PREEMPTION_NOTE_SHARE of its requests, how often and why. vLLM admits a request on its prompt's KV
+    blocks (replay/scheduler.py), so requests admitted together can outgrow the cache, and a preempted
+    one recomputes its prompt and output so far; stage 4 does not price that. `kv_blocks`: the
+    scheduler's blocks of one replica (`batch_kv_blocks`)."""
     count = int(m.num_preemptions[0])
     if count < max(1.0, PREEMPTION_NOTE_SHARE * num_requests):
         return ""

@@ -1,7 +1,8 @@
 """`xla_options.LEAN_COMPILE`, `ONE_SHOT_COMPILE` and `LEAN_ONE_SHOT_COMPILE` change how XLA:CPU
 compiles a program, never what it computes: the chunk kernel compiled both ways gives the same tables
 bit for bit, the one-shot programs at -O0 (the finalists' arrays, and the replay's start and merge with
-the older emitters; the report rows) give the same metrics as at -O2, and the Jacobian at -O0 with the older emitters the same elasticities."""
+the older emitters; the report rows) give the same metrics as at -O2, and the Jacobian at -O0 with the
+older emitters the same elasticities."""
 
 from __future__ import annotations
 

@@ -172,6 +172,20 @@ def verdict(rows: list[dict], workload) -> Verdict | None:
     return Verdict(lead, close, tuple(notes))
 
 
+def kv_bound(row: dict) -> bool:
+    """Stage 4 bounds the row's batch by its KV cache (at the requests' mean context): vLLM admits
+    requests on their prompts' KV blocks up to max_num_seqs, past what the cache holds at their whole
+    length, and preempts them as they grow, which stage 4 does not price (docs/accuracy.md)."""
+    from jaxplan.physics.steady_state import BOUND_KV_CACHE
+
+    return row.get("bound") is not None and int(row["bound"]) == BOUND_KV_CACHE
+
+
+# What a KV-bound row's line says after naming it: stage 4 sized it, and the replay is what sees the preemptions.
+KV_BOUND_UNPRICED = ("the KV cache bounds the batch, so vLLM preempts (it admits requests on their prompts' KV blocks), "
+                     "which stage 4 does not price (docs/accuracy.md, \"KV-starved closed loops\")")
+
+
 def preemption_notes(row: dict) -> list[str]:
     """One line where the winner's replay preempted at least `prediction.PREEMPTION_NOTE_SHARE` of its
     requests: stage 4 chose its max_num_seqs and token budget without pricing the recomputation, whose
@@ -179,7 +193,9 @@ def preemption_notes(row: dict) -> list[str]:
     from jaxplan.prediction import PREEMPTION_NOTE_SHARE
 
     count, requests = int(row.get("replay_preemptions") or 0), int(row.get("replay_requests") or 0)
-    if requests < 1 or count < max(1.0, PREEMPTION_NOTE_SHARE * requests):
+    if requests < 1:  # not replayed: stage 4's bound says whether vLLM will preempt
+        return [f"The winner: {KV_BOUND_UNPRICED}; the replay (without --no-replay) counts them."] if kv_bound(row) else []
+    if count < max(1.0, PREEMPTION_NOTE_SHARE * requests):
         return []
     return [f"The winner's replay preempted {count:,} times ({count / requests:.2g} a request): vLLM admits a request on its prompt's "
             "KV blocks, and the winner's KV cache cannot hold the batch it admits whole; each preempted request recomputes its prompt "

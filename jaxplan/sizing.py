@@ -194,12 +194,14 @@ def sizing_table(sizing: Sizing):
 
 def unmeasured_notes(sizing: Sizing) -> list[str]:
     """A line for each layout part of the picks that no measured run behind the predictions checks
-    (as `plan_bands.unmeasured_layout_notes` says of a sweep's winner), naming the picks that use it."""
-    from jaxplan.plan_bands import LOCKSTEP_UNMEASURED, PIPELINE_UNMEASURED, uses_lockstep, uses_pipeline
+    (as `plan_bands.unmeasured_layout_notes` says of a sweep's winner), and one for the picks whose KV
+    cache bounds their batch (`plan_bands.kv_bound`: vLLM preempts them), naming the picks."""
+    from jaxplan.plan_bands import KV_BOUND_UNPRICED, LOCKSTEP_UNMEASURED, PIPELINE_UNMEASURED, kv_bound, uses_lockstep, uses_pipeline
     from jaxplan.plots.labels import split_label
 
     picks = [(choice.gpu, r) for choice in sizing.per_gpu for _, r in choice.picks]
-    parts = ((uses_lockstep, f"{LOCKSTEP_UNMEASURED} (docs/moe.md)"), (uses_pipeline, f"{PIPELINE_UNMEASURED} (docs/accuracy.md)"))
+    parts = ((uses_lockstep, f"{LOCKSTEP_UNMEASURED} (docs/moe.md)"), (uses_pipeline, f"{PIPELINE_UNMEASURED} (docs/accuracy.md)"),
+             (kv_bound, f"{KV_BOUND_UNPRICED}; `jaxplan sweep` replays them"))
     notes = []
     for uses, what in parts:
         users = [f"{gpu} {split_label(r)}" for gpu, r in picks if uses(r)]

@@ -152,3 +152,14 @@ def test_a_winner_whose_replay_preempts_says_so():
     assert note.startswith("The winner's replay preempted 4,554 times (2.3 a request): ") and "--max-num-batched-tokens" in note
     assert notes(19) == [] and notes(20) != []  # 1% of 2,000
     assert [n for n in verdict(banded([row()]), CLOSED).notes if "preempted" in n] == []  # not replayed
+
+
+def test_a_winner_stage_4_bounds_by_its_kv_cache_says_vllm_preempts_when_not_replayed():
+    from jaxplan.physics.steady_state import BOUND_DEMAND, BOUND_KV_CACHE
+
+    notes = lambda **changes: [n for n in verdict(banded([row(**changes)]), CLOSED).notes if "preempt" in n]  # noqa: E731
+    (note,) = notes(bound=BOUND_KV_CACHE)
+    assert note.startswith("The winner: the KV cache bounds the batch, so vLLM preempts") and "without --no-replay" in note
+    assert notes(bound=BOUND_DEMAND) == [] and notes() == []
+    # Replayed, the replay's own count decides: none preempted, no line.
+    assert notes(bound=BOUND_KV_CACHE, replay_output_tokens_per_s=900.0, replay_ttft_mean_s=0.3, replay_tpot_mean_s=0.03, replay_requests=2000, replay_preemptions=0) == []

@@ -99,3 +99,18 @@ def test_picks_with_unmeasured_layout_parts_are_named():
     assert lock_line.startswith("h100_sxm 2x(TP1xPP1 DP4-lockstep): vLLM's lock-step data parallelism") and "docs/moe.md" in lock_line
     assert pipe_line.startswith("h100_sxm TP2xPP2") and "vLLM 0.8.3" in pipe_line and "b200_sxm" not in lock_line + pipe_line
     assert unmeasured_notes(Sizing(1000.0, 100.0, [Choice("b200_sxm", plain, plain, 1)], [])) == []
+
+
+def test_picks_whose_kv_cache_bounds_the_batch_are_named():
+    """Stage 4 bounds a pick's batch by its KV cache: vLLM preempts there, which stage 4 does not price; one line names those picks."""
+    from jaxplan.physics.steady_state import BOUND_DEMAND, BOUND_KV_CACHE, BOUND_MAX_NUM_SEQS
+    from jaxplan.sizing import Choice, Sizing, unmeasured_notes
+
+    def row(tp, bound):
+        return {"tensor_parallel_size": tp, "pipeline_parallel_size": 1, "data_parallel_size": 1, "bound": bound, "digits": [tp, bound]}
+
+    starved, seqs, demand = row(1, BOUND_KV_CACHE), row(2, BOUND_MAX_NUM_SEQS), row(4, BOUND_DEMAND)
+    (line,) = unmeasured_notes(Sizing(1000.0, 100.0, [Choice("h100_sxm", starved, seqs, 2), Choice("b200_sxm", demand, demand, 1)], []))
+    assert line.startswith("h100_sxm TP1xPP1xDP1: the KV cache bounds the batch, so vLLM preempts") and "TP2" not in line and "b200_sxm" not in line
+    assert line.endswith("`jaxplan sweep` replays them; measure before committing.")
+    assert unmeasured_notes(Sizing(1000.0, 100.0, [Choice("h100_sxm", seqs, demand, 2)], [])) == []

@@ -160,6 +160,7 @@ def run_plan(
     seed: int = 0,
     routing: str = "round_robin",
     size: bool = False,
+    replay_sizing: bool | None = None,
     rollout_prompts: int | None = None,
     max_seconds: float | None = None,
     max_memory_gib: float | None = None,
@@ -169,7 +170,8 @@ def run_plan(
     vllm_version: str | None = None,
 ) -> Plan:
     """Stages 1-6 over the grid, stage 7 over the shortlist (`replay`), and sizing (`size`, needs the
-    workload's throughput target; `rollout_prompts`: a batch job's prompts, for its wall time). Refused up front when the sweep's estimated time or memory exceeds
+    workload's throughput target; `rollout_prompts`: a batch job's prompts, for its wall time), its
+    picks replayed too (`replay_sizing`, default `replay`). Refused up front when the sweep's estimated time or memory exceeds
     `max_seconds` / `max_memory_gib` (default: the machine's available memory). `vllm_version`: the
     release every candidate is priced for (default: $JAXPLAN_VLLM_VERSION, else the newest measured).
 
@@ -199,9 +201,13 @@ def run_plan(
         replay_s = time.perf_counter() - t0
     sizing = None
     if size and result.shortlist:
-        from jaxplan.sizing import size_deployments
+        from jaxplan.sizing import replay_picks, size_deployments
 
         sizing = size_deployments(result, rollout_prompts=rollout_prompts)
+        if replay if replay_sizing is None else replay_sizing:  # stage 4 picked them; the replay checks them as it checks the finalists
+            with replay_status("replaying the sizing's picks"):
+                sizing = replay_picks(sizing, result, replayed or (), num_requests=replay_requests, seed=seed, routing=routing,
+                                      progress=stage7_deadline(max_seconds, started, 2 * len(sizing.per_gpu), replay_requests))
     release = ".".join(map(str, vllm_release.selected(vllm_version)))
     return plan_of(inputs, result, replayed, sizing, replay_s, seed, params=params, vllm_version=release)
 

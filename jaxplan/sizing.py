@@ -85,7 +85,7 @@ class Sizing:
         def row(r):
             out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
             if self.rollout_prompts is not None:
-                seconds = self.rollout_s(r["output_tokens_per_s"])
+                seconds = self.rollout_s(pick_tokens_per_s(r))
                 out.update(rollout_s=seconds, rollout_usd=seconds / HOUR_S * r["hourly_usd"])
             return out
 
@@ -107,6 +107,32 @@ class Sizing:
                 "at_target_s": at_target, "at_half_target_s": self.rollout_s(0.5 * self.target_output_tokens_per_s),
             }
         return payload
+
+
+def pick_tokens_per_s(row: dict) -> float:
+    """A pick's output tokens/s: the replay's where `replay_picks` replayed it, else stage 4's."""
+    return float(row.get("replay_output_tokens_per_s", row["output_tokens_per_s"]))
+
+
+def replay_picks(sizing: Sizing, result, replayed: list[dict] = (), **replay_options) -> Sizing:
+    """`sizing` with each pick replayed step by step (`replay_stage.replay_rows`, `replay_options` passed
+    on: num_requests, seed, routing, progress; a pick among `replayed`, rows replayed with the same
+    options, is taken from there): its rows gain the replay_* keys and `replay_shortfalls`, so the
+    table, the notes and a batch job's wall time go by the replayed throughput. Stage 4 picked them;
+    where vLLM preempts (`plan_bands.kv_bound`), which it does not price, the replay can serve less."""
+    from jaxplan.funnel.replay_stage import replay_rows, replay_shortfalls
+
+    picks = {tuple(r["digits"]): r for choice in sizing.per_gpu for _, r in choice.picks}
+    done = {tuple(r["digits"]): r for r in replayed if tuple(r["digits"]) in picks}
+    missing = [r for key, r in picks.items() if key not in done]
+    if missing:
+        done.update({tuple(r["digits"]): r for r in replay_rows(result, missing, **replay_options)})
+    replayed = {key: {**r, "replay_shortfalls": replay_shortfalls(r, result.workload)} for key, r in done.items()}
+    if not replayed:
+        return sizing
+    per_gpu = [dataclasses.replace(c, smallest=replayed[tuple(c.smallest["digits"])], cheapest_per_token=replayed[tuple(c.cheapest_per_token["digits"])])
+               for c in sizing.per_gpu]
+    return dataclasses.replace(sizing, per_gpu=per_gpu)
 
 
 def rollout_seconds(prompts: int, osl_mean_tokens: float, output_tokens_per_s: float) -> float:
@@ -155,7 +181,8 @@ def sizing_table(sizing: Sizing):
     if sizing.rollout_prompts is not None:
         title += f"; rollout of {sizing.rollout_prompts:,} prompts x {sizing.osl_mean_tokens:,.0f} output tokens"
     table = Table(title=title)
-    columns = ["GPU", "pick", "GPUs", "layout", "seqs", "budget", "W/KV", "out tok/s", "$/hour", "$/M tok"]
+    replayed = any("replay_output_tokens_per_s" in r for c in sizing.per_gpu for _, r in c.picks)
+    columns = ["GPU", "pick", "GPUs", "layout", "seqs", "budget", "W/KV", "out tok/s", *(["replay tok/s"] if replayed else []), "$/hour", "$/M tok"]
     if sizing.rollout_prompts is not None:
         columns += ["rollout time", "rollout $"]
     for name in columns:
@@ -164,11 +191,12 @@ def sizing_table(sizing: Sizing):
         for k, (pick, r) in enumerate(choice.picks):
             cells = [
                 choice.gpu if k == 0 else "", pick, str(r["num_gpus"]), split_label(r), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
-                f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}", f"{r['hourly_usd']:,.2f}",
-                f"{r['cost_per_million_output_tokens_usd']:.2f}",
+                f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}",
+                *([f"{r['replay_output_tokens_per_s']:,.0f}" if "replay_output_tokens_per_s" in r else "-"] if replayed else []),
+                f"{r['hourly_usd']:,.2f}", f"{r['cost_per_million_output_tokens_usd']:.2f}",
             ]
             if sizing.rollout_prompts is not None:
-                seconds = sizing.rollout_s(r["output_tokens_per_s"])
+                seconds = sizing.rollout_s(pick_tokens_per_s(r))
                 usd = seconds / HOUR_S * r["hourly_usd"]
                 cells += [_hours(seconds), f"{usd:,.2f}" if usd < 100 else f"{usd:,.0f}"]
             table.add_row(*cells)
@@ -179,6 +207,7 @@ def sizing_table(sizing: Sizing):
         best = sizing.smallest_overall
         notes.append(f"cheapest per hour: {best['gpu']} x {best['num_gpus']} ({split_label(best)}) at ${best['hourly_usd']:,.2f}/h")
     notes += unmeasured_notes(sizing)
+    notes += replay_notes(sizing)
     if sizing.rollout_prompts is not None:
         at_target = sizing.rollout_s(sizing.target_output_tokens_per_s)
         half = sizing.rollout_s(0.5 * sizing.target_output_tokens_per_s)
@@ -192,6 +221,21 @@ def sizing_table(sizing: Sizing):
     return Group(table, *(Text(n) for n in notes))
 
 
+def replay_notes(sizing: Sizing) -> list[str]:
+    """For replayed picks (`replay_picks`): one line for those whose replay meets the workload, one for
+    each that misses it, with what it misses."""
+    from jaxplan.plots.labels import split_label
+
+    picks = [(choice.gpu, label, r) for choice in sizing.per_gpu for label, r in choice.picks if "replay_shortfalls" in r]
+    if not picks:
+        return []
+    met = [f"{gpu} {split_label(r)}" for gpu, _, r in picks if not r["replay_shortfalls"]]
+    notes = [f"replayed step by step, {', '.join(met)} meet{'s' if len(met) == 1 else ''} the workload"] if met else []
+    notes += [f"{gpu} {split_label(r)} ({label}), replayed: {'; '.join(r['replay_shortfalls'])}; `jaxplan sweep --target-throughput` "
+              "ranks replayed finalists" for gpu, label, r in picks if r["replay_shortfalls"]]
+    return notes
+
+
 def unmeasured_notes(sizing: Sizing) -> list[str]:
     """A line for each layout part of the picks that no measured run behind the predictions checks
     (as `plan_bands.unmeasured_layout_notes` says of a sweep's winner), and one for the picks whose KV
@@ -201,7 +245,7 @@ def unmeasured_notes(sizing: Sizing) -> list[str]:
 
     picks = [(choice.gpu, r) for choice in sizing.per_gpu for _, r in choice.picks]
     parts = ((uses_lockstep, f"{LOCKSTEP_UNMEASURED} (docs/moe.md)"), (uses_pipeline, f"{PIPELINE_UNMEASURED} (docs/accuracy.md)"),
-             (kv_bound, f"{KV_BOUND_UNPRICED}; `jaxplan sweep` replays them"))
+             (kv_bound, f"{KV_BOUND_UNPRICED}; the replay (without --no-replay) counts them"))
     notes = []
     for uses, what in parts:
         users = [f"{gpu} {split_label(r)}" for gpu, r in picks if uses(r)]

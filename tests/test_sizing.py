@@ -71,12 +71,21 @@ def test_cli_size_and_sweep_with_target(tmp_path):
     runner = CliRunner()
     path = tmp_path / "size.json"
     args = ["--model", "qwen3.5-27b", "--workload", "rl-rollout", "--space", "small", "--target-throughput", "12000"]
-    result = runner.invoke(app, ["size", *args, "--rollout-prompts", "4096", "--json", str(path)])
+    result = runner.invoke(app, ["size", *args, "--rollout-prompts", "4096", "--json", str(path), "--replay-requests", "100"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())  # rich wraps to the terminal's width
     assert "Sizing for >= 12,000 output tokens/s" in text and "at half this throughput it takes 2x longer" in text
     payload = json.loads(path.read_text())
     assert {e["gpu"] for e in payload["per_gpu"]} == {"h100_sxm", "h200_sxm"}
+    # The picks are replayed (the table's replay column, a line saying which meet the workload) and a
+    # batch job's wall time goes by the replayed throughput.
+    assert "replay tok/s" in text and ("meet the workload" in text or "meets the workload" in text or "replayed: " in text)
+    for entry in payload["per_gpu"]:
+        r = entry["smallest"]
+        assert r["replay_requests"] == 100 and isinstance(r["replay_shortfalls"], list)
+        assert r["rollout_s"] == pytest.approx(4096 * WORKLOAD.osl_mean_tokens / r["replay_output_tokens_per_s"])
+    unreplayed = runner.invoke(app, ["size", *args, "--no-replay"])
+    assert unreplayed.exit_code == 0 and "replay tok/s" not in " ".join(unreplayed.stdout.split())
     sweep = runner.invoke(app, ["sweep", *args, "--no-replay"])
     assert sweep.exit_code == 0, sweep.output
     assert "Sizing for >= 12,000 output tokens/s" in " ".join(sweep.stdout.split())
@@ -112,5 +121,37 @@ def test_picks_whose_kv_cache_bounds_the_batch_are_named():
     starved, seqs, demand = row(1, BOUND_KV_CACHE), row(2, BOUND_MAX_NUM_SEQS), row(4, BOUND_DEMAND)
     (line,) = unmeasured_notes(Sizing(1000.0, 100.0, [Choice("h100_sxm", starved, seqs, 2), Choice("b200_sxm", demand, demand, 1)], []))
     assert line.startswith("h100_sxm TP1xPP1xDP1: the KV cache bounds the batch, so vLLM preempts") and "TP2" not in line and "b200_sxm" not in line
-    assert line.endswith("`jaxplan sweep` replays them; measure before committing.")
+    assert line.endswith("the replay (without --no-replay) counts them; measure before committing.")
     assert unmeasured_notes(Sizing(1000.0, 100.0, [Choice("h100_sxm", seqs, demand, 2)], [])) == []
+
+
+def test_replayed_picks_are_said_to_meet_the_workload_or_what_they_miss():
+    from jaxplan.sizing import Choice, Sizing, replay_notes
+
+    def row(tp, shortfalls):
+        return {"tensor_parallel_size": tp, "pipeline_parallel_size": 1, "data_parallel_size": 1, "digits": [tp], "replay_shortfalls": shortfalls}
+
+    ok, short = row(1, []), row(2, ["5,752 output tok/s < target 5,800"])
+    met, missed = replay_notes(Sizing(1000.0, 100.0, [Choice("h100_sxm", ok, short, 2)], []))
+    assert met == "replayed step by step, h100_sxm TP1xPP1xDP1 meets the workload"
+    assert missed.startswith("h100_sxm TP2xPP1xDP1 (cheapest per token), replayed: 5,752 output tok/s < target 5,800; ")
+    unreplayed = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1, "digits": [1]}
+    assert replay_notes(Sizing(1000.0, 100.0, [Choice("h100_sxm", unreplayed, unreplayed, 1)], [])) == []
+
+
+def test_picks_replayed_with_the_finalists_are_not_replayed_again(sized, monkeypatch):
+    """`replay_picks` takes a pick the sweep's stage 7 replayed from there and replays only the others."""
+    from jaxplan.funnel import replay_stage
+    from jaxplan.sizing import replay_picks
+
+    result, sizing = sized
+    calls = []
+    monkeypatch.setattr(replay_stage, "replay_rows", lambda res, rows, **k: calls.append([r["digits"] for r in rows]) or
+                        [{**r, "replay_output_tokens_per_s": 1.0, "replay_ttft_p99_s": 0.0, "replay_tpot_p99_s": 0.0, "replay_unfinished": 0} for r in rows])
+    first = sizing.per_gpu[0].smallest
+    done = {**first, "replay_output_tokens_per_s": 2.0, "replay_ttft_p99_s": 0.0, "replay_tpot_p99_s": 0.0, "replay_unfinished": 0}
+    replayed = replay_picks(sizing, result, [done])
+    picks = {tuple(r["digits"]) for c in sizing.per_gpu for _, r in c.picks}
+    assert len(calls) == 1 and tuple(first["digits"]) not in {tuple(d) for d in calls[0]} and len(calls[0]) == len(picks) - 1
+    assert replayed.per_gpu[0].smallest["replay_output_tokens_per_s"] == 2.0
+    assert all(r["replay_output_tokens_per_s"] in (1.0, 2.0) and "replay_shortfalls" in r for c in replayed.per_gpu for _, r in c.picks)

@@ -51,6 +51,8 @@ def size(
     params: ParamsOption = None,
     vllm_version: VllmVersionOption = None,
     rollout_prompts: Annotated[int | None, typer.Option(min=1, help="Batch job (RL rollouts): prompts to generate; prints its wall time and cost at each pick's throughput.")] = None,
+    replay: Annotated[bool, typer.Option(help="Replay each pick step by step (as sweep's stage 7 does its finalists) and say which meet the workload.")] = True,
+    replay_requests: Annotated[int, typer.Option(min=10, max=1_000_000, help="Requests per replay (sampled from the workload, seeded).")] = 2000,
     json_path: Annotated[Path | None, typer.Option("--json", dir_okay=False, help="Write the sizing here.")] = None,
     max_seconds: Annotated[Optional[float], typer.Option(min=0.001, help="Refuse (or stop) a sweep estimated to take longer (default: no limit).")] = None,
     max_memory_gib: MaxMemoryGibOption = None,
@@ -64,7 +66,8 @@ def size(
     inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
     if inputs.workload.target_output_tokens_per_s <= 0:
         raise PlanError(f"workload {inputs.workload.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
-    plan = plan_with_progress(inputs, top=1, params=params, replay=False, size=True, rollout_prompts=rollout_prompts, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
+    plan = plan_with_progress(inputs, top=1, params=params, replay=False, size=True, replay_sizing=replay, replay_requests=replay_requests,
+                              rollout_prompts=rollout_prompts, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     # Nothing survived: the plan has no sizing; the empty one says so per GPU type.
     sizing = plan.sizing or size_deployments(plan.sweep, rollout_prompts=rollout_prompts)
     out.print(sizing_table(sizing))

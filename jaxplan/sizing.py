@@ -175,7 +175,7 @@ def sizing_table(sizing: Sizing):
     then the cheapest per hour overall and, for a batch job, its wall time at the target and at half of it."""
     from rich.table import Table
 
-    from jaxplan.plots.labels import split_label
+    from jaxplan.plots.labels import replay_tokens_cell, split_label
 
     title = f"Sizing for >= {sizing.target_output_tokens_per_s:,.0f} output tokens/s within the SLOs"
     if sizing.rollout_prompts is not None:
@@ -192,7 +192,7 @@ def sizing_table(sizing: Sizing):
             cells = [
                 choice.gpu if k == 0 else "", pick, str(r["num_gpus"]), split_label(r), str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
                 f"{r['weight_dtype']}/{r['kv_cache_dtype']}", f"{r['output_tokens_per_s']:,.0f}",
-                *([f"{r['replay_output_tokens_per_s']:,.0f}" if "replay_output_tokens_per_s" in r else "-"] if replayed else []),
+                *([replay_tokens_cell(r) if "replay_output_tokens_per_s" in r else "-"] if replayed else []),
                 f"{r['hourly_usd']:,.2f}", f"{r['cost_per_million_output_tokens_usd']:.2f}",
             ]
             if sizing.rollout_prompts is not None:
@@ -230,7 +230,10 @@ def replay_notes(sizing: Sizing) -> list[str]:
     if not picks:
         return []
     met = [f"{gpu} {split_label(r)}" for gpu, _, r in picks if not r["replay_shortfalls"]]
-    notes = [f"replayed step by step, {', '.join(met)} meet{'s' if len(met) == 1 else ''} the workload"] if met else []
+    # Under Poisson traffic a pick that keeps up serves the rate sent; its replayed tok/s counts the run's ramp and drain too.
+    poisson = any(math.isfinite(float(r.get("replay_sustained_output_tokens_per_s", math.nan))) for _, _, r in picks)
+    notes = [f"replayed step by step, {', '.join(met)} meet{'s' if len(met) == 1 else ''} the workload"
+             + (" (keeping up with the requests sent; the replay tok/s column counts the run's ramp and drain too)" if poisson else "")] if met else []
     notes += [f"{gpu} {split_label(r)} ({label}), replayed: {'; '.join(r['replay_shortfalls'])}; `jaxplan sweep --target-throughput` "
               "ranks replayed finalists" for gpu, label, r in picks if r["replay_shortfalls"]]
     return notes

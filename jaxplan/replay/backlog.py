@@ -66,11 +66,8 @@ def backlog(arrival_s, admit_s, ttft_s, e2e_s, replica, output_tokens) -> Backlo
 
     num_replicas = int(rp[sub].max(initial=0)) + 1
     slot = np.where(sub, rp, num_replicas)  # never-submitted ones to a bin past the replicas
-    rows = np.arange(arr.shape[0])[:, None]
-    emptied = np.zeros((arr.shape[0], num_replicas + 1), bool)
-    np.logical_or.at(emptied, (rows, slot), empties)
-    arrivals = np.zeros((arr.shape[0], num_replicas + 1), np.int64)
-    np.add.at(arrivals, (rows, slot), judged)
+    emptied = per_replica(empties, slot, num_replicas + 1, np.logical_or, False, bool)
+    arrivals = per_replica(judged, slot, num_replicas + 1, dtype=np.int64)
     judged_replicas = arrivals[:, :num_replicas] >= MIN_JUDGED_ARRIVALS
     stuck = np.sum(judged_replicas & ~emptied[:, :num_replicas], -1)
     # Most judged replicas stuck: identical replicas share one load, so a lone stuck one among many
@@ -83,6 +80,14 @@ def backlog(arrival_s, admit_s, ttft_s, e2e_s, replica, output_tokens) -> Backlo
     made = tokens_by(last, first_token, finish, output_tokens) - tokens_by(start, first_token, finish, output_tokens)
     sustained = np.sum(made, -1) / np.maximum(last - start, 1e-30)[:, 0]
     return Backlog(falls_behind, queue.astype(np.int64), np.where(last[:, 0] > start[:, 0], sustained, np.nan))
+
+
+def per_replica(values, replica, num_replicas: int, ufunc=np.add, fill=0, dtype=np.float64) -> np.ndarray:
+    """[F, num_replicas] `ufunc` over each replica's requests of `values` [F, R] (or broadcast to it),
+    `replica` [F, R] the replica of each request; `fill` where a replica has none."""
+    out = np.full((replica.shape[0], num_replicas), fill, dtype)
+    ufunc.at(out, (np.arange(replica.shape[0])[:, None], replica), np.broadcast_to(values, replica.shape))
+    return out
 
 
 def tokens_by(t_s, first_token_s, finish_s, output_tokens):

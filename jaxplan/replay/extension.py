@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxplan.replay.backlog import per_replica
 from jaxplan.replay.backlog import tokens_by as _tokens_by
 
 
@@ -68,28 +69,22 @@ def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, n
     extra = int(num_requests) - num_m
     d_max = np.asarray(replica_active).shape[1]
     dp = np.maximum(np.sum(replica_active, -1), 1)  # [F]
-    rows = np.arange(num_f)[:, None]
 
     # Each replica's requests in admission order (never-admitted ones last): its last admission and
     # the second half of its admissions (`late`), from `mid` on.
     admitted = np.isfinite(admit)
-    count = np.zeros((num_f, d_max), np.int64)
-    np.add.at(count, (rows, rep), admitted)
+    count = per_replica(admitted, rep, d_max, dtype=np.int64)
     key = np.where(admitted, admit, np.inf)
     order = np.lexsort((key, rep), axis=-1)
     s_admit, s_rep = np.take_along_axis(key, order, -1), np.take_along_axis(rep, order, -1)
-    totals = np.zeros((num_f, d_max), np.int64)  # replayed requests of each replica
-    np.add.at(totals, (rows, rep), 1)
+    totals = per_replica(1, rep, d_max, dtype=np.int64)  # replayed requests of each replica
     start = np.cumsum(totals, -1) - totals  # where each replica's requests begin in the sorted order
     rank = np.arange(num_m)[None, :] - np.take_along_axis(start, s_rep, -1)  # position within its replica
     half = np.take_along_axis(half_of(count), s_rep, -1)
     late = np.isfinite(s_admit) & (rank >= half)  # the second half of each replica's admissions
-    last = np.full((num_f, d_max), -np.inf)
-    np.maximum.at(last, (rows, s_rep), np.where(np.isfinite(s_admit), s_admit, -np.inf))
-    mid = np.full((num_f, d_max), np.inf)
-    np.minimum.at(mid, (rows, s_rep), np.where(late, s_admit, np.inf))
-    n_late = np.zeros((num_f, d_max), np.int64)
-    np.add.at(n_late, (rows, s_rep), late)
+    last = per_replica(np.where(np.isfinite(s_admit), s_admit, -np.inf), s_rep, d_max, np.maximum, -np.inf)
+    mid = per_replica(np.where(late, s_admit, np.inf), s_rep, d_max, np.minimum, np.inf)
+    n_late = per_replica(late, s_rep, d_max, dtype=np.int64)
     # The rate at which slots free while the batch is full: output tokens made over [mid, last] (each
     # request's spread evenly from its first token to its last) over the mean output length.
     # Counting admissions instead follows the waves in which requests admitted together finish.
@@ -97,8 +92,7 @@ def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, n
     first_s = np.where(np.isfinite(arrival + ttft), arrival + ttft, np.inf)
     window = [np.take_along_axis(x, rep, -1) for x in (mid, last)]
     made = _tokens_by(window[1], first_s, finish_s, output_tokens) - _tokens_by(window[0], first_s, finish_s, output_tokens)
-    made_by = np.zeros((num_f, d_max))
-    np.add.at(made_by, (rows, rep), np.where(np.isfinite(window[0]), made, 0.0))
+    made_by = per_replica(np.where(np.isfinite(window[0]), made, 0.0), rep, d_max)
     mean_osl = float(np.mean(output_tokens))
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = np.where((n_late >= 2) & (last > mid), made_by / (last - mid) / mean_osl, np.nan)  # requests/s
@@ -118,7 +112,6 @@ def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, n
     position = np.take_along_axis(start + half_of(count), d, -1) + (beyond - 1) % n_src
     source = np.take_along_axis(order, np.clip(position, 0, num_m - 1), -1)  # [F, E] replayed request each repeats
     out = np.asarray(output_tokens, np.float64)
-    src_wait = np.take_along_axis(arrival + ttft - admit, source, -1)
     finished_full = admitted & np.isfinite(finish_s) & (finish_s <= np.take_along_axis(last, rep, -1)) & (out[None, :] > 1)
     finished_full = np.where(np.any(finished_full, -1, keepdims=True), finished_full, admitted & np.isfinite(finish_s) & (out[None, :] > 1))
     tpot_all = (e2e - ttft) / np.maximum(out[None, :] - 1, 1)
@@ -130,7 +123,8 @@ def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, n
     # typical TPOT would understate it).
     shift = np.take_along_axis(np.nan_to_num(full_batch - late_tpot), d, -1)
     src_tpot = np.take_along_axis(tpot_all, source, -1)
-    ttft_v = admit_v + src_wait if queued else np.take_along_axis(ttft, source, -1)
+    # A burst's added request waits from its admission as its source did; a closed loop's repeats its source's TTFT.
+    ttft_v = admit_v + np.take_along_axis(arrival + ttft - admit, source, -1) if queued else np.take_along_axis(ttft, source, -1)
     e2e_v = ttft_v + (out[source] - 1) * (src_tpot + shift)
     # Each replica runs as long as replayed plus its added admissions at its rate: requests M .. N-1
     # with index = d mod D, all of them (also those left out of a long run's spread).
@@ -146,10 +140,6 @@ def extend_run(admit_s, ttft_s, e2e_s, replica, replica_active, output_tokens, n
 
 def _mean_by_replica(values, mask, rep, d_max):
     """[F, D] mean of `values` [F, M] over the entries in `mask` of each replica (NaN where none)."""
-    num_f = values.shape[0]
-    rows = np.arange(num_f)[:, None]
-    total, count = np.zeros((num_f, d_max)), np.zeros((num_f, d_max))
-    np.add.at(total, (rows, rep), np.where(mask, values, 0.0))
-    np.add.at(count, (rows, rep), mask)
+    total, count = per_replica(np.where(mask, values, 0.0), rep, d_max), per_replica(mask, rep, d_max)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / count, np.nan)

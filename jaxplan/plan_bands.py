@@ -187,15 +187,15 @@ KV_BOUND_UNPRICED = ("the KV cache bounds the batch, so vLLM preempts (it admits
 
 
 def preemption_notes(row: dict) -> list[str]:
-    """One line where the winner's replay preempted at least `prediction.PREEMPTION_NOTE_SHARE` of its
-    requests: stage 4 chose its max_num_seqs and token budget without pricing the recomputation, whose
-    cost they decide (docs/accuracy.md, "KV-starved closed loops")."""
-    from jaxplan.prediction import PREEMPTION_NOTE_SHARE
+    """One line where the winner's replay preempted notably (`prediction.notable_preemptions`): stage 4
+    chose its max_num_seqs and token budget without pricing the recomputation, whose cost they decide
+    (docs/accuracy.md, "KV-starved closed loops"); not replayed, where stage 4's batch is KV-bound."""
+    from jaxplan.prediction import notable_preemptions
 
     count, requests = int(row.get("replay_preemptions") or 0), int(row.get("replay_requests") or 0)
     if requests < 1:  # not replayed: stage 4's bound says whether vLLM will preempt
         return [f"The winner: {KV_BOUND_UNPRICED}; the replay (without --no-replay) counts them."] if kv_bound(row) else []
-    if count < max(1.0, PREEMPTION_NOTE_SHARE * requests):
+    if not notable_preemptions(count, requests):
         return []
     return [f"The winner's replay preempted {count:,} times ({count / requests:.2g} a request): vLLM admits a request on its prompt's "
             "KV blocks, and the winner's KV cache cannot hold the batch it admits whole; each preempted request recomputes its prompt "

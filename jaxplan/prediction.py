@@ -287,6 +287,12 @@ def _row_note(batch: RowBatch, k: int, row: dict) -> str:
 PREEMPTION_NOTE_SHARE = 0.01
 
 
+def notable_preemptions(count: int, requests: int) -> bool:
+    """Whether `count` preemptions in a replay of `requests` are worth a line: at least one, and at
+    least PREEMPTION_NOTE_SHARE of the requests (predict's status, the sweep's verdict)."""
+    return requests >= 1 and count >= max(1.0, PREEMPTION_NOTE_SHARE * requests)
+
+
 def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, num_requests: int) -> str:
     """A note for a replayed row's status ("" if none): where the replay preempted at least
     PREEMPTION_NOTE_SHARE of its requests, how often and why. vLLM admits a request on its prompt's KV
@@ -294,7 +300,7 @@ def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, n
     one recomputes its prompt and output so far; stage 4 does not price that. `kv_blocks`: the
     scheduler's blocks of one replica (`batch_kv_blocks`)."""
     count = int(m.num_preemptions[0])
-    if count < max(1.0, PREEMPTION_NOTE_SHARE * num_requests):
+    if not notable_preemptions(count, num_requests):
         return ""
     whole = int(kv_blocks) // max(math.ceil((workload.isl_mean_tokens + workload.osl_mean_tokens) / block_tokens), 1)
     hold = (f"--max-num-seqs {whole} or fewer would hold every request of the mean lengths whole (a smaller batch: predict both)"

@@ -127,10 +127,8 @@ def replay_picks(sizing: Sizing, result, replayed: list[dict] = (), **replay_opt
     missing = [r for key, r in picks.items() if key not in done]
     if missing:
         done.update({tuple(r["digits"]): r for r in replay_rows(result, missing, **replay_options)})
-    replayed = {key: {**r, "replay_shortfalls": replay_shortfalls(r, result.workload)} for key, r in done.items()}
-    if not replayed:
-        return sizing
-    per_gpu = [dataclasses.replace(c, smallest=replayed[tuple(c.smallest["digits"])], cheapest_per_token=replayed[tuple(c.cheapest_per_token["digits"])])
+    judged = {key: {**r, "replay_shortfalls": replay_shortfalls(r, result.workload)} for key, r in done.items()}
+    per_gpu = [dataclasses.replace(c, smallest=judged[tuple(c.smallest["digits"])], cheapest_per_token=judged[tuple(c.cheapest_per_token["digits"])])
                for c in sizing.per_gpu]
     return dataclasses.replace(sizing, per_gpu=per_gpu)
 

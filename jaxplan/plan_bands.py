@@ -198,8 +198,8 @@ def preemption_notes(row: dict) -> list[str]:
     if not notable_preemptions(count, requests):
         return []
     return [f"The winner's replay preempted {count:,} times ({count / requests:.2g} a request): vLLM admits a request on its prompt's "
-            "KV blocks, and the winner's KV cache cannot hold the batch it admits whole; each preempted request recomputes its prompt "
-            "and output so far. That cost depends on its --max-num-seqs and --max-num-batched-tokens, which stage 4 chose without "
+            "KV blocks, and the winner's KV cache cannot hold the batch it admits whole; each preempted request recomputes what of its "
+            "prompt and output so far the prefix cache lost. That cost depends on its --max-num-seqs and --max-num-batched-tokens, which stage 4 chose without "
             "pricing it, and the replay may price it high (docs/accuracy.md): measure those settings on your vLLM before committing."]
 
 

@@ -297,7 +297,8 @@ def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, n
     """A note for a replayed row's status ("" if none): where the replay preempted at least
     PREEMPTION_NOTE_SHARE of its requests, how often and why. vLLM admits a request on its prompt's KV
     blocks (replay/scheduler.py), so requests admitted together can outgrow the cache, and a preempted
-    one recomputes its prompt and output so far; stage 4 does not price that. `kv_blocks`: the
+    one recomputes what of its prompt and output so far the prefix cache lost; stage 4 does not price
+    that. `kv_blocks`: the
     scheduler's blocks of one replica (`batch_kv_blocks`)."""
     count = int(m.num_preemptions[0])
     if not notable_preemptions(count, num_requests):
@@ -306,8 +307,8 @@ def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, n
     hold = (f"--max-num-seqs {whole} or fewer would hold every request of the mean lengths whole (a smaller batch: predict both)"
             if whole >= 1 else "the KV cache holds no request of the mean lengths whole")
     return (f"; the replay preempted {count:,} times ({count / num_requests:.2g} a request): vLLM admits a request on its "
-            f"prompt's KV blocks, the running requests then outgrew the KV cache, and each preempted one recomputed its "
-            f"prompt and output so far, which --method analytical does not price (and the replay may price high: "
+            f"prompt's KV blocks, the running requests then outgrew the KV cache, and each preempted one recomputed what "
+            f"of its prompt and output so far the prefix cache had lost, which --method analytical does not price (and the replay may price high: "
             f"docs/accuracy.md); {hold}")
 
 
@@ -526,7 +527,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
     import time
 
     from jaxplan.deadline import Deadline
-    from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
+    from jaxplan.funnel.replay_stage import physics_params, physics_step, prefix_caching, replay_config
     from jaxplan.replay import sample_requests, simulate
 
     results = [dict(row) for row in rows]
@@ -546,7 +547,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
-            config = replay_config(layout, scheduler_blocks[k : k + 1], int(block_tokens[k]), routing=routing)
+            config = replay_config(layout, scheduler_blocks[k : k + 1], int(block_tokens[k]), routing=routing, prefix_caching=prefix_caching(batch.model))
             requests = sample_requests(workload, None, seed)
             deadline = None if max_seconds is None else Deadline(
                 max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",

@@ -28,7 +28,7 @@ def _workload(closed: int) -> Workload:
     return Workload(name="open", isl_mean_tokens=10, osl_mean_tokens=10, arrival=Arrival.POISSON, request_rate_per_s=1.0)
 
 
-def _case(seed: int, *, kv_scale=(1, 4)):
+def _case(seed: int, *, kv_scale=(1, 4), prefix_caching: bool = True):
     rng = np.random.default_rng(seed)
     prompt = rng.integers(1, 80, NUM_R).astype(np.int32)
     osl = rng.integers(1, 30, NUM_R).astype(np.int32)
@@ -45,6 +45,7 @@ def _case(seed: int, *, kv_scale=(1, 4)):
         block_size=BLOCK,
         # PP micro-batches per step (own generator: the other draws stay as they were)
         pipeline_parallel_size=np.random.default_rng(seed + 10_000).integers(1, 4, NUM_F),
+        prefix_caching=prefix_caching,
     )
     return Requests(prompt, osl, hit, arrival), config, dyadic_params(rng, NUM_F, attention_seed=seed + 20_000)
 
@@ -63,6 +64,7 @@ def _compare(requests, config, params, closed=0, window=8):
             block_size=BLOCK,
             step_time=affine_step_time_py(params[f]),
             closed_concurrency=closed,
+            prefix_caching=config.prefix_caching,
         )
         where = f"finalist {f}"
         np.testing.assert_array_equal(trace.first_token_step[f], [r.first_token_step for r in ref.requests], err_msg=where)
@@ -95,6 +97,11 @@ def test_open_loop_matches_reference(seeds):
 def test_tight_kv_matches_reference():
     """KV barely above the largest request: preemption storms, recompute, stalls."""
     assert sum(_compare(*_case(seed, kv_scale=(1, 2))) for seed in range(100, 104)) > 0
+
+
+def test_tight_kv_without_prefix_caching_matches_reference():
+    """Victims recomputed whole (a hybrid model's, or vLLM without its prefix cache)."""
+    assert sum(_compare(*_case(seed, kv_scale=(1, 2), prefix_caching=False)) for seed in range(100, 102)) > 0
 
 
 def test_stalls_match_reference():

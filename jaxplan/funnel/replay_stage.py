@@ -54,7 +54,8 @@ def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     ctx = result.context
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
     hw, layout, blocks = _finalist_arrays(rows_context(ctx), digits)
-    return replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing), physics_params(ctx.model, hw, layout)
+    config = replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing, prefix_caching=prefix_caching(ctx.model))
+    return config, physics_params(ctx.model, hw, layout)
 
 
 @program_cache.jit(options=ONE_SHOT_COMPILE)
@@ -72,7 +73,15 @@ def lockstep_ranks(layout) -> np.ndarray:
     return np.rint(np.asarray(layout.lockstep_ranks, np.float64)).astype(np.int64)
 
 
-def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin") -> ReplayConfig:
+def prefix_caching(model: ModelShape) -> bool:
+    """Whether vLLM keeps a preempted request's blocks cached for its readmission
+    (`ReplayConfig.prefix_caching`): for attention-only models, whose prefixes V1 caches by default;
+    not for a hybrid with linear-attention layers, whose recurrent state vLLM caches only in some
+    releases and experimentally, so its victims are recomputed whole."""
+    return not bool(np.any(np.asarray(model.linear_layers) > 0))
+
+
+def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin", prefix_caching: bool = True) -> ReplayConfig:
     """The scheduler capacities of layouts [F] with `kv_blocks` [F] per replica (at least one block).
 
     routing: how requests reach independent data-parallel replicas, "round_robin" or
@@ -90,6 +99,7 @@ def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "ro
         lockstep_ranks=ranks,
         block_size=block_size,
         routing=LOCKSTEP_ROUTING if np.any(ranks > 1) else routing,
+        prefix_caching=prefix_caching,
     )
 
 
@@ -114,7 +124,7 @@ def replay_parts(configs: ReplayConfig, params, routing: str = "round_robin", es
     for idx in groups:
         if idx.size:
             sub_params = jax.tree.map(lambda x, idx=idx: np.asarray(x)[idx], params)
-            parts.append((idx, sub_params, replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing)))
+            parts.append((idx, sub_params, replay_config(sub_params[1], np.asarray(configs.num_kv_blocks)[idx], configs.block_size, routing=routing, prefix_caching=configs.prefix_caching)))
     return parts
 
 

@@ -53,7 +53,7 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
     import jax
     import jax.numpy as jnp
 
-    from jaxplan.funnel.replay_stage import physics_params, physics_step, replay_config
+    from jaxplan.funnel.replay_stage import physics_params, physics_step, prefix_caching, replay_config
     from jaxplan.prediction import _row_workload, batch_kv_blocks, row_batches, row_hardware
     from jaxplan.replay import sample_requests, simulate_trace
 
@@ -67,7 +67,7 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
                 continue
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree, k=k: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
-            config = replay_config(pick(batch.layout), blocks[k : k + 1])
+            config = replay_config(pick(batch.layout), blocks[k : k + 1], prefix_caching=prefix_caching(batch.model))
             trace = simulate_trace(config, sample_requests(workload, None, seed), workload, physics_step, physics_params(batch.model, pick(hw_all), pick(batch.layout)))
             out.append((int(i), trace, config.block_size, workload))
     return out

@@ -55,7 +55,7 @@ from jaxplan.replay.state import (
 from jaxplan.replay.traffic import Lanes, build_balanced_lanes
 
 # LaneState fields that hold one replica's scheduler; in least-loaded lanes they carry a leading [D] axis.
-BANK = ("run_i", "run_f", "n_run", "pq_i", "pq_f", "n_pq", "next_k", "clock_hi", "clock_lo", "steps")
+BANK = ("run_i", "run_f", "n_run", "pq_i", "pq_f", "pq_mark", "n_pq", "next_k", "clock_hi", "clock_lo", "steps")
 BIG = 2**30
 
 
@@ -223,6 +223,7 @@ def balanced_widen(inputs: LaneInput, carry, extra: int):
         run_f=widen(st.run_f, e_f),
         pq_i=widen(st.pq_i, e_i),
         pq_f=widen(st.pq_f, e_f),
+        pq_mark=jnp.concatenate([st.pq_mark, jnp.zeros(st.pq_mark.shape[:-1] + (extra,), st.pq_mark.dtype)], axis=-1),
         arrival=pad(st.arrival, jnp.inf),
         overflow=jnp.zeros_like(st.overflow),
     )

@@ -42,6 +42,8 @@ class ReplayConfig:
         divides data_parallel_size; 1 = independent replicas. Only the "dp_coordinator" routing
         runs groups of more than one (lockstep.py).
     block_size: tokens per KV block (static, shared by all finalists).
+    prefix_caching: vLLM's prefix cache is on (static): a preempted request's blocks stay cached
+        until reused, so readmitted it recomputes only what other requests took (scheduler.py).
     routing: the routing policy's name (routing.POLICIES): "round_robin" (request i to replica
         i % dp), "least_loaded" (to the replica with the fewest waiting + running requests at
         its arrival) or "dp_coordinator" (vLLM's DP load balancing, to the rank with the lowest
@@ -56,9 +58,10 @@ class ReplayConfig:
     lockstep_ranks: np.ndarray
     block_size: int = dataclasses.field(default=16, metadata={"static": True})
     routing: str = dataclasses.field(default="round_robin", metadata={"static": True})
+    prefix_caching: bool = dataclasses.field(default=True, metadata={"static": True})
 
     @staticmethod
-    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16, routing: str = "round_robin", pipeline_parallel_size=1, lockstep_ranks=1) -> ReplayConfig:
+    def create(max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size=1, block_size: int = 16, routing: str = "round_robin", pipeline_parallel_size=1, lockstep_ranks=1, prefix_caching: bool = True) -> ReplayConfig:
         """Broadcast scalars / sequences to int32 arrays [F] and validate them (PlanError naming the field)."""
         raw = (max_num_seqs, max_num_batched_tokens, num_kv_blocks, data_parallel_size, pipeline_parallel_size, lockstep_ranks)
         try:
@@ -82,7 +85,7 @@ class ReplayConfig:
             raise bad_value("routing", routing, "runs independent replicas; lock-step ranks (lockstep_ranks > 1) need routing 'dp_coordinator'", where="ReplayConfig")
         if not isinstance(block_size, int) or isinstance(block_size, bool) or not 1 <= block_size <= 4096:
             raise bad_value("block_size", block_size, "must be an integer in 1..4096 tokens", where="ReplayConfig")
-        return ReplayConfig(**fields, block_size=block_size, routing=routing)
+        return ReplayConfig(**fields, block_size=block_size, routing=routing, prefix_caching=bool(prefix_caching))
 
     @property
     def num_finalists(self) -> int:

@@ -167,6 +167,7 @@ def _start_lanes(requests: Requests, num_requests, config: ReplayConfig, closed_
         lanes.step_budget,
         lanes.num_kv_blocks,
         lanes.num_requests,
+        jnp.full(lanes.closed.shape, config.prefix_caching),
     )
     return inputs, state, position
 
@@ -507,7 +508,7 @@ def requests_count(requests: Requests) -> int:
 
 def _take_finalists(configs: ReplayConfig, idx) -> ReplayConfig:
     fields = {name: np.asarray(getattr(configs, name))[idx] for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "data_parallel_size", "pipeline_parallel_size", "lockstep_ranks")}
-    return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing)
+    return ReplayConfig(**fields, block_size=configs.block_size, routing=configs.routing, prefix_caching=configs.prefix_caching)
 
 
 def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayConfig, step_params, split: LaneSplit, *, closed, window, max_iterations, chunk, num_slots, max_dp, policy: RoutingPolicy, devices, initial_slots, tokens_per_finalist: int, progress=None) -> ReplayTrace:
@@ -517,7 +518,7 @@ def _replay(reqs: Requests, num_r: int, workload, step_time_fn, configs: ReplayC
     tokens (`tokens_per_finalist` each) after every loop call."""
     configs = ReplayConfig(
         configs.max_num_seqs, configs.max_num_batched_tokens, configs.num_kv_blocks, configs.data_parallel_size, configs.pipeline_parallel_size, configs.lockstep_ranks,
-        block_size=configs.block_size, routing=policy.name,
+        block_size=configs.block_size, routing=policy.name, prefix_caching=configs.prefix_caching,
     )  # fmt: skip
     max_seqs = int(np.max(configs.max_num_seqs))
     slots = num_slots if num_slots is not None else min(slot_rows(max_seqs), slot_rows(initial_slots))

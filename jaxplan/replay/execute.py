@@ -29,7 +29,6 @@ from jaxplan.replay.scheduler import LaneInput, Plan, Queue, Replica
 from jaxplan.replay.state import (
     ARRIVAL,
     COMP,
-    HIT,
     NPRE,
     OSL,
     OUT,
@@ -81,10 +80,12 @@ def step_batches(st: LaneState, queue: Queue, plan: Plan, window: int) -> tuple[
     pre = (g > 0) & ~dec
     n_dec = jnp.sum(dec).astype(I32)
     gp, gc = g.astype(F32), cg.astype(F32)
+    # Requests admitted this step are prefills, a readmitted one whose cached blocks hold all but its
+    # last token included (one token, priced as a chunk: the reference counts it so too).
     pf_tokens = (jnp.sum(jnp.where(pre, g, 0)) + jnp.sum(cg)).astype(F32)
-    pairs = jnp.sum(jnp.where(pre, gp * (comp + gp / 2), 0.0)) + jnp.sum(gc * (queue.cand_i[:, HIT] + gc / 2))
+    pairs = jnp.sum(jnp.where(pre, gp * (comp + gp / 2), 0.0)) + jnp.sum(gc * (plan.c_hit + gc / 2))
     pairs_growth = jnp.sum(jnp.where(pre, gp * gp, 0.0))  # a chunk's prefix grows by its size each step
-    context = (jnp.sum(jnp.where(pre, comp, 0)) + jnp.sum(jnp.where(cg > 0, queue.cand_i[:, HIT], 0))).astype(F32)
+    context = (jnp.sum(jnp.where(pre, comp, 0)) + jnp.sum(jnp.where(cg > 0, plan.c_hit, 0))).astype(F32)
     context_growth = jnp.sum(jnp.where(pre, gp, 0.0))
     pf_seqs = (jnp.sum(pre) + plan.admitted).astype(F32)
     ctx0 = jnp.sum(jnp.where(dec, comp + 1, 0)).astype(F32)
@@ -219,7 +220,7 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     # a stalled replica is left for good: record what its requests in flight got so far
     flush_r, flush_q = stall & (pos < n), stall & (pos < n_pq)
     run = materialize(*apply_rows(r_i, st.run_f, r_i[:, COMP], jnp.where(runs, plan.grant, 0), kept, flush_r, rep, queue, timing, dt, num_r))
-    new = materialize(*apply_rows(queue.cand_i, queue.cand_f, queue.cand_i[:, HIT], jnp.where(runs, plan.c_grant, 0), adm, flush_q, rep, queue, timing, dt, num_r))
+    new = materialize(*apply_rows(queue.cand_i, queue.cand_f, plan.c_hit, jnp.where(runs, plan.c_grant, 0), adm, flush_q, rep, queue, timing, dt, num_r))
     run, new = Rows(*run), Rows(*new)
 
     # Records of finished requests; inter-token gaps (first step per request, then the jump's steps).
@@ -243,8 +244,10 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
     a_pq = jnp.minimum(a, n_pq)
     dest_v = jnp.where((pos >= m) & (pos < n), pos - m, num_s)
     dest_q = jnp.where((pos >= a_pq) & (pos < n_pq), pos - a_pq + n_vict, num_s)
-    victims = r_i.at[:, COMP].set(0).at[:, NPRE].add(1)
-    pq_i, pq_f = gather_rows([(victims, st.run_f), (st.pq_i, st.pq_f)], [dest_v, dest_q], num_s)
+    victims = r_i.at[:, COMP].set(jnp.where(lane.prefix_caching, r_i[:, COMP], 0)).at[:, NPRE].add(1)
+    # The rest of the queue's cached blocks come nearer the free queue's head (scheduler.retained_blocks).
+    popped = jnp.where(runs, jnp.where(timing.k > 1, timing.kv_last - plan.used0, plan.popped), 0)
+    pq_i, pq_f, pq_mark = gather_rows([(victims, st.run_f, plan.victim_mark), (st.pq_i, st.pq_f, st.pq_mark - popped)], [dest_v, dest_q], num_s)
     pq_f = pq_f + jnp.where(jnp.arange(pq_f.shape[1]) == SINCE, dt, 0.0)[None, :]
     new_pq = n_pq + n_vict - a_pq
     next_k = rep.next_k + a - a_pq
@@ -273,6 +276,7 @@ def advance(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, plan: Pl
         n_run=n_run,
         pq_i=pq_i,
         pq_f=pq_f,
+        pq_mark=pq_mark,
         n_pq=new_pq,
         replica=rep.index,
         finished=jnp.where(frozen, False, done),

@@ -2,7 +2,8 @@
 
 It implements the same vLLM-V1-style semantics as `jaxplan.replay.scheduler`
 (see that module's docstring) with ordinary lists and loops, one step at a
-time: round robin replays one replica after the other, least loaded runs all
+time, and KV blocks by id in a free queue with prefix caching (`RefBlockPool`)
+where the replay counts them: round robin replays one replica after the other, least loaded runs all
 replicas in one event loop (`least_loaded`), and so does vLLM's DP coordinator over
 lock-step groups of ranks (`dp_coordinator`). The JAX replay must match it
 exactly (step counts, the step of each request's first token and finish,
@@ -13,7 +14,7 @@ step times and arrivals).
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +24,56 @@ from jaxplan.replay.traffic import Requests
 
 def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+class RefBlockPool:
+    """vLLM V1's KV block pool with prefix caching, block by block: a free queue (least recently
+    freed at the head), from whose head new blocks are taken, dropping what they cached, and the
+    whole blocks a preempted request left cached, found by (request, block index)."""
+
+    def __init__(self, num_blocks: int):
+        self.queue: OrderedDict[int, tuple[int, int] | None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.where: dict[tuple[int, int], int] = {}  # (request id, block index) -> free block caching it
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def take(self, n: int) -> list[int]:
+        """n blocks off the head; their cached contents are gone."""
+        blocks = []
+        for _ in range(n):
+            block, key = self.queue.popitem(last=False)
+            if key is not None:
+                del self.where[key]
+            blocks.append(block)
+        return blocks
+
+    def give(self, req: RefRequest, full: int):
+        """Free the request's blocks to the tail, its last block first (vLLM frees in reverse so that a
+        request's tail is evicted first); its first `full` blocks stay cached."""
+        for j in reversed(range(len(req.blocks))):
+            key = (req.rid, j) if j < full else None
+            self.queue[req.blocks[j]] = key
+            if key is not None:
+                self.where[key] = req.blocks[j]
+        req.blocks = []
+
+    def cached(self, req: RefRequest, block_size: int) -> int:
+        """Whole blocks of the request's own still cached from its first on, at most prompt + outputs - 1 tokens."""
+        cap = max(req.prompt + req.out - 1, 0) // block_size
+        j = 0
+        while j < cap and (req.rid, j) in self.where:
+            j += 1
+        return j
+
+    def reclaim(self, req: RefRequest, n: int) -> list[int]:
+        """The request takes its first n cached blocks back; the rest of what it cached is forgotten."""
+        blocks = [self.where.pop((req.rid, j)) for j in range(n)]
+        for block in blocks:
+            del self.queue[block]
+        for key in [key for key in self.where if key[0] == req.rid]:
+            self.queue[self.where.pop(key)] = None
+        return blocks
 
 
 @dataclasses.dataclass
@@ -41,6 +92,7 @@ class RefRequest:
     finish_step: int = -1
     finish_time: float | None = None
     replica: int = -1  # the replica it was routed to (-1: never)
+    blocks: list[int] = dataclasses.field(default_factory=list)  # KV block ids it holds, in order
 
 
 @dataclasses.dataclass
@@ -65,16 +117,18 @@ class RefResult:
 class RefScheduler:
     """One replica's scheduler: its queues, its clock, one step at a time."""
 
-    def __init__(self, stream: list[RefRequest], *, max_num_seqs: int, budget: int, step_budget: int, num_kv_blocks: int, block_size: int, step_time: Callable[[dict], float], closed: bool):
-        """budget: most tokens of one request per step; step_budget: of the whole step (PP micro-batches)."""
+    def __init__(self, stream: list[RefRequest], *, max_num_seqs: int, budget: int, step_budget: int, num_kv_blocks: int, block_size: int, step_time: Callable[[dict], float], closed: bool, prefix_caching: bool = True):
+        """budget: most tokens of one request per step; step_budget: of the whole step (PP micro-batches);
+        prefix_caching: a preempted request's blocks stay cached until reused."""
         self.max_num_seqs, self.budget, self.step_budget, self.num_kv_blocks, self.bs = max_num_seqs, budget, step_budget, num_kv_blocks, block_size
-        self.step_time, self.closed = step_time, closed
+        self.step_time, self.closed, self.prefix_caching = step_time, closed, prefix_caching
         # closed loop: no client sends a second request before the last one has started
         self.last_start = max((r.arrival for r in stream if r.arrival is not None), default=0.0)
         self.rep = RefReplica()
         self.pending = deque(stream)  # not yet arrived, in stream order
         self.waiting: deque[RefRequest] = deque()  # FCFS; preempted requests go to the front
         self.running: list[RefRequest] = []  # in order of (re)admission
+        self.pool = RefBlockPool(num_kv_blocks)
 
     def next_start(self) -> float | None:
         """When its next step starts (it sleeps until a request arrives), or None: nothing to do, or stalled."""
@@ -107,15 +161,15 @@ class RefScheduler:
             return [], batch
 
         # A request that cannot fit even alone can never finish: stop the replica.
+        pool = self.pool
         head = running[0] if running else waiting[0]
-        head_kv = head.computed if running else head.hit
+        head_kv = head.computed if running else max(head.hit, pool.cached(head, bs) * bs)
         head_new = min(head.prompt + head.out - head_kv, budget)
         if _blocks(head_kv + head_new, bs) > num_kv_blocks:
             rep.stalled = True
             return [], None
 
         token_budget = self.step_budget
-        free = num_kv_blocks - sum(_blocks(r.computed, bs) for r in running)
         scheduled: list[tuple[RefRequest, int, int]] = []  # (request, new tokens, tokens in KV before)
         preempted_any = False
         i = 0
@@ -125,9 +179,9 @@ class RefScheduler:
             new = min(req.prompt + req.out - req.computed, budget, token_budget)
             need = _blocks(req.computed + new, bs) - _blocks(req.computed, bs)
             self_preempted = False
-            while need > free:  # preempt the most recently admitted running request
+            while need > len(pool):  # preempt the most recently admitted running request
                 victim = running.pop()
-                free += _blocks(victim.computed, bs)
+                pool.give(victim, victim.computed // bs if self.prefix_caching else 0)
                 victim.computed = 0
                 victim.preemptions += 1
                 rep.preemptions += 1
@@ -138,33 +192,44 @@ class RefScheduler:
                     break
             if self_preempted:
                 break
-            free -= need
+            req.blocks += pool.take(need)
             token_budget -= new
             scheduled.append((req, new, req.computed))
             i += 1
-        # 2. Waiting requests, FCFS, only in a step without preemption.
+        # 2. Waiting requests, FCFS, only in a step without preemption. A request whose cached blocks
+        # an earlier admission of this step took off the head waits a step (as the replay does).
+        admitted = set()
         if not preempted_any:
+            cached_before = {req.rid: pool.cached(req, bs) for req in waiting}
             while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
-                new = min(req.prompt + req.out - req.hit, budget, token_budget)
-                need = _blocks(req.hit + new, bs)
-                if need > free:
+                cached = pool.cached(req, bs)
+                if cached < cached_before[req.rid]:
+                    break
+                own = cached if cached * bs >= req.hit else 0  # blocks it takes back
+                kv = max(req.hit, cached * bs)
+                new = min(req.prompt + req.out - kv, budget, token_budget)
+                need = _blocks(kv + new, bs)
+                if need > len(pool):
                     break
                 waiting.popleft()
                 running.append(req)
-                req.computed = req.hit
+                req.blocks = pool.reclaim(req, own)
+                req.blocks += pool.take(need - own)
+                req.computed = kv
+                admitted.add(req.rid)
                 if req.admit_time is None:
                     req.admit_time = rep.clock
-                free -= need
                 token_budget -= new
-                scheduled.append((req, new, req.hit))
+                scheduled.append((req, new, kv))
         assert scheduled, "the oldest request always gets a token once it fits alone"
-        rep.peak_kv_blocks = max(rep.peak_kv_blocks, num_kv_blocks - free)
-        rep.kv_block_steps += num_kv_blocks - free
+        rep.peak_kv_blocks = max(rep.peak_kv_blocks, num_kv_blocks - len(pool))
+        rep.kv_block_steps += num_kv_blocks - len(pool)
         rep.scheduled_sum += len(scheduled)
 
         for req, new, before in scheduled:
-            if req.out >= 1 and before == req.prompt + req.out - 1:
+            # a request admitted this step is a prefill (a readmitted one too, even of one token)
+            if req.out >= 1 and before == req.prompt + req.out - 1 and req.rid not in admitted:
                 batch["decode_tokens"] += 1
                 batch["decode_context_tokens"] += before + 1
             else:
@@ -188,6 +253,7 @@ class RefScheduler:
                 if req.out >= req.osl:
                     req.finish_step, req.finish_time = rep.steps, end
                     running.remove(req)
+                    self.pool.give(req, 0)
                     finished.append(req)
                     if self.closed:  # the replica's own client sends its next request
                         nxt = next((p for p in pending if p.arrival is None), None)
@@ -332,6 +398,7 @@ def reference_replay(
     closed_concurrency: int = 0,
     routing: str = "round_robin",
     lockstep_ranks: int = 1,
+    prefix_caching: bool = True,
 ) -> RefResult:
     """Replay one finalist, one scheduler per replica.
 
@@ -345,6 +412,7 @@ def reference_replay(
     routing "least_loaded": see `least_loaded` (closed loop: one client keeps N
     requests in flight over all dp replicas). routing "dp_coordinator": see `dp_coordinator`,
     groups of `lockstep_ranks` ranks in lock-step (closed loop as least loaded).
+    prefix_caching: as ReplayConfig's.
     """
     num_r = len(requests.prompt_tokens)
     balanced = routing in ("least_loaded", "dp_coordinator")
@@ -359,7 +427,7 @@ def reference_replay(
         arrival = start
         reqs.append(RefRequest(i, prompt, int(requests.output_tokens[i]), hit, arrival))
     step_budget = max_num_batched_tokens * pipeline_parallel_size
-    kwargs = {"max_num_seqs": max_num_seqs, "budget": max_num_batched_tokens, "step_budget": step_budget, "num_kv_blocks": num_kv_blocks, "block_size": block_size, "step_time": step_time}
+    kwargs = {"max_num_seqs": max_num_seqs, "budget": max_num_batched_tokens, "step_budget": step_budget, "num_kv_blocks": num_kv_blocks, "block_size": block_size, "step_time": step_time, "prefix_caching": prefix_caching}
     if routing == "dp_coordinator":
         return RefResult(reqs, dp_coordinator(reqs, dp, lockstep_ranks, closed_concurrency, **kwargs))
     if balanced:

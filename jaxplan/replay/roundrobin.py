@@ -56,6 +56,7 @@ def widen_lanes(inputs: LaneInput, state: LaneState, extra: int):
         run_f=widen(state.run_f, e_f),
         pq_i=widen(state.pq_i, e_i),
         pq_f=widen(state.pq_f, e_f),
+        pq_mark=jnp.concatenate([state.pq_mark, jnp.zeros(state.pq_mark.shape[:-1] + (extra,), state.pq_mark.dtype)], axis=-1),
         arrival=jnp.concatenate([pad_inf, state.arrival, pad_inf], axis=-1),
         overflow=jnp.zeros_like(state.overflow),
     )

@@ -19,7 +19,12 @@ it takes at most max_num_batched_tokens of them):
    cover their first chunk; the first that does not fit stops admission. A
    prefix-cache hit (whole blocks, at most prompt - 1 tokens) is counted as
    KV the request holds (its blocks are not shared) but is not computed. A
-   preempted request recomputes prompt + outputs so far (minus the same hit).
+   preempted request recomputes prompt + outputs so far, less the larger of
+   that hit and its own blocks still cached: vLLM frees a victim's blocks
+   into the free queue tail first and allocation evicts from the queue's
+   head, so the blocks other requests took since are gone, the rest remain
+   (`retained_blocks`). One that an earlier admission of the same step would
+   evict blocks from waits for the next step.
 4. The step takes step_time_fn(params, StepBatch) seconds (see execute.py).
 
 A replica whose oldest request cannot fit in its KV cache even alone stops
@@ -38,7 +43,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxplan.replay.ops import F32, I32, cdiv, cumsum, div_small, materialize
+from jaxplan.replay.ops import F32, I32, cdiv, cumsum, div, div_small, materialize
 from jaxplan.replay.state import ARRIVAL, COMP, HIT, NF, OUT, PROMPT, LaneState, empty_rows
 
 
@@ -56,6 +61,7 @@ class LaneInput(NamedTuple):
     step_budget: jnp.ndarray  # int32 pp x max_num_batched_tokens: tokens of the whole step
     num_kv_blocks: jnp.ndarray  # int32
     num_requests: jnp.ndarray  # int32 real requests in the stream (the rest is padding)
+    prefix_caching: jnp.ndarray  # bool: a preempted request's blocks stay cached (ReplayConfig.prefix_caching)
 
 
 def lane_done(st: LaneState, lane: LaneInput):
@@ -109,6 +115,7 @@ class Queue(NamedTuple):
 
     cand_i: jnp.ndarray  # [S, NI] int32 fields of each candidate
     cand_f: jnp.ndarray  # [S, NF] float32 fields
+    cand_mark: jnp.ndarray  # [S] int32 a preempted candidate's place in the free queue (LaneState.pq_mark; 0 for the rest)
     valid: jnp.ndarray  # [S] bool: a request that has arrived and waits
     n_wait: jnp.ndarray  # int32 (capped at S)
     t_next: jnp.ndarray  # float32 s: next arrival not yet waiting (inf: none)
@@ -147,7 +154,8 @@ def waiting_queue(st: LaneState, lane: LaneInput, rep: Replica, window=None) -> 
     valid = from_pq | arrived
     fresh_f = jnp.where(jnp.arange(NF) == ARRIVAL, w_arr[:, None], empty_rows(1)[1])  # arrived, nothing else yet
     cand_i, cand_f = materialize(jnp.where(from_pq[:, None], st.pq_i, w_rows), jnp.where(from_pq[:, None], st.pq_f, fresh_f))
-    return Queue(cand_i, cand_f, valid, jnp.sum(valid).astype(I32), jnp.min(jnp.where(arrived, jnp.inf, w_arr)), hi, lo, idle & ~wake)
+    mark = jnp.where(from_pq, st.pq_mark, 0)
+    return Queue(cand_i, cand_f, mark, valid, jnp.sum(valid).astype(I32), jnp.min(jnp.where(arrived, jnp.inf, w_arr)), hi, lo, idle & ~wake)
 
 
 class Plan(NamedTuple):
@@ -156,16 +164,32 @@ class Plan(NamedTuple):
     grant: jnp.ndarray  # [S] int32 tokens for each kept running request (0 for the rest)
     kept: jnp.ndarray  # int32 m: running requests not preempted (a prefix)
     c_grant: jnp.ndarray  # [S] int32 tokens for each admitted candidate (0 for the rest)
+    c_hit: jnp.ndarray  # [S] int32 tokens each candidate finds in the prefix cache (whole blocks)
     admitted: jnp.ndarray  # int32 a: candidates admitted (a prefix)
     used0: jnp.ndarray  # int32 KV blocks in use before the step
     used_step: jnp.ndarray  # int32 KV blocks in use during the step
     free0: jnp.ndarray  # int32 free KV blocks before the step
+    popped: jnp.ndarray  # int32 blocks the step takes off the free queue's head (plain step)
+    victim_mark: jnp.ndarray  # [S] int32 each running request's place in the free queue, were it preempted (LaneState.pq_mark)
     overflow: jnp.ndarray  # bool: admission stopped only because the S rows were full
     stall: jnp.ndarray  # bool: the oldest request can never fit
     steady: jnp.ndarray  # int32 >= 1: steps over which every kept request's grant stays the same, each
     # prompt chunk at its size and none completing a prompt (the decode rows' finishes are not counted)
     closed: jnp.ndarray  # bool: no request can be admitted while the running list is as it is
     # (its grants fill the step's budget, or max_num_seqs run)
+
+
+def retained_blocks(c_i, mark, popped, block_size: int):
+    """[S] int32 whole KV blocks of its own that each waiting request (rows `c_i` [S, NI], places in
+    the free queue `mark` [S]) finds in the prefix cache once `popped` more blocks (scalar or [S])
+    come off the free queue's head; 0 for a request never preempted (mark 0).
+
+    vLLM V1 frees a preempted request's blocks into the free queue's tail, its last block first, and
+    keeps their contents cached until a block is taken off the head for reuse. Its first block then
+    sits `mark` blocks from the head, so the first mark - popped of its whole blocks
+    (COMP // block_size) are left; a hit covers at most prompt + outputs - 1 tokens."""
+    whole = div(jnp.minimum(c_i[:, COMP], jnp.maximum(c_i[:, PROMPT] + c_i[:, OUT] - 1, 0)), block_size)
+    return jnp.clip(mark - popped, 0, whole)
 
 
 def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_size: int) -> Plan:
@@ -178,18 +202,25 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
     comp = r_i[:, COMP]
     want = jnp.where(valid, r_i[:, PROMPT] + r_i[:, OUT] - comp, 0)
     alloc = jnp.where(valid, cdiv(comp, bs), 0)
-    c_hit = c_i[:, HIT]
+    clipped = jnp.minimum(want, lane.budget)  # one micro-batch's budget each
+    # Candidates are admitted only where the running requests leave budget, so each got its whole
+    # clipped grant, and only in a step without preemption, after every running request's blocks
+    # came off the free queue's head: a candidate's own cached blocks are what those left.
+    need_all = jnp.sum(cdiv(comp + clipped, bs) - alloc)
+    c_ret = retained_blocks(c_i, queue.cand_mark, need_all, bs)
+    c_hit = jnp.maximum(c_i[:, HIT], c_ret * bs)
+    c_touch = jnp.where(c_ret * bs >= c_i[:, HIT], c_ret, 0)  # blocks taken back, not off the head
     c_want = jnp.where(queue.valid, c_i[:, PROMPT] + c_i[:, OUT] - c_hit, 0)
-    clipped = jnp.minimum(jnp.stack([want, c_want]), lane.budget)  # one micro-batch's budget each
-    sums = cumsum(jnp.stack([clipped[0], alloc, clipped[1]]))
-    grant = jnp.clip(budget - (sums[0] - clipped[0]), 0, clipped[0])
+    c_clipped = jnp.minimum(c_want, lane.budget)
+    sums = cumsum(jnp.stack([clipped, alloc, c_clipped]))
+    grant = jnp.clip(budget - (sums[0] - clipped), 0, clipped)
     need = cdiv(comp + grant, bs) - alloc
     used0 = jnp.sum(alloc)
     free0 = lane.num_kv_blocks - used0
-    c_room = budget - jnp.sum(grant) - (sums[2] - clipped[1])  # budget left before each candidate
-    c_grant = jnp.clip(c_room, 0, clipped[1])
+    c_room = budget - jnp.sum(grant) - (sums[2] - c_clipped)  # budget left before each candidate
+    c_grant = jnp.clip(c_room, 0, c_clipped)
     c_blocks = cdiv(c_hit + c_grant, bs)
-    sums2 = cumsum(jnp.stack([need, c_blocks]))
+    sums2 = cumsum(jnp.stack([need, c_blocks, c_touch]))
     # request i keeps running iff its blocks and all before it fit once every
     # request after it is preempted; that set is a prefix of the running list.
     ok = valid & (sums2[0] <= free0 + (used0 - sums[1]))
@@ -200,6 +231,11 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
     free1 = free0 + victim_alloc - need_kept
     seats = jnp.minimum(lane.max_num_seqs, num_s)
     c_ok = queue.valid & (c_room > 0) & (n + pos < seats) & (sums2[1] <= free1) & ~preempt
+    # An earlier admission of this step that takes a candidate's cached blocks off the head makes
+    # it wait a step (vLLM would admit it with the shorter hit): candidates stay a prefix.
+    c_pops = c_blocks - c_touch
+    eroded = c_ret > retained_blocks(c_i, queue.cand_mark, need_all + (sums2[1] - c_blocks) - (sums2[2] - c_touch), bs)
+    c_ok = c_ok & (pos < jnp.min(jnp.where(eroded, pos, num_s)))
     a = jnp.sum(c_ok).astype(I32)
     # Out of rows: the real scheduler might have admitted more than S requests.
     room_next = jnp.sum(jnp.where(pos == jnp.minimum(a, num_s - 1), c_room, 0))
@@ -217,10 +253,13 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
         grant=g_ok,
         kept=m,
         c_grant=jnp.where(c_ok, c_grant, 0),
+        c_hit=c_hit,
         admitted=a,
         used0=used0,
         used_step=used0 - victim_alloc + need_kept + jnp.sum(jnp.where(c_ok, c_blocks, 0)),
         free0=free0,
+        popped=need_kept + jnp.sum(jnp.where(c_ok, c_pops, 0)),
+        victim_mark=free0 - need_kept + used0 - (sums[1] - alloc),
         overflow=overflow,
         stall=stall,
         steady=steady,

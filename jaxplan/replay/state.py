@@ -34,8 +34,11 @@ import numpy as np
 
 # int32 columns of a slot table
 K, PROMPT, OSL, HIT, COMP, OUT, STEP_FIRST, NPRE = range(8)
-NI = 8  # K: index in the lane's stream; COMP: tokens in KV (vLLM num_computed_tokens, 0 when preempted);
-# OUT: output tokens so far; STEP_FIRST: step of the first token (-1 before); NPRE: times preempted
+NI = 8  # K: index in the lane's stream; COMP: tokens in KV (vLLM num_computed_tokens), of a preempted
+# request those it had computed (its whole blocks may still be cached); OUT: output tokens so far;
+# STEP_FIRST: step of the first token (-1 before); NPRE: times preempted. Eight int32 columns: a ninth
+# makes every row gather of the loop ~20% slower (bench/README.md), so a preempted request's place in
+# the free queue is a vector of its own (LaneState.pq_mark).
 # float32 columns
 ARRIVAL, SINCE, T_ADMIT, TTFT = range(4)
 NF = 4  # SINCE: s since the request's last token; T_ADMIT: first admission (nan before); TTFT (nan before)
@@ -59,6 +62,8 @@ class LaneState(NamedTuple):
     n_run: jnp.ndarray
     pq_i: jnp.ndarray  # [S, NI] preempted queue, rows < n_pq valid
     pq_f: jnp.ndarray  # [S, NF]
+    pq_mark: jnp.ndarray  # [S] int32 each preempted row's first block's place in the free queue (1 = its
+    # head), less the blocks taken off the head since (scheduler.retained_blocks)
     n_pq: jnp.ndarray
     replica: jnp.ndarray  # int32 current replica
     finished: jnp.ndarray  # bool: the current replica is done (or stalled)
@@ -107,9 +112,10 @@ def widen_stream_rows(rows, num_slots: int, extra: int):
 
 
 def gather_rows(parts, dests, num_slots: int):
-    """Slot tables (ints [S, NI], floats [S, NF]) filled from `parts`, a list of (ints [n, NI], floats [n, NF]):
-    row j of part p goes to row dests[p][j] (int32 [n]; num_slots or more: nowhere); the rows
-    nothing is sent to are empty. Destinations must not collide.
+    """Slot tables (ints [S, NI], floats [S, NF]) filled from `parts`, a list of (ints [n, NI], floats [n, NF]
+    [, a vector [n] int32]): row j of part p goes to row dests[p][j] (int32 [n]; num_slots or more:
+    nowhere); the rows nothing is sent to are empty (the vector's 0). Destinations must not collide.
+    Returns (ints, floats), and the vector [S] where the parts carry one.
 
     One scatter of source numbers [S], then one gather of whole rows per matrix.
     """
@@ -119,10 +125,13 @@ def gather_rows(parts, dests, num_slots: int):
     empty = src_i.shape[0] - 1
     src = jnp.full(num_slots, empty, jnp.int32)
     offset = 0
-    for (ints, _), dest in zip(parts, dests):
-        src = src.at[dest].set(offset + jnp.arange(ints.shape[0], dtype=jnp.int32), mode="drop")
-        offset += ints.shape[0]
-    return src_i[src], src_f[src]
+    for part, dest in zip(parts, dests):
+        src = src.at[dest].set(offset + jnp.arange(part[0].shape[0], dtype=jnp.int32), mode="drop")
+        offset += part[0].shape[0]
+    if len(parts[0]) == 2:
+        return src_i[src], src_f[src]
+    src_v = jnp.concatenate([p[2] for p in parts] + [jnp.zeros(1, jnp.int32)])
+    return src_i[src], src_f[src], src_v[src]
 
 
 def flush_in_flight(st: LaneState):
@@ -156,6 +165,7 @@ def init_lane(arrival, submitted, max_dp: int, num_slots: int) -> LaneState:
         n_run=z,
         pq_i=ri,
         pq_f=rf,
+        pq_mark=jnp.zeros(num_slots, jnp.int32),
         n_pq=z,
         replica=z,
         finished=jnp.zeros((), bool),

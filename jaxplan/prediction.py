@@ -547,7 +547,8 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
-            config = replay_config(layout, scheduler_blocks[k : k + 1], int(block_tokens[k]), routing=routing, prefix_caching=prefix_caching(batch.model))
+            caching = prefix_caching(batch.model) and rows[i].get("enable_prefix_caching") is not False
+            config = replay_config(layout, scheduler_blocks[k : k + 1], int(block_tokens[k]), routing=routing, prefix_caching=caching)
             requests = sample_requests(workload, None, seed)
             deadline = None if max_seconds is None else Deadline(
                 max_seconds, start=started_at, what=f"the replay of {source} row {i + 1} ({requests.num_requests:,} requests)", unit="output tokens",

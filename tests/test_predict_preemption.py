@@ -51,3 +51,18 @@ def test_simulate_prints_a_long_status_below_its_table(tmp_path):
     note = [line for line in lines if line.startswith("row 1: ")]
     assert len(note) == 1 and NOTE.match(note[0].removeprefix("row 1: ")), result.output
     assert any("ok (below)" in line for line in lines) and not any("preempted" in line for line in lines if "│" in line)
+
+
+def test_without_the_prefix_cache_a_victim_recomputes_everything():
+    """`enable_prefix_caching` false (vLLM's --no-enable-prefix-caching): the same preemptions cost more,
+    since a readmitted request finds none of its blocks; a stated prefix hit needs the cache."""
+    import pytest
+
+    from jaxplan.calibrate.rows import make_row
+    from jaxplan.errors import PlanError
+
+    cached, uncached = replay_predict_rows([dict(BURST, max_num_seqs=16), dict(BURST, max_num_seqs=16, enable_prefix_caching=False)])
+    assert NOTE.match(cached["status"]) and NOTE.match(uncached["status"])
+    assert uncached["output_tok_s"] < cached["output_tok_s"]
+    with pytest.raises(PlanError, match="prefix_hit_rate.*enable_prefix_caching"):
+        make_row(**dict(BURST, enable_prefix_caching=False, prefix_hit_rate=0.5))

@@ -30,6 +30,8 @@ Column meanings:
   vllm_version               the vLLM release served (e.g. 0.8.3; blank = --vllm-version, else the newest measured):
                              it decides the engine under PP and the default gpu_memory_utilization (`jaxplan.vllm_release`)
   prefix_hit_rate            fraction of prompt tokens served from prefix cache, [0, 1)
+  enable_prefix_caching      true (default) | false: vLLM's prefix cache (--no-enable-prefix-caching turns it off);
+                             the replay keeps a preempted request's cached blocks only with it (not for hybrid models)
   isl_distribution, isl_spread, osl_distribution, osl_spread
                              length distributions as in a workload file: fixed (blank) | uniform (mean +- spread x mean)
                              | lognormal (spread = coefficient of variation), spread in [0, 5]
@@ -92,6 +94,7 @@ INPUT_COLUMNS = (
     "block_size",
     "vllm_version",
     "prefix_hit_rate",
+    "enable_prefix_caching",
     "isl_distribution",
     "isl_spread",
     "osl_distribution",
@@ -125,11 +128,12 @@ DEFAULTS: dict[str, Any] = {
     "enable_expert_parallel": False,
     "kv_cache_dtype": "auto",
     "prefix_hit_rate": 0.0,
+    "enable_prefix_caching": True,
     "measured_output_tok_s_derived": False,
 }
 STRING_COLUMNS = frozenset({"model", "gpu", "weight_dtype", "kv_cache_dtype", "vllm_version", "isl_distribution", "osl_distribution", "lengths_file", "dataset", "backend", "source_id", "notes"})
 INT_COLUMNS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "concurrency", "num_prompts", "max_num_seqs", "max_num_batched_tokens", "block_size"})
-BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived", "enable_expert_parallel"})
+BOOL_COLUMNS = frozenset({"measured_output_tok_s_derived", "enable_expert_parallel", "enable_prefix_caching"})
 # float column -> (low, high, fix); request_rate may also be inf.
 FLOAT_RANGES = {
     "isl": (1.0, 1e7, "a mean token count in 1..10,000,000"),
@@ -226,6 +230,8 @@ def check_row(row: dict, where: str) -> dict:
         parse_release(row["vllm_version"], where=where)
     if row["block_size"] is not None and row["block_size"] not in BLOCK_SIZES:
         raise bad_value("block_size", row["block_size"], f"use one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)", where=where)
+    if row["prefix_hit_rate"] and not row["enable_prefix_caching"]:
+        raise bad_value("prefix_hit_rate", row["prefix_hit_rate"], "needs vLLM's prefix cache: set enable_prefix_caching true, or prefix_hit_rate 0", where=where)
     if row["concurrency"] is None and row["request_rate"] is None:
         raise bad_value("concurrency", None, "give concurrency (closed loop) or request_rate (requests/s, inf = burst)", where=where)
     if row["request_rate"] == math.inf and row["concurrency"] is None and row["num_prompts"] is None and not row["lengths_file"]:

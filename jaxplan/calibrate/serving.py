@@ -462,6 +462,7 @@ _JSON_KEYS = {
     "gpu_hbm_bytes_override": ("gpu_hbm_bytes_override",),
     "gpu_hbm_bandwidth_bytes_per_s_override": ("gpu_hbm_bandwidth_bytes_per_s_override",),
     "enable_expert_parallel": ("enable_expert_parallel",),
+    "enable_prefix_caching": ("enable_prefix_caching",),
     "block_size": ("block_size",),
     "gpu_memory_utilization": ("gpu_memory_utilization",),
     "vllm_version": ("vllm_version",),
@@ -531,6 +532,7 @@ def read_vllm_bench_json(
     block_size: int | None = None,
     gpu_memory_utilization: float | None = None,
     vllm_version: str | None = None,
+    enable_prefix_caching: bool | None = None,
     backend: str = "vllm",
     dataset: str = "vllm_bench_serve",
     defaults: Mapping[str, object] | None = None,
@@ -545,7 +547,7 @@ def read_vllm_bench_json(
     requests, unless the length columns are given), and any `--metadata KEY=VALUE` config keys
     (gpu, tensor_parallel_size/tp, pipeline_parallel_size/pp, data_parallel_size/dp,
     enable_expert_parallel, weight_dtype, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
-    block_size, gpu_memory_utilization, vllm_version, prefix_hit_rate, and for a GPU that differs from
+    block_size, gpu_memory_utilization, vllm_version, prefix_hit_rate, enable_prefix_caching, and for a GPU that differs from
     the bundled spec gpu_hbm_bytes_override, gpu_hbm_bandwidth_bytes_per_s_override).
     Keyword arguments override the file; `defaults` (field -> value, JSON_DEFAULT_FIELDS) fill what
     it does not record (its --metadata keys win; a `defaults` model wins over the served model_id,
@@ -562,7 +564,7 @@ def read_vllm_bench_json(
         "gpu_hbm_bytes_override": gpu_hbm_bytes_override, "gpu_hbm_bandwidth_bytes_per_s_override": gpu_hbm_bandwidth_bytes_per_s_override,
         "isl_distribution": isl_distribution, "isl_spread": isl_spread, "osl_distribution": osl_distribution, "osl_spread": osl_spread,
         "enable_expert_parallel": enable_expert_parallel, "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
-        "vllm_version": vllm_version,
+        "vllm_version": vllm_version, "enable_prefix_caching": enable_prefix_caching,
     }
     unknown = sorted(set(defaults or {}) - set(JSON_DEFAULT_FIELDS))
     if unknown:
@@ -598,8 +600,9 @@ def read_vllm_bench_json(
             if isinstance(config[field], str):  # --metadata values arrive as text
                 number = _number(config, field, path, where)
                 config[field] = int(number) if field not in _FLOAT_KEYS and number.is_integer() else number
-        if isinstance(config["enable_expert_parallel"], str):
-            config["enable_expert_parallel"] = parse_bool("enable_expert_parallel", config["enable_expert_parallel"], f"{path}: {where}")
+        for field in ("enable_expert_parallel", "enable_prefix_caching"):
+            if isinstance(config[field], str):
+                config[field] = parse_bool(field, config[field], f"{path}: {where}")
         if config["vllm_version"] is not None:
             config["vllm_version"] = str(config["vllm_version"])
         try:  # any model jaxplan can load: its bundled ones (MoE too), their quantised checkpoints' ids, config paths

@@ -3,9 +3,9 @@
 It implements the same vLLM-V1-style semantics as `jaxplan.replay.scheduler`
 (see that module's docstring) with ordinary lists and loops, one step at a
 time, and KV blocks by id in a free queue with prefix caching (`RefBlockPool`)
-where the replay counts them: round robin replays one replica after the other, least loaded runs all
-replicas in one event loop (`least_loaded`), and so does vLLM's DP coordinator over
-lock-step groups of ranks (`dp_coordinator`). The JAX replay must match it
+where the replay counts them: round robin replays one replica after the
+other, least loaded runs all replicas in one event loop (`least_loaded`), and
+so does vLLM's DP coordinator over lock-step groups of ranks (`dp_coordinator`). The JAX replay must match it
 exactly (step counts, the step of each request's first token and finish,
 preemptions, replicas) whenever the arithmetic on times is exact (e.g. dyadic
 step times and arrivals).

@@ -249,7 +249,8 @@ def winner_of(result, best: Finalist, replayed: bool) -> Winner:
     row = best.to_row()
     space = result.grid.space
     node_gpus = next((g.launch_gpus_per_host for g in result.grid.gpus if g.name == best.gpu), None)
-    lines = serve_lines(result.model, row, space.gpu_memory_utilization, space.block_size_tokens, gpus_per_node=node_gpus)
+    lines = serve_lines(result.model, row, space.gpu_memory_utilization, space.block_size_tokens, gpus_per_node=node_gpus,
+                        enable_prefix_caching=space.enable_prefix_caching)
     shortfalls = tuple(replay_shortfalls(row, result.workload)) if replayed else None
     return Winner(
         best, lines[0].command, tuple(line.command for line in lines[1:]), kv_cache_check(row, space.block_size_tokens), shortfalls,

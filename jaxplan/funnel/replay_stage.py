@@ -54,7 +54,9 @@ def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     ctx = result.context
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
     hw, layout, blocks = _finalist_arrays(rows_context(ctx), digits)
-    config = replay_config(layout, np.asarray(blocks), int(result.grid.space.block_size_tokens), routing=routing, prefix_caching=prefix_caching(ctx.model))
+    space = result.grid.space
+    caching = prefix_caching(ctx.model) and space.enable_prefix_caching
+    config = replay_config(layout, np.asarray(blocks), int(space.block_size_tokens), routing=routing, prefix_caching=caching)
     return config, physics_params(ctx.model, hw, layout)
 
 

@@ -151,7 +151,12 @@ def build_context(grid: Grid, model: ModelSpec, workload: Workload, params_path:
     )
 
 
-def check_inputs(model: ModelSpec, workload: Workload) -> None:
+def check_inputs(model: ModelSpec, workload: Workload, space=None) -> None:
+    if space is not None and not space.enable_prefix_caching and workload.prefix_hit_rate > 0:
+        raise PlanError(
+            f"workload {workload.name!r}: prefix_hit_rate = {workload.prefix_hit_rate:g} needs vLLM's prefix cache, which space "
+            f"{space.name!r} turns off (enable_prefix_caching = false); set one of them the other way"
+        )
     longest = float(max_context_tokens(workload_params(workload)))
     if longest > model.max_position_embeddings:
         raise PlanError(
@@ -397,7 +402,7 @@ def run_sweep(
     `explain_budget`: where nothing survives and the GPU budget removed candidates, sweep the grid
     again without it for the explanation's `budget_note` (`funnel.relax`)."""
     started = time.perf_counter()
-    check_inputs(model, workload)
+    check_inputs(model, workload, space)
     grid = Grid(gpus, space.for_model(model))
     grid_size_check(grid)
     chunk_size = default_chunk() if chunk_size is None else chunk_size

@@ -73,7 +73,8 @@ def checkpoint_and_quantization(model: ModelSpec, weight_dtype: str) -> tuple[st
     return served, flags
 
 
-def engine_args(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9, block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS) -> list[str]:
+def engine_args(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9, block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS,
+                enable_prefix_caching: bool = True) -> list[str]:
     """`vllm serve MODEL` and the flags every line of the deployment shares, without the parallel
     sizes. A KV block size other than vLLM's default is passed on (`--block-size`): the capacity the
     plan counted depends on it. Where one replica's KV cache (`kv_blocks_per_replica`) holds fewer
@@ -95,6 +96,8 @@ def engine_args(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9
             args += ["--max-model-len", str(kv_tokens)]
     if row["kv_cache_dtype"] == "fp8":
         args += ["--kv-cache-dtype", "fp8"]
+    if not enable_prefix_caching:  # the replay priced preemptions without the cache's help
+        args += ["--no-enable-prefix-caching"]
     return args + quantization
 
 
@@ -149,9 +152,9 @@ def node_layout(row: dict, ranks: int = None, gpus_per_node: int | None = None) 
 
 
 def serve_lines(model: ModelSpec, row: dict, gpu_memory_utilization: float = 0.9, block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS,
-                gpus_per_node: int | None = None) -> list[ServeLine]:
+                gpus_per_node: int | None = None, enable_prefix_caching: bool = True) -> list[ServeLine]:
     """Every command the row's deployment runs, the first server's (head node's) first."""
-    base = engine_args(model, row, gpu_memory_utilization, block_size_tokens)
+    base = engine_args(model, row, gpu_memory_utilization, block_size_tokens, enable_prefix_caching)
     servers, ranks, expert_parallel = server_shape(model, row)
     replica_gpus = int(row["tensor_parallel_size"]) * int(row["pipeline_parallel_size"])
     node_gpus = _gpus_per_node(row, gpus_per_node)

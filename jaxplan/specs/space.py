@@ -63,6 +63,7 @@ class SearchSpace:
     gpu_budget: int = 64
     gpu_memory_utilization: float = 0.9
     block_size_tokens: int = VLLM_DEFAULT_BLOCK_SIZE_TOKENS
+    enable_prefix_caching: bool = True  # vLLM's default; false: served with --no-enable-prefix-caching
     allow_multi_node: bool = True
     description: str = ""
 
@@ -90,6 +91,8 @@ class SearchSpace:
             raise bad_value("gpu_memory_utilization", self.gpu_memory_utilization, "must be in [0.05, 1.0]", where=where)
         if isinstance(self.block_size_tokens, bool) or not isinstance(self.block_size_tokens, int) or self.block_size_tokens not in BLOCK_SIZES:
             raise bad_value("block_size_tokens", self.block_size_tokens, f"use one of {', '.join(map(str, BLOCK_SIZES))}", where=where)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise bad_value("enable_prefix_caching", self.enable_prefix_caching, "must be true or false", where=where)
 
     def for_model(self, model) -> "SearchSpace":
         """This space for `model` (a ModelSpec): the layout kinds default to every kind a MoE model has

@@ -155,7 +155,7 @@ def check_inputs(model: ModelSpec, workload: Workload, space=None) -> None:
     if space is not None and not space.enable_prefix_caching and workload.prefix_hit_rate > 0:
         raise PlanError(
             f"workload {workload.name!r}: prefix_hit_rate = {workload.prefix_hit_rate:g} needs vLLM's prefix cache, which space "
-            f"{space.name!r} turns off (enable_prefix_caching = false); set one of them the other way"
+            f"{space.name!r} turns off (enable_prefix_caching = false); set the workload's prefix_hit_rate = 0 or the space's enable_prefix_caching = true"
         )
     longest = float(max_context_tokens(workload_params(workload)))
     if longest > model.max_position_embeddings:

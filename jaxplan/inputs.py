@@ -92,11 +92,13 @@ def load_inputs(
     weight_dtypes=None,
     kv_cache_dtypes=None,
     layout_kinds=None,
+    enable_prefix_caching: bool | None = None,
     labels: Mapping[str, str] = API_LABELS,
 ) -> Inputs:
     """Load and validate the inputs shared by sweep, report, size and sensitivity: names/paths are
     loaded, spec objects taken as they are; the options override the workload and the space
-    (layout_kinds: 'tp,dp_ep' or a list, the space's layout_kind: tp, ep, dp, dp_ep)."""
+    (layout_kinds: 'tp,dp_ep' or a list, the space's layout_kind: tp, ep, dp, dp_ep;
+    enable_prefix_caching: the space's, vLLM's prefix cache on or off)."""
     from jaxplan.specs import load_model, load_space, load_workload
     from jaxplan.specs.space import KV_CACHE_DTYPES, LAYOUT_KINDS, WEIGHT_DTYPES
     from jaxplan.specs.workload import Arrival
@@ -132,5 +134,7 @@ def load_inputs(
         space_spec = space_spec.replace(kv_cache_dtype=dtype_list(kv_cache_dtypes, labels["kv_cache_dtypes"], KV_CACHE_DTYPES))
     if layout_kinds is not None:
         space_spec = space_spec.replace(layout_kind=dtype_list(layout_kinds, labels["layout_kinds"], LAYOUT_KINDS))
+    if enable_prefix_caching is not None:
+        space_spec = space_spec.replace(enable_prefix_caching=bool(enable_prefix_caching))
     space_spec = space_spec.for_model(model_spec)
     return Inputs(model_spec, specs, workload_spec, space_spec, space if isinstance(space, str) else space_spec.name)

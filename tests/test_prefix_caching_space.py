@@ -43,3 +43,22 @@ def test_a_prefix_hit_rate_needs_the_cache():
         run_sweep(load_model("llama-3.1-8b"), parse_gpu_list("h200_sxm"), workload, load_space("small").replace(enable_prefix_caching=False), top_k=3)
     with pytest.raises(PlanError, match="enable_prefix_caching"):
         load_space("small").replace(enable_prefix_caching="no")
+
+
+def test_the_command_line_flag_reaches_the_winners_line():
+    """`--no-enable-prefix-caching`, vLLM's flag, overrides the space; against a workload counting
+    prefix hits it is a one-line error and a non-zero exit."""
+    from typer.testing import CliRunner
+
+    from jaxplan.cli import app
+
+    common = ["sweep", "--model", "llama-3.1-8b", "--gpus", "h200_sxm", "--space", "small", "--top", "3", "--no-replay"]
+    result = CliRunner().invoke(app, [*common, "--workload", "coding", "--no-enable-prefix-caching"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    winner = next(line for line in result.output.splitlines() if line.startswith("Winner:"))
+    assert "--no-enable-prefix-caching" in result.output.split("Winner:")[1].split("\n\n")[0], winner
+    default = CliRunner().invoke(app, [*common, "--workload", "coding"], env={"COLUMNS": "250"})
+    assert default.exit_code == 0 and "--no-enable-prefix-caching" not in default.output
+    refused = CliRunner().invoke(app, [*common, "--workload", "chat", "--no-enable-prefix-caching"], env={"COLUMNS": "250"})
+    assert refused.exit_code != 0 and "prefix_hit_rate = 0.2 needs vLLM's prefix cache" in refused.output
+    assert "Traceback" not in refused.output

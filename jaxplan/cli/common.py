@@ -36,6 +36,11 @@ KvDtypesOption = Annotated[Optional[str], typer.Option(help="KV-cache dtypes to 
 TargetOption = Annotated[Optional[float], typer.Option(min=0.0, help="Required output tokens/s for the whole deployment.")]
 RateOption = Annotated[Optional[float], typer.Option(min=0.0, help="Override the workload's Poisson request rate (requests/s).")]
 PriceOption = Annotated[Optional[str], typer.Option(help="Override GPU prices: h100_sxm=2.5,h200_sxm=3.2 (USD per GPU-hour).")]
+PrefixCachingOption = Annotated[Optional[bool], typer.Option(
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    help="vLLM's prefix cache on (its default) or off, as the servers will run (overrides the space's enable_prefix_caching): "
+         "without it a preempted request recomputes everything, and the winner's line says so.",
+)]
 
 
 def _say_params(value: Optional[Path]) -> Optional[Path]:
@@ -159,13 +164,15 @@ def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(), console=err, transient=True)
 
 
-def load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None, layout_kinds=None):
+def load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes=None, kv_cache_dtypes=None, layout_kinds=None,
+                    enable_prefix_caching=None):
     """The inputs shared by sweep, report, size and sensitivity (`jaxplan.inputs.load_inputs`, errors naming the --flags)."""
     from jaxplan.inputs import CLI_LABELS, load_inputs
 
     return load_inputs(
         model, gpus, workload, space, budget=budget, target_throughput=target_throughput, rate=rate, price=price,
-        weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, layout_kinds=layout_kinds, labels=CLI_LABELS,
+        weight_dtypes=weight_dtypes, kv_cache_dtypes=kv_cache_dtypes, layout_kinds=layout_kinds,
+        enable_prefix_caching=enable_prefix_caching, labels=CLI_LABELS,
     )
 
 

@@ -16,6 +16,7 @@ from jaxplan.cli.common import (
     MaxMemoryGibOption,
     ModelOption,
     ParamsOption,
+    PrefixCachingOption,
     PriceOption,
     RateOption,
     Routing,
@@ -60,6 +61,7 @@ def report(
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
     price: PriceOption = None,
+    prefix_caching: PrefixCachingOption = None,
     params: ParamsOption = None,
     vllm_version: VllmVersionOption = None,
     replay: Annotated[bool, typer.Option(help="Stage 7: replay the finalists step by step, re-rank them, and draw their timelines.")] = True,
@@ -90,7 +92,8 @@ def report(
         from jaxplan.plots.save import plot_dir
 
         plot_dir(plot)
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds,
+                             prefix_caching)
     started = time.perf_counter()
     plan = plan_with_progress(
         inputs, top=top, params=params, replay=replay, replay_requests=replay_requests, seed=seed, routing=routing.value,

@@ -15,6 +15,7 @@ from jaxplan.cli.common import (
     MaxMemoryGibOption,
     ModelOption,
     ParamsOption,
+    PrefixCachingOption,
     PriceOption,
     RateOption,
     SpaceOption,
@@ -50,6 +51,7 @@ def sensitivity(
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=200, help="Finalists to analyse.")] = 10,
     price: PriceOption = None,
+    prefix_caching: PrefixCachingOption = None,
     params: ParamsOption = None,
     vllm_version: VllmVersionOption = None,
     map_axes: Annotated[Optional[str], typer.Option("--winner-map", help="Instead: map the winning layout over workload scenarios, AXIS=LO:HI:N or AXIS=V1,V2,... for 1-3 axes of isl, osl, rate, hit, concurrency (e.g. isl=2000:32000:5,rate=1:16:5).")] = None,
@@ -67,7 +69,8 @@ def sensitivity(
 
     check_writable(json_path, "--json")
     params_path = str(params) if params else None
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds,
+                             prefix_caching)
     if plot:
         from jaxplan.plots.save import plot_dir
 

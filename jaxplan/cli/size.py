@@ -15,6 +15,7 @@ from jaxplan.cli.common import (
     MaxMemoryGibOption,
     ModelOption,
     ParamsOption,
+    PrefixCachingOption,
     PriceOption,
     RateOption,
     SpaceOption,
@@ -48,6 +49,7 @@ def size(
     target_throughput: TargetOption = None,
     rate: RateOption = None,
     price: PriceOption = None,
+    prefix_caching: PrefixCachingOption = None,
     params: ParamsOption = None,
     vllm_version: VllmVersionOption = None,
     rollout_prompts: Annotated[int | None, typer.Option(min=1, help="Batch job (RL rollouts): prompts to generate; prints its wall time and cost at each pick's throughput.")] = None,
@@ -63,7 +65,8 @@ def size(
     from jaxplan.sizing import size_deployments, sizing_table
 
     check_writable(json_path, "--json")
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds,
+                             prefix_caching)
     if inputs.workload.target_output_tokens_per_s <= 0:
         raise PlanError(f"workload {inputs.workload.name!r} has no throughput target; pass --target-throughput (output tokens/s for the whole deployment)")
     plan = plan_with_progress(inputs, top=1, params=params, replay=False, size=True, replay_sizing=replay, replay_requests=replay_requests,

@@ -14,6 +14,7 @@ from jaxplan.cli.common import (
     MaxMemoryGibOption,
     ModelOption,
     ParamsOption,
+    PrefixCachingOption,
     PriceOption,
     RateOption,
     Routing,
@@ -52,6 +53,7 @@ def sweep(
     rate: RateOption = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Finalists to keep (one per GPU/TP/PP/DP layout).")] = 20,
     price: PriceOption = None,
+    prefix_caching: PrefixCachingOption = None,
     chunk_size: Annotated[Optional[int], typer.Option(min=1024, max=1 << 24, help="Candidates per streamed chunk [default: 65,536 on a CPU, 4,194,304 on a GPU].")] = None,
     params: ParamsOption = None,
     vllm_version: VllmVersionOption = None,
@@ -68,7 +70,8 @@ def sweep(
     from jaxplan.report.tables import funnel_table, rows_table
 
     check_writable(json_path, "--json")
-    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds)
+    inputs = load_cli_inputs(model, gpus, workload, space, budget, target_throughput, rate, price, weight_dtypes, kv_cache_dtypes, layout_kinds,
+                             prefix_caching)
     if plot:
         from jaxplan.plots.save import plot_dir
 

@@ -298,8 +298,7 @@ def _preemption_note(m, workload: Workload, kv_blocks: int, block_tokens: int, n
     PREEMPTION_NOTE_SHARE of its requests, how often and why. vLLM admits a request on its prompt's KV
     blocks (replay/scheduler.py), so requests admitted together can outgrow the cache, and a preempted
     one recomputes what of its prompt and output so far the prefix cache lost; stage 4 does not price
-    that. `kv_blocks`: the
-    scheduler's blocks of one replica (`batch_kv_blocks`)."""
+    that. `kv_blocks`: the scheduler's blocks of one replica (`batch_kv_blocks`)."""
     count = int(m.num_preemptions[0])
     if not notable_preemptions(count, num_requests):
         return ""
@@ -547,7 +546,7 @@ def _replay_predict_rows(rows, params_path, source, num_requests, seed, routing,
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
             hw, layout = pick(hw_all), pick(batch.layout)
-            caching = prefix_caching(batch.model) and rows[i].get("enable_prefix_caching") is not False
+            caching = prefix_caching(batch.model, rows[i].get("enable_prefix_caching") is not False)
             config = replay_config(layout, scheduler_blocks[k : k + 1], int(block_tokens[k]), routing=routing, prefix_caching=caching)
             requests = sample_requests(workload, None, seed)
             deadline = None if max_seconds is None else Deadline(

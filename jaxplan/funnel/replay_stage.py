@@ -55,7 +55,7 @@ def finalist_inputs(result, rows: list[dict], routing: str = "round_robin"):
     digits = jnp.asarray(np.array([r["digits"] for r in rows], np.int32))
     hw, layout, blocks = _finalist_arrays(rows_context(ctx), digits)
     space = result.grid.space
-    caching = prefix_caching(ctx.model) and space.enable_prefix_caching
+    caching = prefix_caching(ctx.model, space.enable_prefix_caching)
     config = replay_config(layout, np.asarray(blocks), int(space.block_size_tokens), routing=routing, prefix_caching=caching)
     return config, physics_params(ctx.model, hw, layout)
 
@@ -75,12 +75,12 @@ def lockstep_ranks(layout) -> np.ndarray:
     return np.rint(np.asarray(layout.lockstep_ranks, np.float64)).astype(np.int64)
 
 
-def prefix_caching(model: ModelShape) -> bool:
+def prefix_caching(model: ModelShape, enabled: bool = True) -> bool:
     """Whether vLLM keeps a preempted request's blocks cached for its readmission
-    (`ReplayConfig.prefix_caching`): for attention-only models, whose prefixes V1 caches by default;
-    not for a hybrid with linear-attention layers, whose recurrent state vLLM caches only in some
-    releases and experimentally, so its victims are recomputed whole."""
-    return not bool(np.any(np.asarray(model.linear_layers) > 0))
+    (`ReplayConfig.prefix_caching`), its prefix cache `enabled` (vLLM's default): for attention-only
+    models; not for a hybrid with linear-attention layers, whose recurrent state vLLM caches only in
+    some releases and experimentally, so its victims are recomputed whole."""
+    return bool(enabled) and not bool(np.any(np.asarray(model.linear_layers) > 0))
 
 
 def replay_config(layout, kv_blocks, block_size: int = 16, *, routing: str = "round_robin", prefix_caching: bool = True) -> ReplayConfig:

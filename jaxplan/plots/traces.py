@@ -67,7 +67,7 @@ def csv_traces(rows: list[dict], *, num_requests: int | None = None, seed: int =
                 continue
             workload = _row_workload(batch, k, num_requests, rows[i])
             pick = lambda tree, k=k: jax.tree.map(lambda x: x[k : k + 1] if jnp.ndim(x) else x, tree)  # noqa: E731
-            caching = prefix_caching(batch.model) and rows[i].get("enable_prefix_caching") is not False
+            caching = prefix_caching(batch.model, rows[i].get("enable_prefix_caching") is not False)
             config = replay_config(pick(batch.layout), blocks[k : k + 1], prefix_caching=caching)
             trace = simulate_trace(config, sample_requests(workload, None, seed), workload, physics_step, physics_params(batch.model, pick(hw_all), pick(batch.layout)))
             out.append((int(i), trace, config.block_size, workload))

@@ -233,8 +233,8 @@ def schedule(st: LaneState, lane: LaneInput, rep: Replica, queue: Queue, block_s
     c_ok = queue.valid & (c_room > 0) & (n + pos < seats) & (sums2[1] <= free1) & ~preempt
     # An earlier admission of this step that takes a candidate's cached blocks off the head makes
     # it wait a step (vLLM would admit it with the shorter hit): candidates stay a prefix.
-    c_pops = c_blocks - c_touch
-    eroded = c_ret > retained_blocks(c_i, queue.cand_mark, need_all + (sums2[1] - c_blocks) - (sums2[2] - c_touch), bs)
+    c_pops = c_blocks - c_touch  # blocks off the head: those earlier candidates take are (sums2[1] - sums2[2]) - c_pops
+    eroded = c_ret > retained_blocks(c_i, queue.cand_mark, need_all + (sums2[1] - sums2[2]) - c_pops, bs)
     c_ok = c_ok & (pos < jnp.min(jnp.where(eroded, pos, num_s)))
     a = jnp.sum(c_ok).astype(I32)
     # Out of rows: the real scheduler might have admitted more than S requests.
